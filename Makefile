@@ -1,0 +1,63 @@
+# Two commands for a new machine: `make demo` and `make test`. Each creates .venv if missing.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+REQ_HASH := $(shell cat requirements.txt requirements-dev.txt constraints.txt pyproject.toml | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(REQ_HASH)
+
+# Embedded defaults: everything under .cd4ml/, SQLite for Airflow and MLflow, no server.
+export CD4ML_ENV ?= sit
+export CD4ML_HOME ?= $(CURDIR)/.cd4ml
+export AIRFLOW_HOME ?= $(CD4ML_HOME)/airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__UNIT_TEST_MODE := False
+export FASTDUP_PRODUCTION := 1
+export GIT_PYTHON_REFRESH := quiet
+export PYTHONPATH := $(CURDIR):$(CURDIR)/plugins
+DEMO_DATE ?= 2026-11-21
+
+.PHONY: venv demo test test-fast ui bench lock clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	@rm -f $(VENV)/.installed-* && touch $@
+
+## The main job on embedded defaults: sample digits -> ingest -> validate -> curate -> drift -> train -> gate -> registry.
+demo: $(STAMP)
+	$(BIN)/cd4ml sample-data --with-bad-files
+	$(BIN)/airflow db migrate > /dev/null
+	$(BIN)/airflow dags test cd4ml_ingest $(DEMO_DATE)
+	$(BIN)/airflow dags test cd4ml_curate $(DEMO_DATE)
+	$(BIN)/airflow dags test cd4ml_train $(DEMO_DATE)
+	$(BIN)/cd4ml summary
+
+## Unit tests, DAG integrity tests and whole-DAG runs in a temporary AIRFLOW_HOME.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not airflow"
+
+## Optional: Airflow UI (http://localhost:8080) and MLflow UI (http://localhost:5000) on the demo's state.
+ui: $(STAMP)
+	$(BIN)/airflow db migrate > /dev/null
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CD4ML_HOME)/mlflow.db --default-artifact-root $(CD4ML_HOME)/mlartifacts --port 5000 & \
+	$(BIN)/airflow standalone
+
+bench: $(STAMP)
+	$(BIN)/python bench/dag_parse.py
+
+## Re-pin constraints.txt from the current environment (after changing requirements.txt).
+lock:
+	$(BIN)/pip freeze --exclude-editable | grep -v '^cd4ml' | sed 's/^torch==2.13.0+cpu$$/torch==2.13.0/' > constraints.txt
+
+clean:
+	rm -rf $(CD4ML_HOME)

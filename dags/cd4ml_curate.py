@@ -1,0 +1,58 @@
+"""
+### cd4ml_curate: validated raw version -> curated, de-duplicated, split Delta version
+
+Triggered by the `raw_images` Asset (or by hand with an explicit `raw_version`).
+Exact and near-duplicates (fastdup) are grouped into components; one image per component
+is kept, label conflicts are dropped, and each component goes to train/val/test by a hash
+of its key, so near-duplicates never straddle splits. The new `curated_images` version
+names the raw version it came from and is published on the `curated_images` Asset, which
+triggers `cd4ml_train`.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Param, dag, task
+
+from cd4ml_airflow.assets import CURATED_IMAGES, RAW_IMAGES
+from cd4ml_airflow.context import input_version, logical_date_of
+from cd4ml_airflow.defaults import dag_kwargs
+
+
+@dag(
+    schedule=[RAW_IMAGES],
+    params={
+        "raw_version": Param(
+            None, type=["null", "integer"], minimum=0,
+            description="raw_images version to curate; empty = the one the triggering event names "
+            "(or, for a manual run, the one ingested for this logical date).",
+        ),
+    },
+    **dag_kwargs(["curation", "fastdup"], __doc__),
+)
+def cd4ml_curate():
+    @task(outlets=[CURATED_IMAGES])
+    def curate(*, outlet_events=None, **context) -> dict:
+        """fastdup near-duplicates, label conflicts, leakage-free split, new curated version."""
+        from tasks.curate import curate as run_curation
+        from tasks.settings import load_settings
+
+        settings = load_settings()
+        raw_version = input_version(
+            context, param="raw_version", asset=RAW_IMAGES, extra_key="raw_version", table_uri=settings.raw_table
+        )
+        result = run_curation(settings, raw_version=raw_version, run_id=context["run_id"],
+                              logical_date=logical_date_of(context))
+        print(f"curation report: {result.report_path}")
+        outlet_events[CURATED_IMAGES].extra = {
+            "curated_table": result.curated_table,
+            "curated_version": result.curated_version,
+            "raw_version": result.raw_version,
+            "counts_by_split": result.counts_by_split,
+            "dropped_by_reason": result.dropped_by_reason,
+        }
+        return result.to_dict()
+
+    curate()
+
+
+cd4ml_curate()

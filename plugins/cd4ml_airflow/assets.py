@@ -1,0 +1,31 @@
+"""The Assets that chain the cd4ml DAGs. Their URIs are the real storage locations.
+
+The environment is part of every name, so sit, uat and prod DAGs never trigger each other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from airflow.sdk import Asset
+
+from tasks.settings import load_settings
+
+_settings = load_settings()
+
+
+def _as_uri(location: str) -> str:
+    return location if "://" in location else Path(location).resolve().as_uri()
+
+
+RAW_IMAGES = Asset(name=f"cd4ml_{_settings.env}_raw_images", uri=_as_uri(_settings.raw_table))
+"""A raw_images version that passed validation (extra: raw_table, raw_version)."""
+
+CURATED_IMAGES = Asset(name=f"cd4ml_{_settings.env}_curated_images", uri=_as_uri(_settings.curated_table))
+"""A curated, split dataset version (extra: curated_table, curated_version, raw_version)."""
+
+CHAMPION_MODEL = Asset(
+    name=f"cd4ml_{_settings.env}_champion_model",
+    uri=f"mlflow-models://{_settings.registry.model_name}/{_settings.registry.champion_alias}",
+)
+"""The registered model version holding the champion alias (extra: model_name, version)."""

@@ -1,0 +1,34 @@
+"""Read what a task needs from the Airflow context: dates and explicit input versions."""
+
+from __future__ import annotations
+
+from airflow.sdk import Asset
+
+
+def logical_date_of(context) -> str:
+    """The run's logical date as ISO-8601; asset-triggered runs have none, so use run_after."""
+    when = context.get("logical_date") or context["dag_run"].run_after
+    return when.isoformat()
+
+
+def input_version(context, *, param: str, asset: Asset, extra_key: str, table_uri: str) -> int:
+    """Which version of an input table this run reads, never "whatever is newest".
+
+    In order: the explicit Param (manual trigger from the UI), the newest triggering asset
+    event's extra (the producer said which version it published), else the version the
+    producer committed for this run's logical date or before (scheduled runs, backfills).
+    """
+    explicit = context["params"].get(param)
+    if explicit is not None:
+        return int(explicit)
+    events = context.get("triggering_asset_events") or {}
+    try:
+        for event in reversed(list(events[asset])):
+            extra = event.extra or {}
+            if extra.get(extra_key) is not None:
+                return int(extra[extra_key])
+    except KeyError:
+        pass
+    from tasks import lake
+
+    return lake.version_as_of(table_uri, logical_date_of(context))

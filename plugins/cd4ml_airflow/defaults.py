@@ -1,0 +1,34 @@
+"""Defaults shared by every cd4ml DAG: defined once, so no DAG copies them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+
+from cd4ml_airflow.notifier import OnCallNotifier
+
+START_DATE = pendulum.datetime(2026, 11, 1, tz="UTC")
+on_failure = OnCallNotifier(severity="critical")
+
+DEFAULT_ARGS = {
+    "owner": "ml-platform",
+    "retries": 2,
+    "retry_delay": timedelta(minutes=1),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": timedelta(minutes=15),
+    "on_failure_callback": [on_failure],
+}
+
+
+def dag_kwargs(tags: list[str], doc_md: str | None) -> dict:
+    """Keyword arguments every cd4ml ``@dag`` takes."""
+    return {
+        "start_date": START_DATE,
+        "catchup": False,
+        "max_active_runs": 1,
+        "default_args": DEFAULT_ARGS,
+        "on_failure_callback": [on_failure],
+        "tags": ["cd4ml", *tags],
+        "doc_md": doc_md,
+    }

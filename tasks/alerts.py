@@ -1,0 +1,54 @@
+"""On-call alerts as plain data, and the channels that deliver them.
+
+An ``Alert`` is built by whoever noticed the problem (an Airflow callback, a gate, a drift
+check) and handed to ``send``. The only channel today is ``log``: one structured JSON line
+on the ``cd4ml.alerts`` logger, which any log shipper can route. Slack, PagerDuty and email
+channels plug in here (their endpoints from environment variables or Airflow Connections).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Literal
+
+from tasks.settings import Settings
+
+Severity = Literal["info", "warning", "critical"]
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+ALERT_MARKER = "CD4ML_ALERT"
+
+log = logging.getLogger("cd4ml.alerts")
+
+
+@dataclass(frozen=True)
+class Alert:
+    summary: str
+    severity: Severity
+    source: str  # what raised it: "dag:cd4ml_ingest/task:ingest", "gate", ...
+    env: str
+    dedup_key: str  # the same problem keeps the same key, so on-call tools can group it
+    details: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"marker": ALERT_MARKER, **asdict(self)}, sort_keys=True, default=str)
+
+
+def _log_channel(alert: Alert) -> None:
+    level = logging.CRITICAL if alert.severity == "critical" else logging.WARNING if alert.severity == "warning" else logging.INFO
+    log.log(level, alert.to_json())
+
+
+CHANNELS: dict[str, Callable[[Alert], None]] = {"log": _log_channel}
+
+
+def send(alert: Alert, settings: Settings) -> list[str]:
+    """Deliver to every configured channel at or above the minimum severity; returns channels used."""
+    if SEVERITY_RANK[alert.severity] < SEVERITY_RANK[settings.alerts.min_severity]:
+        return []
+    delivered = []
+    for name in settings.alerts.channels:
+        CHANNELS[name](alert)
+        delivered.append(name)
+    return delivered

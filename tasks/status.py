@@ -1,0 +1,86 @@
+"""What exists right now: Delta tables with versions and row counts, registered models.
+
+Used by ``cd4ml status`` (JSON) and ``cd4ml summary`` (where to look after a demo).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tasks import lake
+from tasks.settings import ENVIRONMENTS, Settings, load_settings
+
+TABLES = ("raw_images", "rejects", "curated_images")
+
+
+def table_status(uri: str) -> dict:
+    version = lake.current_version(uri)
+    if version is None:
+        return {"uri": uri, "version": None, "rows": 0, "last_commit": None}
+    table = lake.open_table(uri, version)
+    last = lake.history(uri)[0]
+    return {"uri": uri, "version": version, "rows": table.count(), "last_commit": last.metadata}
+
+
+def _tracking_store_exists(settings: Settings) -> bool:
+    uri = settings.tracking_uri
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):]).exists()
+    return True  # a server or database: ask it
+
+
+def environment_status(settings: Settings) -> dict:
+    models: list[dict] = []
+    if _tracking_store_exists(settings):
+        from tasks.registry import model_versions
+
+        models = model_versions(settings)
+    return {
+        "tables": {name: table_status(settings.table_uri(name)) for name in TABLES},
+        "registered_model": settings.registry.model_name,
+        "model_versions": models,
+        "reports_dir": str(settings.reports_path),
+    }
+
+
+def status(envs: tuple[str, ...] = ENVIRONMENTS, home: str | None = None) -> dict:
+    """Every environment's tables and model versions; environments with nothing yet included."""
+    result: dict = {"environments": {}}
+    for env in envs:
+        settings = load_settings(env, home=home)
+        result["home"] = settings.home
+        result["environments"][env] = environment_status(settings)
+    return result
+
+
+def newest_reports(settings: Settings) -> dict[str, str]:
+    """The newest report file of each kind (validation, curation, drift, gate)."""
+    found = {}
+    root = settings.reports_path
+    for kind in ("validation", "curation", "drift", "gate"):
+        files = sorted((root / kind).glob("*.json"), key=lambda p: p.stat().st_mtime) if (root / kind).exists() else []
+        if files:
+            found[kind] = str(files[-1])
+    return found
+
+
+def summary(settings: Settings) -> str:
+    """A few lines telling a new user where to look after a run."""
+    env = environment_status(settings)
+    lines = [f"cd4ml ({settings.env}) state under {settings.home}", "", "Delta tables (latest version, rows):"]
+    for name, t in env["tables"].items():
+        lines.append(f"  {name:<15} v{t['version']}  {t['rows']:>6} rows  {t['uri']}")
+    lines.append("")
+    champions = [m for m in env["model_versions"] if settings.registry.champion_alias in m.get("aliases", [])]
+    if champions:
+        m = champions[0]
+        lines += [
+            f"Model: {settings.registry.model_name} v{m['version']} holds alias '{settings.registry.champion_alias}'",
+            f"  trained on {m.get('curated_table')} v{m.get('curated_version')} (raw v{m.get('raw_version')})",
+            f"  MLflow run {m.get('run_id')} in {settings.tracking_uri}",
+        ]
+    else:
+        lines.append(f"Model: no version of {settings.registry.model_name} holds '{settings.registry.champion_alias}' yet")
+    lines += ["", "Reports:"] + [f"  {k:<11}{v}" for k, v in newest_reports(settings).items()]
+    lines += ["", "Full status as JSON: cd4ml status     UIs: make ui (Airflow :8080, MLflow :5000)"]
+    return "\n".join(lines)

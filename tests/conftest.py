@@ -1,0 +1,45 @@
+"""Shared fixtures: a private CD4ML_HOME per test, real digit images, an ingested raw table."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("FASTDUP_PRODUCTION", "1")
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+
+
+@pytest.fixture
+def cd4ml_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "cd4ml"
+    monkeypatch.setenv("CD4ML_HOME", str(home))
+    monkeypatch.setenv("CD4ML_ENV", "sit")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return home
+
+
+@pytest.fixture
+def settings(cd4ml_home: Path):
+    from tasks.settings import load_settings
+
+    return load_settings()
+
+
+@pytest.fixture(scope="session")
+def digits_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """All 1,797 real digits as PNGs, written once per test session (read-only for tests)."""
+    from tasks.sample_data import write_digits
+
+    landing = tmp_path_factory.mktemp("landing")
+    write_digits(landing)
+    return landing
+
+
+@pytest.fixture
+def raw_digits(settings, digits_landing: Path):
+    """The digits ingested into this test's raw table; returns the IngestResult."""
+    from tasks.ingest import ingest_landing
+
+    return ingest_landing(settings, run_id="fixture-ingest", logical_date="2026-11-21", landing=digits_landing)
