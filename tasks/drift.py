@@ -247,12 +247,16 @@ def check_drift(
     path = report_file(settings, current_version, reference.version)
     ref_shas, ref_images, ref_labels = _train_sample(settings, reference.table, reference.version, "reference")
     cur_shas, cur_images, cur_labels = _train_sample(settings, current_table, current_version, "current")
-    base = dict(
+    template = DriftResult(
+        status="skipped",
+        reason="",
         reference_table=reference.table,
         reference_version=reference.version,
         champion_version=reference.model_version,
         current_table=current_table,
         current_version=current_version,
+        p_value=None,
+        distance=None,
         threshold=threshold,
         n_reference=len(ref_shas),
         n_current=len(cur_shas),
@@ -273,8 +277,7 @@ def check_drift(
             f"too few train rows to test (reference v{reference.version}: {len(ref_shas)}, "
             f"current v{current_version}: {len(cur_shas)}; need at least {MIN_SAMPLES} each)"
         )
-        result = DriftResult(status="skipped", reason=reason, p_value=None, distance=None, **base)
-        return _finish(result, settings, extra)
+        return _finish(dataclasses.replace(template, reason=reason), settings, extra)
 
     from tasks.images import decode_batch
 
@@ -288,13 +291,13 @@ def check_drift(
         reason = f"drift: {versus}, MMD p-value {p_value:.4f} < {threshold}"
     else:
         reason = f"no drift: {versus}, MMD p-value {p_value:.4f} >= {threshold}"
-    result = DriftResult(
+    result = dataclasses.replace(
+        template,
         status="drift" if is_drift else "no_drift",
         reason=reason,
         p_value=p_value,
         distance=distance,
         distance_threshold=distance_threshold,
-        **base,
     )
     extra["n_features"] = int(x_ref.shape[1])
     log.info("drift check took %.2fs", time.perf_counter() - started)

@@ -252,18 +252,17 @@ def _plain(value: Any) -> Any:
 
 
 def _observed(check: _Check, result: dict[str, Any]) -> Any:
-    """The one number or list a reader wants first for this expectation."""
-    if "observed_value" in result:
+    """The value a reader wants first for this expectation, pass or fail."""
+    if "observed_value" in result:  # table and column-aggregate expectations
         return result["observed_value"]
-    if check.check in ("max_class_imbalance", "max_rejected_share"):
-        values = result.get("partial_unexpected_list") or []
-        return values[0] if values else None
-    return result.get("unexpected_count")
+    if check.check == "min_images_per_class":  # the classes below the bound, as {label, count}
+        return result.get("partial_unexpected_index_list") or []
+    return result.get("unexpected_count")  # row-level expectations: how many rows broke it
 
 
 def _entry(check: _Check, res: "ExpectationValidationResult") -> dict[str, Any]:
     cfg = res.expectation_config
-    kwargs = {k: v for k, v in dict(cfg.kwargs).items() if k not in ("batch_id", "result_format")}
+    kwargs = {k: v for k, v in dict(cfg.kwargs).items() if k not in ("batch_id", "result_format", "catch_exceptions")}
     result = _plain(dict(res.result or {}))
     entry: dict[str, Any] = {
         "suite": check.suite,
@@ -274,19 +273,40 @@ def _entry(check: _Check, res: "ExpectationValidationResult") -> dict[str, Any]:
         "observed_value": _plain(_observed(check, result)),
         "result": result,
     }
-    info = res.exception_info or {}
-    if info.get("raised_exception"):
-        entry["exception"] = str(info.get("exception_message"))
+    errors = _exception_messages(res.exception_info)
+    if errors:
+        entry["exception"] = "; ".join(errors)
     return entry
+
+
+def _exception_messages(info: Any) -> list[str]:
+    """Messages of the errors GE caught: flat ({raised_exception, ...}) or keyed by metric id."""
+    if not isinstance(info, dict):
+        return []
+    if "raised_exception" in info:
+        return [str(info.get("exception_message"))] if info.get("raised_exception") else []
+    found: list[str] = []
+    for key in sorted(info, key=str):
+        value = info[key]
+        if isinstance(value, dict) and value.get("exception_message"):
+            found.append(str(value["exception_message"]))
+    return sorted(set(found))
+
+
+def _num(value: Any) -> str:
+    """A bound or observation as a person writes it: 50 not 50.0, 0.111111 not 0.1111111111111111."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else f"{value:.6g}"
+    return str(value)
 
 
 def _bounds(kwargs: dict[str, Any]) -> str:
     lo, hi = kwargs.get("min_value"), kwargs.get("max_value")
     if lo is not None and hi is not None:
-        return f"allowed: {lo}..{hi}"
+        return f"allowed: {_num(lo)}..{_num(hi)}"
     if lo is not None:
-        return f"allowed: >= {lo}"
-    return f"allowed: <= {hi}"
+        return f"allowed: >= {_num(lo)}"
+    return f"allowed: <= {_num(hi)}"
 
 
 def _short(values: list[Any]) -> str:
@@ -294,40 +314,47 @@ def _short(values: list[Any]) -> str:
     return repr(shown)[:-1] + (", ...]" if len(values) > _MAX_LISTED else "]")
 
 
-def _failure_lines(entry: dict[str, Any]) -> list[str]:
+def _failure_lines(entry: dict[str, Any], batch: dict[str, Any]) -> list[str]:
     """Human lines for one failed expectation: name, column, observed value, bound."""
     etype, kw, res, check = entry["expectation_type"], entry["kwargs"], entry["result"], entry["check"]
     column = kw.get("column")
+    where = f"{etype}({column or 'table'})"
     if "exception" in entry:
-        return [f"{etype}({column or check}): raised {entry['exception']}"]
+        return [f"{where} [{check}]: raised {entry['exception']}"]
     count = res.get("unexpected_count")
     if check == "min_images_per_class":
-        bound = kw.get("min_value")
-        rows = res.get("partial_unexpected_index_list") or []
+        bound = _num(kw.get("min_value"))
         lines = [
             f"min_images_per_class(label={row.get('label')}): observed {row.get('count')} < {bound}"
-            for row in rows
+            for row in entry["observed_value"]
             if isinstance(row, dict)
         ]
-        if not lines:  # no index columns came back: still say how many classes and the bound
-            lines = [f"min_images_per_class(count): {count} classes below {bound}: {_short(res.get('partial_unexpected_list') or [])}"]
-        return lines
-    if check in ("max_class_imbalance", "max_rejected_share"):
-        return [f"{check}({column}): observed {entry['observed_value']} > {kw.get('max_value')}"]
+        return lines or [f"{where} [{check}]: {count} classes below {bound}"]
+    if check == "max_class_imbalance":
+        return [
+            f"{where} [{check}]: observed {_num(entry['observed_value'])} > {_num(kw.get('max_value'))} "
+            f"(largest class {batch['largest_class']!r}: {batch['largest_class_count']}, "
+            f"smallest class {batch['smallest_class']!r}: {batch['smallest_class_count']})"
+        ]
+    if check == "max_rejected_share":
+        return [
+            f"{where} [{check}]: observed {_num(entry['observed_value'])} > {_num(kw.get('max_value'))} "
+            f"({batch['rejected']} of {batch['files_seen']} files rejected)"
+        ]
     if etype == "expect_table_row_count_to_be_between":
-        return [f"{etype}(table): observed {entry['observed_value']} rows ({_bounds(kw)})"]
+        return [f"{where}: observed {entry['observed_value']} rows ({_bounds(kw)})"]
     if etype == "expect_column_values_to_not_be_null":
-        return [f"{etype}({column}): {count} null values"]
+        return [f"{where}: {count} null values"]
     if etype == "expect_column_values_to_be_unique":
         dupes = sorted({str(v) for v in res.get("partial_unexpected_list") or []})
-        return [f"{etype}({column}): {count} duplicated values {_short(dupes)}"]
+        return [f"{where}: {count} duplicated values {_short(dupes)}"]
     if etype == "expect_column_values_to_be_in_set":
-        found = sorted({v for v in res.get("partial_unexpected_list") or []}, key=str)
-        return [f"{etype}({column}): {count} unexpected values {_short(found)} (allowed: {kw.get('value_set')})"]
+        found = sorted(set(res.get("partial_unexpected_list") or []), key=str)
+        return [f"{where}: {count} unexpected values {_short(found)} (allowed: {kw.get('value_set')})"]
     if etype == "expect_column_values_to_be_between":
-        found = sorted({v for v in res.get("partial_unexpected_list") or []}, key=str)
-        return [f"{etype}({column}): {count} values out of range {_short(found)} ({_bounds(kw)})"]
-    return [f"{etype}({column}): observed {entry['observed_value']}"]
+        found = sorted(set(res.get("partial_unexpected_list") or []), key=str)
+        return [f"{where}: {count} values out of range {_short(found)} ({_bounds(kw)})"]
+    return [f"{where} [{check}]: observed {entry['observed_value']}"]
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
@@ -377,7 +404,7 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
     suite_results, ordered = _run_suites(
         context,
         checks,
-        {ROWS_SUITE: rows, COUNTS_SUITE: counts, SUMMARY_SUITE: summary},
+        {ROWS_SUITE: rows, COUNTS_SUITE: counts, SUMMARY_SUITE: pd.DataFrame([summary])},
         {ROWS_SUITE: ["sha256"], COUNTS_SUITE: ["label"]},
         run_name=f"raw_v{raw_version}",
         run_time=_commit_time(uri, raw_version),
@@ -386,7 +413,7 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
 
     entries = [_entry(c, r) for c, r in ordered]
     failed = [e for e in entries if not e["success"]]
-    share = float(summary["rejected_share"].iloc[0])
+    share = float(summary["rejected_share"])
     docs_path: str | None = None
     try:
         sites = context.build_data_docs()
@@ -420,7 +447,7 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
             "max_side": settings.ingest.max_side,
             **_plain(settings.validation.model_dump(mode="json")),
         },
-        "batch": _plain(summary.iloc[0].to_dict()),
+        "batch": summary,
         "class_counts": {str(r.label): int(r.count) for r in counts.itertuples(index=False)},
         "statistics": {
             "evaluated_expectations": len(entries),
@@ -440,7 +467,7 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
         read_s, validate_s, total_s, report_path,
     )
     if failed:
-        lines = [line for e in failed for line in _failure_lines(e)]
+        lines = [line for e in failed for line in _failure_lines(e, summary)]
         message = (
             f"validation of {uri} v{raw_version} failed: {len(failed)} of {len(entries)} expectations "
             f"failed (report {report_path})\n" + "\n".join(lines)

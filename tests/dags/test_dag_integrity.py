@@ -1,0 +1,82 @@
+"""Every DAG file imports cleanly, imports nothing heavy at parse time, and follows the house rules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.dags.conftest import DAGS
+
+HEAVY = ("torch", "alibi_detect", "fastdup", "great_expectations", "mlflow", "deltalake")
+DAG_FILES = sorted(p for p in DAGS.glob("*.py") if not p.name.startswith("_"))
+EXPECTED = {
+    "cd4ml_ingest": {"ingest": {"validate"}, "validate": set()},
+    "cd4ml_curate": {"curate": set()},
+    "cd4ml_train": {
+        "resolve_input": {"drift_check", "train", "evaluate_gate"},
+        "drift_check": {"train"},
+        "train": {"evaluate_gate", "promote"},
+        "evaluate_gate": {"promote"},
+        "promote": set(),
+    },
+}
+
+
+def test_there_are_dag_files():
+    assert {p.stem for p in DAG_FILES} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
+def test_dag_file_imports_nothing_heavy(path):
+    code = (
+        "import json, runpy, sys; runpy.run_path(sys.argv[1]); "
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    heavy = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert heavy == [], f"{path.name} imports {heavy} at module level; import them inside the task"
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+def test_no_import_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("dag_id", sorted(EXPECTED))
+def test_house_rules(dagbag, dag_id):
+    dag = dagbag.dags[dag_id]
+    assert "cd4ml" in dag.tags and len(dag.tags) >= 2
+    assert dag.doc_md and dag.doc_md.strip()
+    assert dag.catchup is False
+    assert dag.on_failure_callback, "DAG-level failure callback missing"
+    for t in dag.tasks:
+        assert t.retries >= 2, f"{dag_id}.{t.task_id} has retries={t.retries}"
+        assert t.on_failure_callback, f"{dag_id}.{t.task_id} has no failure callback"
+
+
+@pytest.mark.parametrize("dag_id", sorted(EXPECTED))
+def test_structure(dagbag, dag_id):
+    dag = dagbag.dags[dag_id]
+    assert {t.task_id: set(t.downstream_task_ids) for t in dag.tasks} == EXPECTED[dag_id]
+
+
+def test_dags_chain_through_assets(dagbag):
+    from cd4ml_airflow.assets import CHAMPION_MODEL, CURATED_IMAGES, RAW_IMAGES
+
+    ingest, curate, train = (dagbag.dags[d] for d in ("cd4ml_ingest", "cd4ml_curate", "cd4ml_train"))
+    assert RAW_IMAGES in ingest.get_task("validate").outlets
+    assert CURATED_IMAGES in curate.get_task("curate").outlets
+    assert CHAMPION_MODEL in train.get_task("promote").outlets
+    assert list(curate.timetable.asset_condition.objects) == [RAW_IMAGES]
+    assert list(train.timetable.asset_condition.objects) == [CURATED_IMAGES]

@@ -1,0 +1,94 @@
+"""Whole DAGs under `airflow dags test` in a temporary AIRFLOW_HOME, on real digit images."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dags.conftest import run_airflow
+
+pytestmark = pytest.mark.airflow
+DATE = "2026-11-21"
+
+
+def _cd4ml(args: list[str], env: dict) -> str:
+    cli = Path(sys.executable).parent / "cd4ml"
+    proc = subprocess.run([str(cli), *args], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _dag_test(dag_id: str, env: dict, conf: dict | None = None, expect_rc: int = 0) -> str:
+    args = ["dags", "test", dag_id, DATE] + (["-c", json.dumps(conf)] if conf else [])
+    proc = run_airflow(args, env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == expect_rc, f"{dag_id} exited {proc.returncode}:\n{out[-6000:]}"
+    return out
+
+
+def _status(env: dict) -> dict:
+    return json.loads(_cd4ml(["status", "--env", "sit"], env))["environments"]["sit"]
+
+
+@pytest.fixture(scope="module")
+def migrated(airflow_env) -> dict:
+    proc = run_airflow(["db", "migrate"], airflow_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return airflow_env
+
+
+def _private_home(env: dict, tmp_path: Path) -> dict:
+    return {**env, "CD4ML_HOME": str(tmp_path / "cd4ml")}
+
+
+def test_pipeline_end_to_end_and_idempotent(migrated):
+    env = migrated
+    _cd4ml(["sample-data", "--with-bad-files"], env)
+    _dag_test("cd4ml_ingest", env)
+    _dag_test("cd4ml_curate", env)
+    out = _dag_test("cd4ml_train", env)
+    assert "drift: skipped" in out  # first run: no champion to compare against
+
+    first = _status(env)
+    tables = first["tables"]
+    assert tables["raw_images"]["rows"] == 1797 and tables["rejects"]["rows"] == 2
+    assert 0 < tables["curated_images"]["rows"] <= 1797
+    champions = [m for m in first["model_versions"] if "champion" in m["aliases"]]
+    assert len(champions) == 1
+    assert str(champions[0]["curated_version"]) == str(tables["curated_images"]["version"])
+
+    # The whole chain again: no new rows, no new table versions, no duplicate model version.
+    _dag_test("cd4ml_ingest", env)
+    _dag_test("cd4ml_curate", env)
+    out = _dag_test("cd4ml_train", env)
+    assert "drift: no_drift" in out  # now there is a champion, trained on the same data
+    second = _status(env)
+    for name, table in second["tables"].items():
+        assert (table["version"], table["rows"]) == (tables[name]["version"], tables[name]["rows"]), name
+    assert len(second["model_versions"]) == len(first["model_versions"])
+
+    summary = _cd4ml(["summary"], env)
+    assert "holds alias 'champion'" in summary
+
+
+def test_empty_landing_ends_the_run_with_a_message_and_no_version(migrated, tmp_path):
+    env = _private_home(migrated, tmp_path)
+    (tmp_path / "empty").mkdir()
+    out = _dag_test("cd4ml_ingest", env, conf={"landing_uri": str(tmp_path / "empty")})
+    assert "holds no files: nothing to ingest, no new version" in out
+    assert _status(env)["tables"]["raw_images"]["version"] is None
+
+
+def test_failed_validation_fails_the_task_and_alerts_on_call(migrated, tmp_path):
+    env = _private_home(migrated, tmp_path)
+    landing = tmp_path / "landing"
+    _cd4ml(["sample-data", "--landing", str(landing), "--limit", "30", "--with-bad-files"], env)
+    out = _dag_test("cd4ml_ingest", env, conf={"landing_uri": str(landing)}, expect_rc=1)
+    assert "ValidationFailedError" in out or "validation failed" in out.lower()
+    decoder = json.JSONDecoder()
+    alerts = [decoder.raw_decode(line[line.index('{"'):])[0] for line in out.splitlines() if "CD4ML_ALERT" in line]
+    assert any(a["source"] == "dag:cd4ml_ingest/task:validate" and a["severity"] == "critical" for a in alerts), out[-4000:]

@@ -1,0 +1,27 @@
+"""The shared failure callback turns an Airflow context into one structured alert."""
+
+import json
+import logging
+from types import SimpleNamespace
+
+from cd4ml_airflow.notifier import OnCallNotifier
+
+
+def test_failure_callback_sends_one_alert(settings, caplog):
+    ti = SimpleNamespace(dag_id="cd4ml_ingest", task_id="validate", try_number=3, log_url="http://airflow/log")
+    context = {
+        "dag": SimpleNamespace(dag_id="cd4ml_ingest"),
+        "ti": ti,
+        "run_id": "manual__2026-11-21",
+        "logical_date": "2026-11-21T00:00:00+00:00",
+        "exception": ValueError("label in set: 3 unexpected"),
+    }
+    with caplog.at_level(logging.INFO, logger="cd4ml.alerts"):
+        OnCallNotifier(severity="critical", summary="cd4ml_ingest failed").notify(context)
+    [record] = caplog.records
+    alert = json.loads(record.getMessage())
+    assert alert["source"] == "dag:cd4ml_ingest/task:validate"
+    assert alert["summary"] == "cd4ml_ingest failed: validate"
+    assert alert["details"]["error"] == "ValueError: label in set: 3 unexpected"
+    assert alert["details"]["try_number"] == 3 and alert["env"] == "sit"
+    assert alert["dedup_key"] == "sit:dag:cd4ml_ingest/task:validate"
