@@ -41,7 +41,8 @@ demo: $(STAMP)
 
 ## Unit tests, DAG integrity tests and whole-DAG runs in a temporary AIRFLOW_HOME.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not airflow"

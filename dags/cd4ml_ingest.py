@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
-
 from cd4ml_airflow.assets import RAW_IMAGES
 from cd4ml_airflow.context import logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs

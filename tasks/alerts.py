@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 from tasks.settings import Settings
 

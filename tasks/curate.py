@@ -165,7 +165,6 @@ def _run_fastdup(
     names: list[str], features: np.ndarray, image_dir: Path, work_dir: Path, threshold: float
 ) -> tuple[list[tuple[str, str, float]], dict[str, str], dict[str, Any]]:
     """fastdup's exact k-NN graph over ``features``: (pairs >= threshold, invalid name -> error, paths)."""
-    os.environ.setdefault("FASTDUP_PRODUCTION", "1")  # no telemetry from a pipeline run
     import fastdup
     import pandas as pd
 

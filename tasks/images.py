@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import warnings
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 from PIL import Image, ImageOps, UnidentifiedImageError

@@ -18,7 +18,7 @@ import hashlib
 import logging
 import os
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -132,7 +132,7 @@ def ingest_landing(settings: Settings, run_id: str, logical_date: str | datetime
         raise EmptyLandingError(f"landing folder {landing_path} holds no files: nothing to ingest, no new version")
 
     raw_uri, rejects_uri = settings.raw_table, settings.rejects_table
-    now = datetime.now(timezone.utc)  # a record of when, not an input to any decision
+    now = datetime.now(UTC)  # a record of when, not an input to any decision
     allowed = set(cfg.allowed_labels)
     extensions = {e.lower() for e in cfg.image_extensions}
     known: dict[str, str] = {}
@@ -148,8 +148,8 @@ def ingest_landing(settings: Settings, run_id: str, logical_date: str | datetime
     for cand in candidates:
         source = cand.path.resolve().as_uri()
 
-        def reject(code: str, detail: str, sha: str | None = None) -> None:
-            rejects.append(_reject_row(source, sha, cand.label, Rejection(code, detail), run_id, logical, now))
+        def reject(code: str, detail: str, sha: str | None = None, source=source, label=cand.label) -> None:
+            rejects.append(_reject_row(source, sha, label, Rejection(code, detail), run_id, logical, now))
 
         if cand.label is None:
             reject("no_label", "file sits directly in the landing folder; put it under <label>/")

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
@@ -108,8 +109,8 @@ def normalise_logical_date(value: str | datetime) -> str:
     """ISO-8601 in UTC, second precision: the one format commit metadata is compared in."""
     dt = datetime.fromisoformat(value) if isinstance(value, str) else value
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.astimezone(timezone.utc).replace(microsecond=0).isoformat()
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC).replace(microsecond=0).isoformat()
 
 
 def _with_retry(op, what: str, attempts: int = 8):

@@ -16,8 +16,9 @@ import base64
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlflow
 import numpy as np

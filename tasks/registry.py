@@ -12,10 +12,10 @@
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import mlflow
 from mlflow import MlflowClient
@@ -56,7 +56,6 @@ class StaleGateError(RuntimeError):
 
 def mlflow_client(settings: Settings) -> MlflowClient:
     """Point MLflow (fluent API and a client) at this environment's tracking and registry store."""
-    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     uri = settings.tracking_uri
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
@@ -110,7 +109,8 @@ class RegistrationResult:
         return asdict(self)
 
 
-def _champion_version(settings: Settings, client: MlflowClient) -> ModelVersion | None:
+def champion_model_version(settings: Settings, client: MlflowClient) -> ModelVersion | None:
+    """The ModelVersion the champion alias points at; None without a registered model or alias."""
     name = settings.registry.model_name
     try:
         registered = client.get_registered_model(name)
@@ -143,7 +143,7 @@ def _lineage(version: ModelVersion, client: MlflowClient) -> dict[str, Any]:
 def champion(settings: Settings) -> ChampionInfo | None:
     """The model version holding the champion alias, with its data lineage; None if none."""
     client = mlflow_client(settings)
-    version = _champion_version(settings, client)
+    version = champion_model_version(settings, client)
     if version is None:
         return None
     return ChampionInfo(version=int(version.version), run_id=version.run_id, **_lineage(version, client))
@@ -227,7 +227,7 @@ def register_and_promote(settings: Settings, candidate_run_id: str, gate: Any) -
         if current_tags.get(key) != value:
             client.set_model_version_tag(name, number, key, value)
 
-    previous = _champion_version(settings, client)
+    previous = champion_model_version(settings, client)
     previous_number = int(previous.version) if previous is not None else None
     alias_set = False
     if gate_info["passed"]:
@@ -270,7 +270,7 @@ def model_versions(settings: Settings) -> list[dict[str, Any]]:
                 "run_id": version.run_id,
                 **_lineage(version, client),
                 "gate_passed": {"true": True, "false": False}.get(tags.get("cd4ml.gate.passed", "")),
-                "created": datetime.fromtimestamp(version.creation_timestamp / 1000, tz=timezone.utc).isoformat(),
+                "created": datetime.fromtimestamp(version.creation_timestamp / 1000, tz=UTC).isoformat(),
             }
         )
     return sorted(rows, key=lambda r: r["version"], reverse=True)
@@ -281,6 +281,7 @@ __all__ = [
     "RegistrationResult",
     "StaleGateError",
     "champion",
+    "champion_model_version",
     "ensure_experiment",
     "mlflow_client",
     "model_versions",

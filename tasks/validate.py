@@ -28,7 +28,7 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,7 +132,6 @@ def _summary(rows: int, counts: pd.DataFrame, files_seen: int, rejected: int) ->
 
 
 def _quiet_ge() -> None:
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     for name in ("great_expectations", "great_expectations.core", "great_expectations.data_context"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -368,8 +367,8 @@ def _commit_time(uri: str, version: int) -> datetime:
     """When ``version`` was committed: a run time for GE that does not move between re-runs."""
     for commit in lake.history(uri):
         if commit.version == version and commit.timestamp_ms:
-            return datetime.fromtimestamp(commit.timestamp_ms / 1000, tz=timezone.utc)
-    return datetime(1970, 1, 1, tzinfo=timezone.utc)
+            return datetime.fromtimestamp(commit.timestamp_ms / 1000, tz=UTC)
+    return datetime(1970, 1, 1, tzinfo=UTC)
 
 
 # --------------------------------------------------------------------------- the step

@@ -1,4 +1,4 @@
-"""The on-call notifier every DAG uses as its failure callback."""
+"""The on-call notifier every DAG uses as its failure callback (task level and DAG level)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,21 @@ from airflow.sdk import BaseNotifier
 
 
 class OnCallNotifier(BaseNotifier):
-    """Turn an Airflow callback context into an ``tasks.alerts.Alert`` and send it."""
+    """Turn an Airflow callback context into an ``tasks.alerts.Alert`` and send it.
 
-    template_fields = ("summary",)
+    The task-level and DAG-level callbacks of one failed run share a dedup key, so an
+    on-call tool that groups by key (PagerDuty, Opsgenie) opens one incident, not two.
+    """
 
-    def __init__(self, severity: str = "critical", summary: str = "{{ dag.dag_id }} failed"):
+    template_fields = ()  # nothing to render: the alert is built from the context in notify()
+
+    def __init__(self, severity: str = "critical"):
         super().__init__()
         self.severity = severity
-        self.summary = summary
+
+    def render_template_fields(self, context, jinja_env=None) -> None:
+        # DAG-level callbacks get a SerializedDAG, which cannot build a Jinja environment.
+        return None
 
     def notify(self, context) -> None:
         from tasks.alerts import Alert, send
@@ -24,16 +31,17 @@ class OnCallNotifier(BaseNotifier):
         ti = context.get("ti") or context.get("task_instance")
         dag_id = getattr(dag, "dag_id", None) or getattr(ti, "dag_id", "unknown")
         task_id = getattr(ti, "task_id", None)
+        run_id = context.get("run_id") or getattr(context.get("dag_run"), "run_id", None)
         exc = context.get("exception")
         source = f"dag:{dag_id}" + (f"/task:{task_id}" if task_id else "")
         alert = Alert(
-            summary=str(self.summary) + (f": {task_id}" if task_id else ""),
+            summary=f"{dag_id} failed" + (f" in task {task_id}" if task_id else f": {context.get('reason', 'run failed')}"),
             severity=self.severity,  # type: ignore[arg-type]
             source=source,
             env=settings.env,
-            dedup_key=f"{settings.env}:{source}",
+            dedup_key=f"{settings.env}:{dag_id}:{run_id}",
             details={
-                "run_id": context.get("run_id"),
+                "run_id": run_id,
                 "logical_date": str(context.get("logical_date")),
                 "try_number": getattr(ti, "try_number", None),
                 "error": f"{type(exc).__name__}: {exc}" if exc else None,

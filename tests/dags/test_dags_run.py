@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,11 @@ def migrated(airflow_env) -> dict:
 
 
 def _private_home(env: dict, tmp_path: Path) -> dict:
-    return {**env, "CD4ML_HOME": str(tmp_path / "cd4ml")}
+    """Own CD4ML_HOME and own Airflow DB: Asset URIs follow CD4ML_HOME, so homes must not share one."""
+    airflow_home = tmp_path / "airflow"
+    airflow_home.mkdir()
+    shutil.copy(Path(env["AIRFLOW_HOME"]) / "airflow.db", airflow_home / "airflow.db")
+    return {**env, "CD4ML_HOME": str(tmp_path / "cd4ml"), "AIRFLOW_HOME": str(airflow_home)}
 
 
 def test_pipeline_end_to_end_and_idempotent(migrated):
@@ -88,7 +93,13 @@ def test_failed_validation_fails_the_task_and_alerts_on_call(migrated, tmp_path)
     landing = tmp_path / "landing"
     _cd4ml(["sample-data", "--landing", str(landing), "--limit", "30", "--with-bad-files"], env)
     out = _dag_test("cd4ml_ingest", env, conf={"landing_uri": str(landing)}, expect_rc=1)
-    assert "ValidationFailedError" in out or "validation failed" in out.lower()
+    assert "validation of" in out and "min_images_per_class(label=" in out  # one line per failed expectation
     decoder = json.JSONDecoder()
     alerts = [decoder.raw_decode(line[line.index('{"'):])[0] for line in out.splitlines() if "CD4ML_ALERT" in line]
-    assert any(a["source"] == "dag:cd4ml_ingest/task:validate" and a["severity"] == "critical" for a in alerts), out[-4000:]
+    # The task's callback and the DAG run's callback both fire, name the task, and share a key.
+    assert [a["source"] for a in alerts] == ["dag:cd4ml_ingest/task:validate"] * 2, out[-4000:]
+    assert {a["severity"] for a in alerts} == {"critical"}
+    assert "ValidationFailedError" in alerts[0]["details"]["error"] or "validation of" in alerts[0]["details"]["error"]
+    assert len({a["dedup_key"] for a in alerts}) == 1  # one incident for on-call
+    assert "Callback failed" not in out
+    assert _status(env)["tables"]["raw_images"]["version"] == 0  # ingested, but never published

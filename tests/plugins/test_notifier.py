@@ -17,11 +17,22 @@ def test_failure_callback_sends_one_alert(settings, caplog):
         "exception": ValueError("label in set: 3 unexpected"),
     }
     with caplog.at_level(logging.INFO, logger="cd4ml.alerts"):
-        OnCallNotifier(severity="critical", summary="cd4ml_ingest failed").notify(context)
+        OnCallNotifier(severity="critical").notify(context)
     [record] = caplog.records
     alert = json.loads(record.getMessage())
     assert alert["source"] == "dag:cd4ml_ingest/task:validate"
-    assert alert["summary"] == "cd4ml_ingest failed: validate"
+    assert alert["summary"] == "cd4ml_ingest failed in task validate"
     assert alert["details"]["error"] == "ValueError: label in set: 3 unexpected"
     assert alert["details"]["try_number"] == 3 and alert["env"] == "sit"
-    assert alert["dedup_key"] == "sit:dag:cd4ml_ingest/task:validate"
+    assert alert["dedup_key"] == "sit:cd4ml_ingest:manual__2026-11-21"
+
+
+def test_dag_level_callback_shares_the_runs_dedup_key(settings, caplog):
+    context = {"dag": SimpleNamespace(dag_id="cd4ml_ingest"), "run_id": "manual__2026-11-21", "reason": "task_failure"}
+    notifier = OnCallNotifier()
+    with caplog.at_level(logging.INFO, logger="cd4ml.alerts"):
+        notifier(context)  # the path Airflow takes: render (a no-op here), then notify
+    [record] = caplog.records
+    alert = json.loads(record.getMessage())
+    assert alert["source"] == "dag:cd4ml_ingest" and alert["summary"] == "cd4ml_ingest failed: task_failure"
+    assert alert["dedup_key"] == "sit:cd4ml_ingest:manual__2026-11-21"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,7 +37,7 @@ def _with_validation(settings, **update):
 
 def _plant(settings, rows: list[dict]) -> int:
     """Write rows straight into the raw table (bypassing ingest's checks); returns the new version."""
-    now = datetime(2026, 11, 22, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 22, tzinfo=UTC)
     full = [
         {
             "image": b"not-an-image",

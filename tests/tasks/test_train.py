@@ -1,0 +1,289 @@
+"""Training on real digits: learns, reads the exact curated version, reuses, stops early, serves.
+
+The helpers at the top (a curated table of real digits, fast training settings, a private
+CD4ML_HOME per module) are also used by test_evaluate.py and test_registry.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+CURATED_SCHEMA = pa.schema(
+    [
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("image", pa.binary(), nullable=False),
+        pa.field("label", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("component", pa.string(), nullable=False),
+        pa.field("width", pa.int32(), nullable=False),
+        pa.field("height", pa.int32(), nullable=False),
+    ]
+)
+
+
+def encode(array: Any, fmt: str = "PNG") -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array, mode="L").save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+@lru_cache(maxsize=1)
+def curated_rows() -> tuple[dict[str, Any], ...]:
+    """All real digits as curated rows: PNG bytes, deduplicated by sha256, split 70/15/15 by index."""
+    from tasks.sample_data import digits_arrays
+
+    images, labels = digits_arrays()
+    rows, seen = [], set()
+    for i, (image, label) in enumerate(zip(images, labels)):
+        data = encode(image)
+        sha = hashlib.sha256(data).hexdigest()
+        if sha in seen:
+            continue
+        seen.add(sha)
+        bucket = i % 20
+        split = "train" if bucket < 14 else "val" if bucket < 17 else "test"
+        rows.append(
+            {"sha256": sha, "image": data, "label": str(int(label)), "split": split, "component": sha[:16], "width": 8, "height": 8}
+        )
+    return tuple(rows)
+
+
+def write_curated_digits(
+    uri: str, raw_version: int | None = 3, limit: int | None = None, splits: tuple[str, ...] = ("train", "val", "test")
+) -> int:
+    """Write a curated snapshot of the digits like tasks.curate would; returns the new version."""
+    from tasks import lake
+
+    rows = [r for r in curated_rows()[:limit] if r["split"] in splits]
+    metadata: dict[str, Any] = {"run_id": "test-curate", "logical_date": "2026-11-21", "step": "curate"}
+    if raw_version is not None:
+        metadata["raw_version"] = raw_version
+    return lake.overwrite(uri, pa.Table.from_pylist(rows, schema=CURATED_SCHEMA), metadata=metadata)
+
+
+def split_rows(split: str) -> list[dict[str, Any]]:
+    return [r for r in curated_rows() if r["split"] == split]
+
+
+def fast(settings: Any, **training: Any) -> Any:
+    """Settings with a few epochs on one thread (tests must be quick on a 2-core machine)."""
+    updates = {"epochs": 4, "num_threads": 1, **training}
+    return settings.model_copy(update={"training": settings.training.model_copy(update=updates)})
+
+
+def with_model_name(settings: Any, suffix: str) -> Any:
+    """A private registered model per test, so aliases set by one test never reach another."""
+    registry = settings.registry.model_copy(update={"model_name": f"{settings.registry.model_name}-{suffix}"})
+    return settings.model_copy(update={"registry": registry})
+
+
+@contextlib.contextmanager
+def private_home(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Any]:
+    """A CD4ML_HOME shared by one test module (one MLflow database to create, not one per test)."""
+    from tasks.settings import load_settings
+
+    with pytest.MonkeyPatch.context() as mp:
+        home = tmp_path_factory.mktemp(name)
+        mp.setenv("CD4ML_HOME", str(home))
+        mp.setenv("CD4ML_ENV", "sit")
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        yield load_settings()
+
+
+def runs_in_experiment(settings: Any) -> list[Any]:
+    from tasks.registry import ensure_experiment, mlflow_client
+
+    client = mlflow_client(settings)
+    return client.search_runs([ensure_experiment(settings, client)], max_results=1000)
+
+
+@dataclass(frozen=True)
+class Trained:
+    settings: Any
+    version: int
+    newer_version: int
+    result: Any
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
+    from tasks.train import train
+
+    with private_home(tmp_path_factory, "train-home") as base:
+        settings = fast(base)
+        version = write_curated_digits(settings.curated_table, raw_version=3)
+        # A newer, much smaller version: training must read the version it was given.
+        newer = write_curated_digits(settings.curated_table, raw_version=4, limit=200)
+        result = train(settings, settings.curated_table, version, "manual__2026-11-21", "2026-11-21")
+        yield Trained(settings, version, newer, result)
+
+
+def test_trains_on_the_exact_curated_version_and_logs_lineage(trained: Trained) -> None:
+    from tasks.registry import mlflow_client
+
+    s, r = trained.settings, trained.result
+    assert trained.newer_version > trained.version
+    assert not r.reused
+    assert r.curated_table == s.curated_table and r.curated_version == trained.version
+    assert r.raw_version == 3  # from the curated commit's metadata, not the newer commit's 4
+    assert r.metrics["best_val_accuracy"] > 0.8
+    assert 1 <= r.best_epoch <= r.epochs_run <= s.training.epochs
+    assert r.model_uri.startswith("models:/")
+    assert json.loads(json.dumps(r.to_dict()))["mlflow_run_id"] == r.mlflow_run_id
+
+    client = mlflow_client(s)
+    run = client.get_run(r.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert tags["cd4ml.env"] == "sit"
+    assert tags["cd4ml.curated_table"] == s.curated_table
+    assert tags["cd4ml.curated_version"] == str(trained.version)
+    assert tags["cd4ml.raw_version"] == "3"
+    assert tags["cd4ml.config_hash"] == s.section_hash("training")
+    assert tags["cd4ml.logical_date"] == "2026-11-21"
+    assert tags["cd4ml.airflow_run_id"] == "manual__2026-11-21"
+    params = run.data.params
+    assert params["n_train"] == str(len(split_rows("train")))  # the full version, not the newer 200 rows
+    assert params["n_val"] == str(len(split_rows("val")))
+    assert params["learning_rate"] == str(s.training.learning_rate)
+    assert params["registered_model_name"] == s.registry.model_name
+    assert params["classes"] == ",".join(str(d) for d in range(10))
+    history = client.get_metric_history(r.mlflow_run_id, "val_accuracy")
+    assert [m.step for m in history] == list(range(1, r.epochs_run + 1))
+    assert max(m.value for m in history) == pytest.approx(r.metrics["best_val_accuracy"])
+    assert len(client.get_metric_history(r.mlflow_run_id, "train_loss")) == r.epochs_run
+
+    inputs = run.inputs.dataset_inputs
+    assert len(inputs) == 1
+    dataset = inputs[0].dataset
+    assert dataset.source_type == "delta_table"
+    assert json.loads(dataset.source)["path"] == s.curated_table
+    input_tags = {t.key: t.value for t in inputs[0].tags}
+    assert input_tags["delta_table_version"] == str(trained.version)
+    assert input_tags["mlflow.data.context"] == "training"
+
+
+def test_same_curated_version_and_config_is_reused_unless_forced(trained: Trained) -> None:
+    from tasks.train import train
+
+    s, first = trained.settings, trained.result
+    before = {run.info.run_id for run in runs_in_experiment(s)}
+    again = train(s, s.curated_table, trained.version, "scheduled__retry", "2026-11-21")
+    assert again.reused
+    assert again.mlflow_run_id == first.mlflow_run_id
+    assert again.model_uri == first.model_uri
+    assert (again.epochs_run, again.best_epoch, again.metrics) == (first.epochs_run, first.best_epoch, first.metrics)
+    assert {run.info.run_id for run in runs_in_experiment(s)} == before
+
+    # Another training config is another model: it trains (and is deterministic given the seed).
+    other = train(fast(s, epochs=1), s.curated_table, trained.version, "manual__other", "2026-11-21")
+    assert not other.reused and other.mlflow_run_id != first.mlflow_run_id
+    forced = train(fast(s, epochs=1), s.curated_table, trained.version, "manual__force", "2026-11-21", force=True)
+    assert not forced.reused and forced.mlflow_run_id not in (first.mlflow_run_id, other.mlflow_run_id)
+    assert forced.metrics["best_val_accuracy"] == other.metrics["best_val_accuracy"]
+
+
+def test_early_stopping_stops_and_keeps_the_best_weights(trained: Trained) -> None:
+    import mlflow
+    import pandas as pd
+
+    from tasks.registry import mlflow_client
+    from tasks.train import train
+
+    # Val accuracy climbs past 0.9 in two or three epochs and then creeps up by less than
+    # min_delta per epoch: with patience 2 the run must stop long before 40 epochs.
+    s = fast(trained.settings, epochs=40, patience=2, min_delta=0.02)
+    result = train(s, s.curated_table, trained.version, "manual__early", "2026-11-21")
+    assert not result.reused
+    assert result.epochs_run < s.training.epochs
+    assert result.epochs_run - result.best_epoch == s.training.patience
+
+    history = [m.value for m in mlflow_client(s).get_metric_history(result.mlflow_run_id, "val_accuracy")]
+    assert len(history) == result.epochs_run
+    best = history[result.best_epoch - 1]
+    assert best == pytest.approx(result.metrics["best_val_accuracy"])
+    assert all(value <= best + s.training.min_delta for value in history[result.best_epoch :])
+
+    # The logged model carries the best epoch's weights: it scores exactly the best val accuracy.
+    model = mlflow.pyfunc.load_model(result.model_uri)
+    val = sorted(split_rows("val"), key=lambda r: r["sha256"])
+    predicted = model.predict(pd.DataFrame({"image": [r["image"] for r in val]}))["label"].tolist()
+    accuracy = sum(p == r["label"] for p, r in zip(predicted, val)) / len(val)
+    assert accuracy == pytest.approx(result.metrics["best_val_accuracy"], abs=1e-6)
+
+
+FRESH_PROCESS = """
+import json, sys
+import mlflow
+import pandas as pd
+uri, model_uri, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
+mlflow.set_tracking_uri(uri)
+model = mlflow.pyfunc.load_model(model_uri)
+out = model.predict(pd.DataFrame({"image": [open(p, "rb").read() for p in paths]}))
+import tasks.model
+print(json.dumps({"labels": out["label"].tolist(), "confidence": out["confidence"].tolist(),
+                  "columns": list(out.columns), "code": tasks.model.__file__}))
+"""
+
+
+def test_logged_pyfunc_loads_in_a_fresh_process_and_classifies_png_and_jpeg(trained: Trained, tmp_path: Path) -> None:
+    from tasks.sample_data import digits_arrays
+
+    images, labels = digits_arrays()
+    paths, expected = [], []
+    for i in range(20):
+        fmt = "PNG" if i % 2 == 0 else "JPEG"
+        path = tmp_path / f"digit_{i}.{fmt.lower()}"
+        path.write_bytes(encode(images[i], fmt))
+        paths.append(str(path))
+        expected.append(str(int(labels[i])))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, trained.settings.tracking_uri, trained.result.model_uri, *paths],
+        cwd=tmp_path,  # not the repository: tasks.* must come from the model's logged code
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["columns"] == ["label", "confidence"]
+    assert not out["code"].startswith(str(Path(__file__).resolve().parents[2] / "tasks"))
+    correct = sum(p == e for p, e in zip(out["labels"], expected))
+    assert correct >= 16, (out["labels"], expected)
+    assert all(0.0 < c <= 1.0 for c in out["confidence"])
+
+
+def test_raw_version_is_none_when_the_curated_commit_does_not_name_it(tmp_path: Path) -> None:
+    from tasks.train import raw_version_of
+
+    uri = str(tmp_path / "curated")
+    v0 = write_curated_digits(uri, raw_version=None, limit=50)
+    v1 = write_curated_digits(uri, raw_version=9, limit=50)
+    assert raw_version_of(uri, v0) is None
+    assert raw_version_of(uri, v1) == 9
+
+
+def test_a_version_without_val_rows_is_refused_with_a_clear_error(trained: Trained, tmp_path: Path) -> None:
+    from tasks.train import NoTrainingDataError, train
+
+    uri = str(tmp_path / "curated")
+    version = write_curated_digits(uri, splits=("train", "test"))
+    with pytest.raises(NoTrainingDataError, match="0 val rows"):
+        train(trained.settings, uri, version, "manual__noval", "2026-11-21")
