@@ -47,6 +47,7 @@ from PIL import Image, ImageOps
 
 from tasks import lake
 from tasks.images import decode_gray
+from tasks.reports import write_json
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -348,14 +349,6 @@ def _reasons(dropped: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _write_report(path: Path, body: dict[str, Any]) -> None:
-    """Write atomically so a reader never sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=True))
-    tmp.replace(path)
-
-
 def _read_raw(settings: Settings, raw_version: int) -> pa.Table:
     raw = lake.read(settings.raw_table, raw_version, columns=["sha256", "image", "width", "height", "label"])
     if raw.num_rows == 0:
@@ -378,7 +371,7 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     if prior is not None:
         if not report.exists():  # reports folder wiped: the plan is deterministic, so rebuild it
             plan = _plan(settings, _read_raw(settings, raw_version), work)
-            _write_report(report, _report_body(settings, raw_version, config_hash, prior.version, plan, prior.metadata))
+            write_json(report, _report_body(settings, raw_version, config_hash, prior.version, plan, prior.metadata))
         table = lake.read(curated_uri, prior.version, columns=["sha256", "label", "split"])
         by_split, by_label = _counts(table)
         stored = json.loads(prior.metadata.get("dropped_by_reason", "null") or "null")
@@ -410,7 +403,7 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
         "dropped_by_reason": json.dumps(reasons, sort_keys=True),
     }
     version = lake.overwrite(curated_uri, plan.curated, metadata, configuration=lake.stats_columns_config(CURATED_SCHEMA))
-    _write_report(report, _report_body(settings, raw_version, config_hash, version, plan, metadata))
+    write_json(report, _report_body(settings, raw_version, config_hash, version, plan, metadata))
     by_split, by_label = _counts(plan.curated)
     result = CurateResult(
         curated_table=curated_uri, curated_version=version, raw_table=raw_uri, raw_version=raw_version,

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks import lake
+from tasks.reports import write_json
 from tasks.settings import Settings
 
 if TYPE_CHECKING:
@@ -195,13 +194,6 @@ def report_file(settings: Settings, current_version: int, reference_version: int
     return settings.reports_path / "drift" / name
 
 
-def _write_report(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
 def _finish(result: DriftResult, settings: Settings, extra: dict[str, Any]) -> DriftResult:
     payload = {
         **result.to_dict(),
@@ -209,7 +201,7 @@ def _finish(result: DriftResult, settings: Settings, extra: dict[str, Any]) -> D
         "settings": settings.drift.model_dump(mode="json"),
         **extra,
     }
-    _write_report(Path(result.report_path), payload)
+    write_json(Path(result.report_path), payload)
     log.info("drift %s: %s (report %s)", result.status, result.reason, result.report_path)
     return result
 

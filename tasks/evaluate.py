@@ -11,12 +11,8 @@ report depends on the wall clock, so re-evaluating the same inputs rewrites the 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -31,6 +27,7 @@ from tasks.registry import (
     champion_model_version,
     mlflow_client,
 )
+from tasks.reports import write_json
 from tasks.settings import Settings
 from tasks.train import load_split_rows
 
@@ -91,15 +88,6 @@ def _log_to_run(client: MlflowClient, run_id: str, metrics: dict[str, float], ta
     for key, value in tags.items():
         if data.tags.get(key) != value:
             client.set_tag(run_id, key, value)
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, path)
 
 
 def evaluate(settings: Settings, candidate_run_id: str, curated_table: str, curated_version: int) -> GateResult:
@@ -188,7 +176,7 @@ def evaluate(settings: Settings, candidate_run_id: str, curated_table: str, cura
             "rows": rows.num_rows,
         },
     }
-    _write_json(report_path, report)
+    write_json(report_path, report)
 
     metrics = {f"test_{name}": value for name, value in candidate_scores.items()}
     metrics["gate_passed"] = 1.0 if passed else 0.0

@@ -22,10 +22,8 @@ version with the same settings twice writes the same bytes.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -36,6 +34,7 @@ import pandas as pd
 
 from tasks import lake
 from tasks.ingest import META_COLUMNS
+from tasks.reports import write_json
 from tasks.settings import Settings
 
 if TYPE_CHECKING:
@@ -356,13 +355,6 @@ def _failure_lines(entry: dict[str, Any], batch: dict[str, Any]) -> list[str]:
     return [f"{where} [{check}]: observed {entry['observed_value']}"]
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)  # readers never see a half-written report
-
-
 def _commit_time(uri: str, version: int) -> datetime:
     """When ``version`` was committed: a run time for GE that does not move between re-runs."""
     for commit in lake.history(uri):
@@ -457,7 +449,7 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
         "expectations": entries,
         "docs_path": docs_path,
     }
-    _write_json(report_path, report)
+    write_json(report_path, report)
     total_s = time.perf_counter() - started
     log.info(
         "validate: run %s, %s v%d: %d rows, %d/%d expectations passed, rejected share %.4f "

@@ -23,17 +23,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-CURATED_SCHEMA = pa.schema(
-    [
-        pa.field("sha256", pa.string(), nullable=False),
-        pa.field("image", pa.binary(), nullable=False),
-        pa.field("label", pa.string(), nullable=False),
-        pa.field("split", pa.string(), nullable=False),
-        pa.field("component", pa.string(), nullable=False),
-        pa.field("width", pa.int32(), nullable=False),
-        pa.field("height", pa.int32(), nullable=False),
-    ]
-)
+from tasks.curate import CURATED_SCHEMA
 
 
 def encode(array: Any, fmt: str = "PNG") -> bytes:
