@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
 from cd4ml_airflow.assets import CURATED_IMAGES, RAW_IMAGES
-from cd4ml_airflow.context import input_version, logical_date_of
+from cd4ml_airflow.context import fail_fast_on_data_errors, input_version, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
 
 
@@ -36,11 +36,12 @@ def cd4ml_curate():
         from tasks.settings import load_settings
 
         settings = load_settings()
-        raw_version = input_version(
-            context, param="raw_version", asset=RAW_IMAGES, extra_key="raw_version", table_uri=settings.raw_table
-        )
-        result = run_curation(settings, raw_version=raw_version, run_id=context["run_id"],
-                              logical_date=logical_date_of(context))
+        with fail_fast_on_data_errors():
+            raw_version = input_version(
+                context, param="raw_version", asset=RAW_IMAGES, extra_key="raw_version", table_uri=settings.raw_table
+            )
+            result = run_curation(settings, raw_version=raw_version, run_id=context["run_id"],
+                                  logical_date=logical_date_of(context))
         print(f"curation report: {result.report_path}")
         outlet_events[CURATED_IMAGES].extra = {
             "curated_table": result.curated_table,

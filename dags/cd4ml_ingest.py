@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
 from cd4ml_airflow.assets import RAW_IMAGES
-from cd4ml_airflow.context import logical_date_of
+from cd4ml_airflow.context import fail_fast_on_data_errors, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
 
 
@@ -52,12 +52,10 @@ def cd4ml_ingest():
     @task(outlets=[RAW_IMAGES])
     def validate(batch: dict, *, outlet_events=None, **context) -> dict:
         """great-expectations suite on the raw version; publishes it only when it passes."""
-        from airflow.sdk.exceptions import AirflowFailException
-
         from tasks.settings import load_settings
-        from tasks.validate import ValidationFailedError, validate_batch
+        from tasks.validate import validate_batch
 
-        try:
+        with fail_fast_on_data_errors():
             result = validate_batch(
                 load_settings(),
                 raw_version=batch["raw_version"],
@@ -65,8 +63,6 @@ def cd4ml_ingest():
                 rejected=batch["rejected"],
                 run_id=context["run_id"],
             )
-        except ValidationFailedError as exc:
-            raise AirflowFailException(str(exc)) from exc  # data does not change on retry
         print(f"validation report: {result.report_path}  data docs: {result.docs_path}")
         outlet_events[RAW_IMAGES].extra = {"raw_table": batch["raw_table"], "raw_version": batch["raw_version"]}
         return result.to_dict()

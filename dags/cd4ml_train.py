@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
 from cd4ml_airflow.assets import CHAMPION_MODEL, CURATED_IMAGES
-from cd4ml_airflow.context import input_version, logical_date_of
+from cd4ml_airflow.context import fail_fast_on_data_errors, input_version, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
 
 
@@ -40,10 +40,11 @@ def cd4ml_train():
         from tasks.settings import load_settings
 
         settings = load_settings()
-        version = input_version(
-            context, param="curated_version", asset=CURATED_IMAGES, extra_key="curated_version",
-            table_uri=settings.curated_table,
-        )
+        with fail_fast_on_data_errors():
+            version = input_version(
+                context, param="curated_version", asset=CURATED_IMAGES, extra_key="curated_version",
+                table_uri=settings.curated_table,
+            )
         return {"curated_table": settings.curated_table, "curated_version": version}
 
     @task
@@ -59,7 +60,8 @@ def cd4ml_train():
         reference = (
             DriftReference(current.curated_table, current.curated_version, current.version) if current else None
         )
-        result = check_drift(settings, data["curated_table"], data["curated_version"], reference, context["run_id"])
+        with fail_fast_on_data_errors():
+            result = check_drift(settings, data["curated_table"], data["curated_version"], reference, context["run_id"])
         print(f"drift: {result.status} ({result.reason}); report: {result.report_path}")
         if result.status == "drift":
             send(Alert(summary=f"data drift against champion v{result.champion_version}: {result.reason}",
@@ -73,10 +75,11 @@ def cd4ml_train():
         from tasks.settings import load_settings
         from tasks.train import train as run_training
 
-        result = run_training(
-            load_settings(), data["curated_table"], data["curated_version"], run_id=context["run_id"],
-            logical_date=logical_date_of(context), force=bool(context["params"]["force_retrain"]),
-        )
+        with fail_fast_on_data_errors():
+            result = run_training(
+                load_settings(), data["curated_table"], data["curated_version"], run_id=context["run_id"],
+                logical_date=logical_date_of(context), force=bool(context["params"]["force_retrain"]),
+            )
         print(f"MLflow run: {result.mlflow_run_id} (reused={result.reused})  metrics: {result.metrics}")
         return result.to_dict()
 
@@ -86,7 +89,8 @@ def cd4ml_train():
         from tasks.evaluate import evaluate
         from tasks.settings import load_settings
 
-        gate = evaluate(load_settings(), trained["mlflow_run_id"], data["curated_table"], data["curated_version"])
+        with fail_fast_on_data_errors():
+            gate = evaluate(load_settings(), trained["mlflow_run_id"], data["curated_table"], data["curated_version"])
         print(f"gate passed={gate.passed}: {'; '.join(gate.reasons)}  report: {gate.report_path}")
         return gate.to_dict()
 
@@ -100,7 +104,8 @@ def cd4ml_train():
         from tasks.settings import load_settings
 
         settings = load_settings()
-        result = register_and_promote(settings, trained["mlflow_run_id"], gate)
+        with fail_fast_on_data_errors():  # e.g. the champion moved since the gate compared against it
+            result = register_and_promote(settings, trained["mlflow_run_id"], gate)
         if not result.alias_set:
             message = (f"{result.model_name} v{result.version} registered but not promoted: "
                        + "; ".join(gate["reasons"]))

@@ -46,6 +46,7 @@ import pyarrow as pa
 from PIL import Image, ImageOps
 
 from tasks import lake
+from tasks.errors import DataError
 from tasks.images import decode_gray
 from tasks.reports import write_json
 from tasks.settings import Settings
@@ -70,7 +71,7 @@ CURATED_SCHEMA = pa.schema(
 )
 
 
-class CurationError(RuntimeError):
+class CurationError(DataError, RuntimeError):
     """Curation cannot produce a snapshot; the message says which input and why."""
 
 

@@ -20,6 +20,7 @@ import pandas as pd
 from mlflow import MlflowClient
 from sklearn.metrics import accuracy_score, f1_score
 
+from tasks.errors import DataError
 from tasks.registry import (
     TAG_CURATED_TABLE,
     TAG_CURATED_VERSION,
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 METRICS = ("accuracy", "macro_f1")
 
 
-class NoTestDataError(ValueError):
+class NoTestDataError(DataError, ValueError):
     """The curated version has no test rows: there is nothing to gate on."""
 
 

@@ -20,12 +20,14 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from tasks.errors import DataError
+
 log = logging.getLogger(__name__)
 
 META_PREFIX = "cd4ml."
 
 
-class VersionNotFoundError(LookupError):
+class VersionNotFoundError(DataError, LookupError):
     """No table version satisfies the request; the message says what was asked."""
 
 

@@ -22,6 +22,7 @@ from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
+from tasks.errors import DataError
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ LINEAGE_RUN_TAGS = (
 NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
 
 
-class StaleGateError(RuntimeError):
+class StaleGateError(DataError, RuntimeError):
     """The champion moved after the gate compared against it: evaluate again before promoting."""
 
 

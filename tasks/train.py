@@ -31,6 +31,7 @@ from mlflow.data.delta_dataset_source import DeltaDatasetSource
 from torch import nn
 
 from tasks import lake
+from tasks.errors import DataError
 from tasks.images import decode_batch
 from tasks.model import build_model, log_pyfunc_model
 from tasks.registry import (
@@ -56,7 +57,7 @@ TAG_BEST_EPOCH = "cd4ml.best_epoch"
 FINAL_METRICS = ("best_val_accuracy", "best_val_loss", "final_train_loss", "train_seconds")
 
 
-class NoTrainingDataError(ValueError):
+class NoTrainingDataError(DataError, ValueError):
     """The curated version has no rows in a split that training needs."""
 
 

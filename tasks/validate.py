@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from tasks import lake
+from tasks.errors import DataError
 from tasks.ingest import META_COLUMNS
 from tasks.reports import write_json
 from tasks.settings import Settings
@@ -54,7 +55,7 @@ _REQUIRED_COLUMNS = ("sha256", "label", "width", "height", "mode")
 _MAX_LISTED = 10  # values quoted per failure line; the report keeps GE's partial lists
 
 
-class ValidationFailedError(RuntimeError):
+class ValidationFailedError(DataError, RuntimeError):
     """At least one expectation failed. ``str()`` is a summary line, then one line per failure."""
 
     def __init__(self, message: str, failures: list[str], report_path: str, result: "ValidationResult") -> None:

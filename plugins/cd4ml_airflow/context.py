@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from airflow.sdk import Asset
 
 
@@ -32,3 +35,16 @@ def input_version(context, *, param: str, asset: Asset, extra_key: str, table_ur
     from tasks import lake
 
     return lake.version_as_of(table_uri, logical_date_of(context))
+
+
+@contextmanager
+def fail_fast_on_data_errors() -> Iterator[None]:
+    """A ``tasks.errors.DataError`` fails the task without retries: the data will not change."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tasks.errors import DataError
+
+    try:
+        yield
+    except DataError as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc

@@ -36,3 +36,18 @@ def test_dag_level_callback_shares_the_runs_dedup_key(settings, caplog):
     alert = json.loads(record.getMessage())
     assert alert["source"] == "dag:cd4ml_ingest" and alert["summary"] == "cd4ml_ingest failed: task_failure"
     assert alert["dedup_key"] == "sit:cd4ml_ingest:manual__2026-11-21"
+
+
+def test_data_errors_fail_fast_and_others_propagate():
+    import pytest
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cd4ml_airflow.context import fail_fast_on_data_errors
+    from tasks.validate import ValidationFailedError
+
+    with pytest.raises(AirflowFailException, match="^ValidationFailedError: 3 expectations failed"):
+        with fail_fast_on_data_errors():
+            raise ValidationFailedError("3 expectations failed", failures=[], report_path="r.json", result=None)
+    with pytest.raises(OSError):  # infrastructure trouble is left to Airflow's retries
+        with fail_fast_on_data_errors():
+            raise OSError("disk full")
