@@ -12,6 +12,7 @@ triggers `cd4ml_train`.
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
+
 from cd4ml_airflow.assets import CURATED_IMAGES, RAW_IMAGES
 from cd4ml_airflow.context import fail_fast_on_data_errors, input_version, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
+
 from cd4ml_airflow.assets import RAW_IMAGES
 from cd4ml_airflow.context import fail_fast_on_data_errors, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs

@@ -16,6 +16,7 @@ Triggered by the `curated_images` Asset (or by hand with an explicit `curated_ve
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
+
 from cd4ml_airflow.assets import CHAMPION_MODEL, CURATED_IMAGES
 from cd4ml_airflow.context import fail_fast_on_data_errors, input_version, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs

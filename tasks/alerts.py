@@ -44,8 +44,15 @@ def _log_channel(alert: Alert) -> None:
 CHANNELS: dict[str, Callable[[Alert], None]] = {"log": _log_channel}
 
 
-def send(alert: Alert, settings: Settings) -> list[str]:
-    """Deliver to every configured channel at or above the minimum severity; returns channels used."""
+def send(alert: Alert, settings: Settings | None) -> list[str]:
+    """Deliver to every configured channel at or above the minimum severity; returns channels used.
+
+    ``settings=None`` means the settings themselves could not be loaded, which is exactly
+    when on-call must hear about it: the alert then goes to the log channel unconditionally.
+    """
+    if settings is None:
+        _log_channel(alert)
+        return ["log"]
     if SEVERITY_RANK[alert.severity] < SEVERITY_RANK[settings.alerts.min_severity]:
         return []
     delivered = []

@@ -24,9 +24,17 @@ class OnCallNotifier(BaseNotifier):
 
     def notify(self, context) -> None:
         from tasks.alerts import Alert, send
-        from tasks.settings import load_settings
+        from tasks.settings import SettingsError, load_settings, resolve_env
 
-        settings = load_settings()
+        try:
+            settings = load_settings()
+            env = settings.env
+        except SettingsError as exc:  # a broken config must still reach on-call
+            settings, env = None, f"unresolved ({exc})"
+            try:
+                env = resolve_env()
+            except SettingsError:
+                pass
         dag = context.get("dag")
         ti = context.get("ti") or context.get("task_instance")
         dag_id = getattr(dag, "dag_id", None) or getattr(ti, "dag_id", "unknown")
@@ -38,8 +46,8 @@ class OnCallNotifier(BaseNotifier):
             summary=f"{dag_id} failed" + (f" in task {task_id}" if task_id else f": {context.get('reason', 'run failed')}"),
             severity=self.severity,  # type: ignore[arg-type]
             source=source,
-            env=settings.env,
-            dedup_key=f"{settings.env}:{dag_id}:{run_id}",
+            env=env,
+            dedup_key=f"{env}:{dag_id}:{run_id}",
             details={
                 "run_id": run_id,
                 "logical_date": str(context.get("logical_date")),

@@ -36,22 +36,26 @@ def _status(env: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def migrated(airflow_env) -> dict:
-    proc = run_airflow(["db", "migrate"], airflow_env)
+def airflow_template(airflow_env, tmp_path_factory) -> Path:
+    """A migrated, never-used Airflow DB. Each test runs on its own copy, because Asset URIs
+    follow CD4ML_HOME and two homes must never register the same Asset name in one DB."""
+    home = tmp_path_factory.mktemp("airflow-template")
+    proc = run_airflow(["db", "migrate"], {**airflow_env, "AIRFLOW_HOME": str(home)})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return airflow_env
+    return home / "airflow.db"
 
 
-def _private_home(env: dict, tmp_path: Path) -> dict:
-    """Own CD4ML_HOME and own Airflow DB: Asset URIs follow CD4ML_HOME, so homes must not share one."""
+@pytest.fixture
+def private_env(airflow_env, airflow_template, tmp_path) -> dict:
+    """Own CD4ML_HOME and own copy of the migrated Airflow DB."""
     airflow_home = tmp_path / "airflow"
     airflow_home.mkdir()
-    shutil.copy(Path(env["AIRFLOW_HOME"]) / "airflow.db", airflow_home / "airflow.db")
-    return {**env, "CD4ML_HOME": str(tmp_path / "cd4ml"), "AIRFLOW_HOME": str(airflow_home)}
+    shutil.copy(airflow_template, airflow_home / "airflow.db")
+    return {**airflow_env, "CD4ML_HOME": str(tmp_path / "cd4ml"), "AIRFLOW_HOME": str(airflow_home)}
 
 
-def test_pipeline_end_to_end_and_idempotent(migrated):
-    env = migrated
+def test_pipeline_end_to_end_and_idempotent(private_env):
+    env = private_env
     _cd4ml(["sample-data", "--with-bad-files"], env)
     _dag_test("cd4ml_ingest", env)
     _dag_test("cd4ml_curate", env)
@@ -80,16 +84,16 @@ def test_pipeline_end_to_end_and_idempotent(migrated):
     assert "holds alias 'champion'" in summary
 
 
-def test_empty_landing_ends_the_run_with_a_message_and_no_version(migrated, tmp_path):
-    env = _private_home(migrated, tmp_path)
+def test_empty_landing_ends_the_run_with_a_message_and_no_version(private_env, tmp_path):
+    env = private_env
     (tmp_path / "empty").mkdir()
     out = _dag_test("cd4ml_ingest", env, conf={"landing_uri": str(tmp_path / "empty")})
     assert "holds no files: nothing to ingest, no new version" in out
     assert _status(env)["tables"]["raw_images"]["version"] is None
 
 
-def test_failed_validation_fails_the_task_and_alerts_on_call(migrated, tmp_path):
-    env = _private_home(migrated, tmp_path)
+def test_failed_validation_fails_the_task_and_alerts_on_call(private_env, tmp_path):
+    env = private_env
     landing = tmp_path / "landing"
     _cd4ml(["sample-data", "--landing", str(landing), "--limit", "30", "--with-bad-files"], env)
     out = _dag_test("cd4ml_ingest", env, conf={"landing_uri": str(landing)}, expect_rc=1)

@@ -51,3 +51,15 @@ def test_data_errors_fail_fast_and_others_propagate():
     with pytest.raises(OSError):  # infrastructure trouble is left to Airflow's retries
         with fail_fast_on_data_errors():
             raise OSError("disk full")
+
+
+def test_broken_settings_still_reach_on_call(cd4ml_home, tmp_path, monkeypatch, caplog):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "base.yaml").write_text("project: [unclosed\n")
+    monkeypatch.setenv("CD4ML_CONF_DIR", str(tmp_path / "conf"))
+    context = {"dag": SimpleNamespace(dag_id="cd4ml_curate"), "run_id": "r1", "exception": RuntimeError("boom")}
+    with caplog.at_level(logging.INFO, logger="cd4ml.alerts"):
+        OnCallNotifier().notify(context)
+    [record] = caplog.records
+    alert = json.loads(record.getMessage())
+    assert alert["env"] == "sit" and alert["dedup_key"] == "sit:cd4ml_curate:r1"
