@@ -17,6 +17,7 @@ export AIRFLOW__CORE__UNIT_TEST_MODE := False
 export FASTDUP_PRODUCTION := 1
 export GIT_PYTHON_REFRESH := quiet
 export PYTHONPATH := $(CURDIR):$(CURDIR)/plugins
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEMO_DATE ?= 2026-11-21
 
 .PHONY: venv demo test test-fast ui bench lock clean
@@ -50,7 +51,9 @@ test-fast: $(STAMP)
 ## Optional: Airflow UI (http://localhost:8080) and MLflow UI (http://localhost:5000) on the demo's state.
 ui: $(STAMP)
 	$(BIN)/airflow db migrate > /dev/null
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CD4ML_HOME)/mlflow.db --default-artifact-root $(CD4ML_HOME)/mlartifacts --port 5000 & \
+	@echo "Airflow UI: http://localhost:8080 (airflow standalone prints the login)   MLflow UI: http://localhost:5000"
+	trap 'kill 0' EXIT INT TERM; \
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CD4ML_HOME)/mlflow.db --default-artifact-root $(CD4ML_HOME)/mlartifacts --host 127.0.0.1 --port 5000 & \
 	$(BIN)/airflow standalone
 
 bench: $(STAMP)
