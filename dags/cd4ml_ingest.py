@@ -1,13 +1,14 @@
 """
-### cd4ml_ingest: landing folder -> versioned `raw_images` Delta table -> validation
+### cd4ml_ingest: images -> versioned `raw_images` Delta table -> validation
 
-1. **ingest**: every file below the landing folder (`<label>/<file>`) is hashed (sha256 of
-   the bytes), fully decoded and checked; new images are MERGEd into `raw_images` (one Delta
-   version per run that adds something), bad files go to the `rejects` table with a reason.
-   An empty landing folder skips the run with a message and writes no version.
+1. **ingest**: every file of the source (a local path or an fsspec URL; labels from folder
+   names or a CSV/JSONL manifest) is hashed (sha256 of the bytes), fully decoded and checked;
+   unchanged files are skipped without being read. New images land in `raw_images` in one
+   Delta commit per run (the dataset version); bad files go to the `rejects` table with a
+   reason. An empty source skips the run with a message and writes no version.
 2. **validate**: a great-expectations suite over that raw version; thresholds come from the
-   environment's settings. Only a passing version is published on the `raw_images` Asset,
-   which triggers `cd4ml_curate`.
+   environment's settings. Only a passing version is named (Param `dataset_version_name`)
+   and published on the `raw_images` Asset, which triggers `cd4ml_curate`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,33 @@ from cd4ml_airflow.assets import RAW_IMAGES
 from cd4ml_airflow.context import fail_fast_on_data_errors, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
 
 @dag(
     schedule="@daily",
     params={
-        "landing_uri": Param(
-            None, type=["null", "string"], description="Folder to ingest; empty = the environment's landing_uri."
+        "source_uri": Param(
+            None, type=["null", "string"],
+            description="Where the images are: a local path or an fsspec URL (s3://, gs://, abfs://, file://). "
+            "Empty = the environment's landing_uri.",
+        ),
+        "label_source": Param(
+            None, type=["null", "string"], enum=[None, "folders", "csv", "jsonl"],
+            description="folders: label = first folder under the source; csv / jsonl: a manifest with path,label. "
+            "Empty = the environment's setting.",
+        ),
+        "manifest_uri": Param(
+            None, type=["null", "string"],
+            description="The CSV or JSONL manifest (paths relative to its folder). Needed for csv / jsonl.",
+        ),
+        "engine": Param(
+            None, type=["null", "string"], enum=[None, "local", "spark"],
+            description="local: this worker (delta-rs); spark: a Spark job with delta-spark, for clusters.",
+        ),
+        "dataset_version_name": Param(
+            None, type=["null", "string"], pattern=NAME_PATTERN,
+            description="Name the validated raw version (e.g. release-3); names are immutable.",
         ),
     },
     **dag_kwargs(["ingest", "validation"], __doc__),
@@ -32,40 +54,52 @@ def cd4ml_ingest():
     @task
     def ingest(**context) -> dict:
         """Hash, decode and MERGE new images; quarantine bad files."""
-        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+        from airflow.sdk.exceptions import AirflowSkipException
 
         from tasks.ingest import EmptyLandingError, ingest_landing
         from tasks.settings import load_settings
 
+        p = context["params"]
         try:
-            result = ingest_landing(
-                load_settings(),
-                run_id=context["run_id"],
-                logical_date=logical_date_of(context),
-                landing=context["params"]["landing_uri"],
-            )
+            with fail_fast_on_data_errors():  # a wrong path, manifest or engine will not fix itself
+                result = ingest_landing(
+                    load_settings(),
+                    run_id=context["run_id"],
+                    logical_date=logical_date_of(context),
+                    landing=p["source_uri"],
+                    label_source=p["label_source"],
+                    manifest=p["manifest_uri"],
+                    engine=p["engine"],
+                )
         except EmptyLandingError as exc:
             raise AirflowSkipException(str(exc)) from exc
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            raise AirflowFailException(str(exc)) from exc  # a wrong path will not fix itself on retry
+        print(f"ingest: {result.inserted} new, {result.already_present} already present, {result.rejected} rejected "
+              f"(rejects table {result.rejects_table}); raw_images v{result.raw_version}")
         return result.to_dict()
 
     @task(outlets=[RAW_IMAGES])
     def validate(batch: dict, *, outlet_events=None, **context) -> dict:
-        """great-expectations suite on the raw version; publishes it only when it passes."""
+        """great-expectations suite on the raw version; publishes (and names) it only when it passes."""
+        from tasks import lake
         from tasks.settings import load_settings
         from tasks.validate import validate_batch
 
+        settings = load_settings()
+        name = context["params"]["dataset_version_name"]
         with fail_fast_on_data_errors():
             result = validate_batch(
-                load_settings(),
+                settings,
                 raw_version=batch["raw_version"],
                 files_seen=batch["files_seen"],
                 rejected=batch["rejected"],
                 run_id=context["run_id"],
             )
+            if name:
+                lake.tag_version(settings.raw_table, batch["raw_version"], name, run_id=context["run_id"])
         print(f"validation report: {result.report_path}  data docs: {result.docs_path}")
-        outlet_events[RAW_IMAGES].extra = {"raw_table": batch["raw_table"], "raw_version": batch["raw_version"]}
+        outlet_events[RAW_IMAGES].extra = {
+            "raw_table": batch["raw_table"], "raw_version": batch["raw_version"], "name": name,
+        }
         return result.to_dict()
 
     validate(ingest())

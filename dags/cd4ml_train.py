@@ -1,7 +1,8 @@
 """
 ### cd4ml_train: curated version -> drift check -> training -> gate -> registry
 
-Triggered by the `curated_images` Asset (or by hand with an explicit `curated_version`).
+Triggered by the `curated_images` Asset, or by hand with an explicit `curated_version` or a
+`dataset_version` (a version number, a name such as `release-3`, or a timestamp).
 
 1. **drift_check**: alibi-detect MMD test of the new training data against the data the
    current `champion` was trained on (first run: no champion, skipped and said so).
@@ -30,6 +31,11 @@ from cd4ml_airflow.defaults import dag_kwargs
             description="curated_images version to train on; empty = the one the triggering event names "
             "(or, for a manual run, the one curated for this logical date).",
         ),
+        "dataset_version": Param(
+            None, type=["null", "string"],
+            description="Train on a named dataset version instead: a curated version number, a name given to a "
+            "curated or raw version (e.g. release-3), or an ISO timestamp (time travel).",
+        ),
         "force_retrain": Param(False, type="boolean", description="Train again even if a finished run exists."),
     },
     **dag_kwargs(["training", "drift", "gate", "registry"], __doc__),
@@ -38,14 +44,20 @@ def cd4ml_train():
     @task
     def resolve_input(**context) -> dict:
         """Pin the curated version this run works on."""
+        from tasks import lake
         from tasks.settings import load_settings
 
         settings = load_settings()
+        params = context["params"]
         with fail_fast_on_data_errors():
-            version = input_version(
-                context, param="curated_version", asset=CURATED_IMAGES, extra_key="curated_version",
-                table_uri=settings.curated_table,
-            )
+            if params["curated_version"] is None and params["dataset_version"]:
+                version = lake.resolve_dataset_version(settings.curated_table, params["dataset_version"],
+                                                       settings.raw_table)
+            else:
+                version = input_version(
+                    context, param="curated_version", asset=CURATED_IMAGES, extra_key="curated_version",
+                    table_uri=settings.curated_table,
+                )
         return {"curated_table": settings.curated_table, "curated_version": version}
 
     @task

@@ -34,6 +34,124 @@ def _cmd_sample_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _table_uri(table: str) -> str:
+    """A table name under the environment's lake (raw_images, curated_images, ...) or a URI as given."""
+    return table if "/" in table or "://" in table else load_settings().table_uri(table)
+
+
+def _data_plane_errors(fn):
+    """Data-plane commands: a wrong name, version or tag is one line on stderr and exit 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        from tasks.errors import DataError
+
+        try:
+            return fn(args)
+        except (DataError, ValueError, FileNotFoundError) as exc:
+            print(f"cd4ml {args.command}: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+@_data_plane_errors
+def _cmd_tag(args: argparse.Namespace) -> int:
+    from tasks import lake
+
+    uri = _table_uri(args.table)
+    version = lake.resolve_version(uri, args.version)
+    tag = lake.tag_version(uri, version, args.name, run_id="cli", note=args.note or "")
+    print(json.dumps({"table": uri, "name": tag.name, "version": tag.version}, sort_keys=True))
+    return 0
+
+
+@_data_plane_errors
+def _cmd_versions(args: argparse.Namespace) -> int:
+    from tasks import lake
+
+    uri = _table_uri(args.table)
+    rows = [
+        {"version": v.version, "timestamp": v.timestamp.isoformat(), "operation": v.operation,
+         "names": list(v.names), "metadata": v.metadata}
+        for v in lake.versions(uri)
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+        return 0
+    for r in rows:
+        names = ",".join(r["names"]) or "-"
+        meta = " ".join(f"{k}={r['metadata'][k]}" for k in ("run_id", "logical_date", "step") if k in r["metadata"])
+        print(f"v{r['version']:<5} {r['timestamp']}  {r['operation']:<14} {names:<20} {meta}")
+    return 0
+
+
+@_data_plane_errors
+def _cmd_vacuum(args: argparse.Namespace) -> int:
+    from tasks import retention
+
+    settings = load_settings()
+    if args.table:
+        uri = _table_uri(args.table)
+        results = [retention.vacuum(settings, uri, retention.protected_versions(settings, uri), dry_run=args.dry_run)]
+    else:
+        results = retention.vacuum_lake(settings, dry_run=args.dry_run)
+    print(json.dumps([{k: v for k, v in r.to_dict().items() if k != "deleted"} for r in results], indent=2))
+    return 0
+
+
+@_data_plane_errors
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from tasks.ingest import ingest_landing
+
+    settings = load_settings()
+    result = ingest_landing(
+        settings,
+        run_id=args.run_id or f"cli-{datetime.now(UTC):%Y%m%dT%H%M%S}",
+        logical_date=args.logical_date or datetime.now(UTC).date().isoformat(),
+        landing=args.source,
+        label_source=args.labels,
+        manifest=args.manifest,
+        engine=args.engine,
+    )
+    print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from tasks.train import train
+
+    settings = load_settings()
+    overrides: dict[str, object] = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SettingsError(f"--set expects training_field=value, got {item!r}")
+        overrides[key] = value
+    if args.launcher:
+        overrides["launcher"] = args.launcher
+    if args.nproc_per_node:
+        overrides["nproc_per_node"] = args.nproc_per_node
+    result = train(
+        settings,
+        args.curated_table or settings.curated_table,
+        args.curated_version,
+        run_id=args.run_id,
+        logical_date=args.logical_date,
+        force=args.force,
+        overrides=overrides,
+    )
+    text = json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str)
+    if args.result_file:  # e.g. /airflow/xcom/return.json: KubernetesPodOperator pushes it to XCom
+        from pathlib import Path
+
+        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.result_file).write_text(text)
+    print(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cd4ml", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -47,6 +165,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="write only the first N images")
     p.add_argument("--with-bad-files", action="store_true", help="also plant two files the ingest must reject")
     p.set_defaults(func=_cmd_sample_data)
+    p = sub.add_parser("train", help="train on one curated version (what the trainer pod and the DAG run); JSON result")
+    p.add_argument("--curated-version", type=int, required=True, help="curated_images version to train on")
+    p.add_argument("--curated-table", help="table URI (default: this environment's curated_images)")
+    p.add_argument("--run-id", default="cli", help="Airflow run id: names the checkpoint folder a retry resumes from")
+    p.add_argument("--logical-date", default="cli", help="logical date recorded on the MLflow run")
+    p.add_argument("--force", action="store_true", help="train even if a finished run with the same config exists")
+    p.add_argument("--launcher", choices=("in_process", "torchrun"), help="override training.launcher")
+    p.add_argument("--nproc-per-node", type=int, help="processes (GPUs) for torchrun")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a training field (repeatable)")
+    p.add_argument("--result-file", help="also write the JSON result here (a pod's /airflow/xcom/return.json)")
+    p.set_defaults(func=_cmd_train)
+    p = sub.add_parser("tag", help="name a table version (immutable): cd4ml tag raw_images 3 release-3")
+    p.add_argument("table", help="table name under the lake (raw_images, curated_images, ...) or a URI")
+    p.add_argument("version", help="version number, an existing name, or a timestamp like 2026-11-21T18:00:00Z")
+    p.add_argument("name", help="the new name: letters, digits, '.', '_', '-'; not all digits")
+    p.add_argument("--note", help="free text stored with the name")
+    p.set_defaults(func=_cmd_tag)
+    p = sub.add_parser("versions", help="every version of a table with its names and run metadata, newest first")
+    p.add_argument("table", help="table name under the lake or a URI")
+    p.add_argument("--json", action="store_true", help="JSON instead of one line per version")
+    p.set_defaults(func=_cmd_versions)
+    p = sub.add_parser("vacuum", help="VACUUM the lake (or one table) keeping every version a model was trained on")
+    p.add_argument("table", nargs="?", help="only this table (default: every pipeline table)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    p.set_defaults(func=_cmd_vacuum)
+    p = sub.add_parser("ingest", help="ingest a landing zone (local path or fsspec URL) into raw_images")
+    p.add_argument("--source", help="landing root: a path or an fsspec URL (default: storage.landing_uri)")
+    p.add_argument("--labels", choices=["folders", "csv", "jsonl"], help="where labels come from (default: settings)")
+    p.add_argument("--manifest", help="csv/jsonl manifest with path,label (relative = inside the landing root)")
+    p.add_argument("--engine", choices=["local", "spark"], help="default: ingest.engine")
+    p.add_argument("--logical-date", help="ISO date the commit is stamped with (default: today, UTC)")
+    p.add_argument("--run-id", help="run id stamped on the commit (default: cli-<timestamp>)")
+    p.set_defaults(func=_cmd_ingest)
     return parser
 
 

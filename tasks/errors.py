@@ -1,4 +1,4 @@
-"""Errors that describe the data, not the infrastructure: retrying cannot fix them.
+"""Errors that retrying cannot fix: the data or the configuration is wrong, not the infrastructure.
 
 The DAGs fail such a task at once (no retries) and page on-call; anything else (a lost
 connection, a full disk) is retried with back-off.
@@ -6,4 +6,4 @@ connection, a full disk) is retried with back-off.
 
 
 class DataError(Exception):
-    """Base for deterministic, data-caused failures."""
+    """Base for deterministic failures caused by the data or by the configuration."""

@@ -2,12 +2,35 @@
 
 Pillow is the decoder. A file is accepted only after a full decode (``load()``), so a
 truncated PNG or JPEG is caught here rather than in training.
+
+``prepare_image`` is what ingest stores. Its rules, in order (first match wins):
+
+* ``empty_file``: zero bytes. ``not_an_image``: no known image signature and Pillow cannot
+  parse it (a text file named ``.png``). ``corrupt_image``: an image signature but a failed
+  parse or full decode (truncated PNG/JPEG, damaged body).
+* ``too_many_pixels``: width x height above ``max_pixels`` (checked from the header, before
+  decoding: the decompression-bomb guard; Pillow's own bomb error lands here too).
+* ``animated``: more than one frame (animated GIF, APNG, WebP): a still-image dataset cannot
+  say which frame carries the label.
+* ``too_small`` / ``too_large``: a side below ``min_side`` or above ``max_side``.
+* ``unsupported_mode``: a mode neither kept nor converted (CMYK by default: converting it
+  faithfully needs an ICC profile, so it is fixed upstream rather than guessed here).
+
+An accepted image is stored untouched when it is already upright (no EXIF orientation) and in
+a kept mode (``L``, ``RGB``). Otherwise the pixels are normalised once, here, and stored as a
+lossless PNG: EXIF orientation applied (``ImageOps.exif_transpose``), ``1`` -> ``L``,
+``P``/``PA``/``RGBA`` -> ``RGB`` and ``LA`` -> ``L`` (alpha composited on black, as
+``decode_gray`` always did), 16-bit ``I;16*``/``I`` -> ``L`` by keeping the high byte
+(Pillow's own conversion clips at 255, which would turn a 16-bit image white), ``CMYK`` ->
+``RGB`` only when configured. ``source_format``, ``source_mode`` and ``normalised`` record
+what the file was and what was done, so the raw table's ``mode`` only ever holds kept modes.
 """
 
 from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -79,6 +102,115 @@ def inspect_image(data: bytes, *, min_side: int, max_side: int, max_pixels: int)
     if max(width, height) > max_side:
         return Rejection("too_large", f"{width}x{height} is above max_side {max_side}")
     return ImageInfo(width=width, height=height, format=fmt, mode=mode)
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """An accepted image as ingest stores it: ``data`` is the original bytes unless ``normalised``."""
+
+    data: bytes
+    width: int
+    height: int
+    format: str
+    mode: str
+    source_format: str
+    source_mode: str
+    normalised: str | None  # what was done ("exif_orientation=6; RGBA->RGB"), None = untouched
+
+
+_ORIENTATION_TAG = 0x0112
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
+def _to_kept_mode(img: "Image.Image", mode: str) -> tuple["Image.Image", str]:
+    """Convert a convertible mode to L or RGB; the step is described for the ``normalised`` column."""
+    if mode == "1":
+        return img.convert("L"), "1->L"
+    if mode in ("P", "PA", "RGBA", "RGBa", "LA"):
+        target = "L" if mode == "LA" else "RGB"
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
+        alpha = mode != "P" or "transparency" in img.info
+        step = f"{mode}->{target}" + (" (alpha on black)" if alpha else "")
+        return Image.alpha_composite(background, rgba).convert(target), step
+    if mode in _SIXTEEN_BIT:
+        import numpy as np
+
+        arr = np.asarray(img)
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 65535):
+            raise ValueError(f"mode {mode} holds values outside 0..65535: not a 16-bit image")
+        return Image.fromarray((arr.astype(np.uint32) >> 8).astype(np.uint8), mode="L"), f"{mode}->L (high byte)"
+    if mode == "CMYK":
+        return img.convert("RGB"), "CMYK->RGB (no ICC profile)"
+    raise ValueError(f"no conversion from mode {mode}")
+
+
+def prepare_image(
+    data: bytes,
+    *,
+    min_side: int,
+    max_side: int,
+    max_pixels: int,
+    keep_modes: Iterable[str] = ("L", "RGB"),
+    convert_modes: Iterable[str] = ("1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I"),
+) -> PreparedImage | Rejection:
+    """Check one file's bytes and return what ingest stores, or why it is rejected (module doc)."""
+    if not data:
+        return Rejection("empty_file", "file has zero bytes")
+    keep, convert = set(keep_modes), set(convert_modes)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                width, height = img.size
+                fmt = img.format or "unknown"
+                if width * height > max_pixels:
+                    return Rejection("too_many_pixels", f"{width}x{height} exceeds max_pixels {max_pixels}")
+                frames = getattr(img, "n_frames", 1) if getattr(img, "is_animated", False) else 1
+                if frames > 1:
+                    return Rejection("animated", f"animated {fmt} with {frames} frames; only still images are accepted")
+                img.load()  # full decode: catches truncated files
+                source_mode = img.mode
+                orientation = img.getexif().get(_ORIENTATION_TAG, 1)
+                if source_mode not in keep and source_mode not in convert:
+                    return Rejection(
+                        "unsupported_mode",
+                        f"mode {source_mode} is neither kept {sorted(keep)} nor converted {sorted(convert)}",
+                    )
+                steps: list[str] = []
+                out = img
+                if orientation not in (1, None) and orientation in range(2, 9):
+                    out = ImageOps.exif_transpose(out)
+                    steps.append(f"exif_orientation={orientation}")
+                if source_mode not in keep:
+                    try:
+                        out, step = _to_kept_mode(out, source_mode)
+                    except ValueError as exc:
+                        return Rejection("unsupported_mode", str(exc))
+                    steps.append(step)
+                if not steps:
+                    if min(width, height) < min_side:
+                        return Rejection("too_small", f"{width}x{height} is below min_side {min_side}")
+                    if max(width, height) > max_side:
+                        return Rejection("too_large", f"{width}x{height} is above max_side {max_side}")
+                    return PreparedImage(data, width, height, fmt, source_mode, fmt, source_mode, None)
+                width, height = out.size
+                if min(width, height) < min_side:
+                    return Rejection("too_small", f"{width}x{height} is below min_side {min_side}")
+                if max(width, height) > max_side:
+                    return Rejection("too_large", f"{width}x{height} is above max_side {max_side}")
+                buf = io.BytesIO()
+                out.save(buf, format="PNG", compress_level=6)
+                return PreparedImage(buf.getvalue(), width, height, "PNG", out.mode, fmt, source_mode, "; ".join(steps))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        return Rejection("too_many_pixels", str(exc))
+    except UnidentifiedImageError:
+        sniffed = sniff_format(data)
+        if sniffed:
+            return Rejection("corrupt_image", f"{sniffed} signature but the file cannot be parsed (truncated or damaged)")
+        return Rejection("not_an_image", "bytes are not a known image format")
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        return Rejection("corrupt_image", f"decode failed (truncated or damaged): {exc}")
 
 
 def decode_gray(data: bytes, size: int) -> "Image.Image":

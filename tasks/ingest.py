@@ -1,31 +1,74 @@
-"""Ingest a landing folder of images into the versioned ``raw_images`` Delta table.
+"""Ingest a landing zone of images into the versioned ``raw_images`` Delta table.
 
-Layout of the landing folder: ``<landing>/<label>/<any name>.<image extension>``.
+Where files come from and where labels come from is ``tasks.sources`` (local path or fsspec
+URL; label = folder, or a CSV/JSONL manifest). What is stored per image is
+``tasks.images.prepare_image``. This module decides, streams and commits:
 
-* Key: sha256 of the file's bytes. The write is a MERGE that inserts only unseen keys, so a
+* Key: ``sha256`` of the file's bytes. Only keys absent from the table snapshot the run planned
+  against are written, and the commit is refused if that snapshot is no longer the latest, so a
   re-run, a retry or a backfill never duplicates a row and commits no empty version.
-* The original bytes are stored in the ``image`` column (excluded from column statistics);
-  decoding and normalisation happen downstream, so the raw table is the untouched record.
-* Every file that cannot be used becomes a row in the ``rejects`` table with a reason code
-  and detail; the rest of the batch goes on. Reject rows are keyed by (source, content), so
-  re-running over the same bad file records it once.
+* ``image`` holds the file's original bytes, or a lossless PNG of the normalised pixels when
+  the file needed an EXIF rotation or a mode conversion (``normalised`` says which; ``sha256``
+  stays the key of the source file either way). Bytes live inline in the table and are kept
+  out of Delta column statistics (``delta.dataSkippingStatsColumns``).
+* One ingest run = at most ONE commit to ``raw_images``: the dataset version. Files are read,
+  hashed and decoded in batches of ``ingest.batch_size``; accepted rows go to a local Arrow IPC
+  spill file (not memory), and after the whole zone is decided the spill is streamed through
+  ``lake.append_stream``: pyarrow writes Parquet row groups as they come (files of
+  ``ingest.target_file_mb``) and all files are committed as one transaction. (delta-rs'
+  ``write_deltalake`` reads a fast stream ahead without bound; measured, its peak memory grows
+  with the zone.) Image bytes therefore never accumulate in memory; what grows with the zone is
+  a few columns of per-file facts (URIs, hashes, labels: a few hundred bytes a file, see
+  bench/README.md).
+* Same bytes under two labels: every copy is rejected (``label_conflict``), whether the other
+  copy is in this run or already in the table (the table's label stands). Same bytes under the
+  same label: one row, the other copies count as ``already_present``.
+* Every file that cannot be used becomes a row of the ``rejects`` table with a reason code and
+  a detail; the batch goes on. Reject rows are keyed by (source, content, reason), so re-running
+  over the same bad file records it once. Codes: the listing's (``tasks.sources``: path_traversal,
+  outside_landing, missing_file, bad_manifest_row, symlink_outside_landing, broken_symlink,
+  not_a_file), the label's (``no_label``, ``unknown_label``, ``label_conflict``),
+  ``bad_extension``, ``unreadable`` and the content's (``tasks.images``: empty_file,
+  not_an_image, corrupt_image, too_many_pixels, animated, too_small, too_large, unsupported_mode).
+* Incremental: the ``ingest_manifest`` table remembers, per source URI, size, mtime (ns), ETag
+  and what the content was (sha256, or its reject code). A file whose size, mtime and ETag are
+  unchanged is not opened again: its sha256 decides (already present, conflicting, or cached
+  reject). An unchanged zone therefore costs one listing (stat) and two small table reads, and
+  commits nothing anywhere. Unknown size or mtime (some object stores) is never "unchanged".
+* Concurrency: the plan (which keys are new, which conflict) is made against one snapshot of
+  ``raw_images`` and committed against that same snapshot with no automatic rebase; if another
+  ingest committed meanwhile, Delta refuses the commit, the attempt deletes its files, and the
+  run re-plans from the new snapshot (``ingest.commit_retries`` times), streaming again from its
+  spill file (no file is read twice). Two overlapping ingests therefore leave no
+  duplicate and lose nothing. A kill -9 leaves at most orphan Parquet files that no commit
+  names (the table stays readable at its last version; VACUUM removes them) and a re-run
+  completes the work; the manifest is committed after the raw table, so it never claims work
+  the raw table lacks.
 * Each commit carries the run id and the logical date: ``lake.version_as_of`` finds it later.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
-import os
+import posixpath
+import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from tasks import lake
-from tasks.images import ImageInfo, Rejection, inspect_image
+from tasks.images import Rejection, prepare_image
 from tasks.settings import Settings
+from tasks.sources import Entry, LandingNotFoundError, Source, SourceError, open_source
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +85,10 @@ RAW_SCHEMA = pa.schema(
         pa.field("ingest_run_id", pa.string(), nullable=False),
         pa.field("logical_date", pa.string(), nullable=False),
         pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        # Added by the data plane; null on rows written before it (older tables evolve on merge).
+        pa.field("source_format", pa.string(), nullable=True),
+        pa.field("source_mode", pa.string(), nullable=True),
+        pa.field("normalised", pa.string(), nullable=True),
     ]
 )
 
@@ -59,11 +106,32 @@ REJECT_SCHEMA = pa.schema(
     ]
 )
 
-META_COLUMNS = [f.name for f in RAW_SCHEMA if f.name != "image"]
+MANIFEST_SCHEMA = pa.schema(
+    [
+        pa.field("source_uri", pa.string(), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("mtime_ns", pa.int64(), nullable=False),
+        pa.field("etag", pa.string(), nullable=True),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("content_code", pa.string(), nullable=True),  # null = a usable image
+        pa.field("content_detail", pa.string(), nullable=True),
+        pa.field("ingest_run_id", pa.string(), nullable=False),
+        pa.field("checked_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+# The columns every version of raw_images has had (validation reads exactly these).
+META_COLUMNS = ["sha256", "width", "height", "format", "mode", "label", "source_uri", "ingest_run_id",
+                "logical_date", "ingested_at"]
+MANIFEST_TABLE = "ingest_manifest"
+_SPILL_SCHEMA = RAW_SCHEMA.append(pa.field("seq", pa.int64(), nullable=False))
+# Content verdicts worth remembering: they depend on the bytes only, so an unchanged file keeps them.
+_CONTENT_CODES = {"empty_file", "not_an_image", "corrupt_image", "too_many_pixels", "animated", "too_small",
+                  "too_large", "unsupported_mode"}
 
 
 class EmptyLandingError(RuntimeError):
-    """The landing folder holds no files: there is nothing to ingest."""
+    """The landing zone holds no candidate files: there is nothing to ingest."""
 
 
 @dataclass(frozen=True)
@@ -78,168 +146,406 @@ class IngestResult:
     rejects_table: str
     run_id: str
     logical_date: str
+    source_uri: str = ""
+    label_source: str = "folders"
+    engine: str = "local"
+    files_read: int = 0  # files opened this run (the rest were unchanged and skipped)
+    unchanged_skipped: int = 0
+    commit_attempts: int = 1
+    seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-@dataclass
-class _Candidate:
-    path: Path
-    label: str | None
-
-
-def scan_landing(landing: Path) -> list[_Candidate]:
-    """Every regular file below ``landing``, sorted, with the label its folder gives."""
-    if not landing.exists():
-        raise FileNotFoundError(f"landing folder {landing} does not exist")
-    if not landing.is_dir():
-        raise NotADirectoryError(f"landing path {landing} is not a folder")
-    found = []
-    for root, dirs, files in os.walk(landing):
-        dirs.sort()
-        for name in sorted(files):
-            if name.startswith("."):
-                continue  # editor and OS droppings (.DS_Store) are not images
-            path = Path(root) / name
-            rel = path.relative_to(landing)
-            found.append(_Candidate(path, rel.parts[0] if len(rel.parts) >= 2 else None))
-    return found
-
-
-def _reject_row(source: str, sha: str | None, label: str | None, rej: Rejection, run_id: str, logical_date: str, now: datetime) -> dict:
-    reject_id = hashlib.sha256(f"{source}\0{sha or ''}\0{rej.code}".encode()).hexdigest()
+def _reject_row(source: str, sha: str | None, label: str | None, code: str, detail: str, run_id: str,
+                logical_date: str, now: datetime) -> dict:
+    reject_id = hashlib.sha256(f"{source}\0{sha or ''}\0{code}".encode()).hexdigest()
     return {
         "reject_id": reject_id,
         "source_uri": source,
         "sha256": sha,
         "label": label,
-        "reason_code": rej.code,
-        "reason": rej.detail,
+        "reason_code": code,
+        "reason": detail,
         "ingest_run_id": run_id,
         "logical_date": logical_date,
         "rejected_at": now,
     }
 
 
-def ingest_landing(settings: Settings, run_id: str, logical_date: str | datetime, landing: str | Path | None = None) -> IngestResult:
-    """Ingest every file below the landing folder; returns the raw version holding the batch."""
-    cfg = settings.ingest
-    landing_path = Path(landing or settings.storage.landing_uri)
-    logical = lake.normalise_logical_date(logical_date)
-    candidates = scan_landing(landing_path)
-    if not candidates:
-        raise EmptyLandingError(f"landing folder {landing_path} holds no files: nothing to ingest, no new version")
+class _Spill:
+    """An Arrow IPC file written batch by batch and read back batch by batch (never all at once)."""
 
-    raw_uri, rejects_uri = settings.raw_table, settings.rejects_table
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path, self.schema, self.rows = path, schema, 0
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_file(self._sink, schema)
+
+    def write(self, columns: dict[str, list]) -> None:
+        n = len(next(iter(columns.values())))
+        if n:
+            self._writer.write_batch(pa.record_batch([pa.array(columns[f.name], f.type) for f in self.schema],
+                                                     schema=self.schema))
+            self.rows += n
+
+    def close(self) -> None:
+        self._writer.close()
+        self._sink.close()
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        with pa.OSFile(str(self.path), "rb") as source:  # plain reads, not mmap: RSS stays flat
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+
+
+def _list(source: Source) -> pa.Table:
+    """The listing as columns (a few hundred bytes a file), in the source's stable order."""
+    types = (pa.string(), pa.string(), pa.string(), pa.int64(), pa.int64(), pa.string())
+    names = ["uri", "path", "label", "size", "mtime_ns", "etag", "problem_code", "problem_detail"]
+    chunks: list[pa.Table] = []
+    entries = source.entries()
+    while True:
+        chunk = list(itertools.islice(entries, 16384))
+        if not chunk and chunks:
+            break
+        columns = list(zip(*chunk)) if chunk else [()] * 7  # transpose in C: no per-file appends
+        problems = columns[6]
+        arrays = [pa.array(col, t) for col, t in zip(columns[:6], types)]
+        arrays.append(pa.array([p.code if p else None for p in problems], pa.string()))
+        arrays.append(pa.array([p.detail if p else None for p in problems], pa.string()))
+        chunks.append(pa.Table.from_arrays(arrays, names=names))
+        if not chunk:
+            break
+    return pa.concat_tables(chunks).combine_chunks()
+
+
+def _cached(manifest_uri: str, listing: pa.Table) -> pa.Table:
+    """Per listed file, aligned with the listing: unchanged since the last check? and what it held then."""
+    n = listing.num_rows
+    empty = pa.table({"unchanged": pa.array(np.zeros(n, dtype=bool)), "sha256": pa.nulls(n, pa.string()),
+                      "content_code": pa.nulls(n, pa.string()), "content_detail": pa.nulls(n, pa.string())})
+    if not lake.exists(manifest_uri):
+        return empty
+    cache = DeltaTable(manifest_uri).to_pyarrow_table(
+        columns=["source_uri", "size", "mtime_ns", "etag", "sha256", "content_code", "content_detail"]
+    )
+    idx = pc.index_in(listing.column("uri"), value_set=cache.column("source_uri"))
+    hit = pc.is_valid(idx)
+    if not pc.any(hit).as_py():
+        return empty
+    rows = cache.take(idx)  # null index -> null row
+    del cache
+    same = pc.and_(pc.equal(listing.column("size"), rows.column("size")),
+                   pc.equal(listing.column("mtime_ns"), rows.column("mtime_ns")))
+    etag_same = pc.or_(pc.and_(pc.is_null(listing.column("etag")), pc.is_null(rows.column("etag"))),
+                       pc.fill_null(pc.equal(listing.column("etag"), rows.column("etag")), False))
+    known_stamp = pc.and_(pc.greater_equal(listing.column("size"), 0), pc.greater_equal(listing.column("mtime_ns"), 0))
+    unchanged = pc.fill_null(pc.and_(pc.and_(hit, same), pc.and_(etag_same, known_stamp)), False)
+    return pa.table({"unchanged": unchanged, "sha256": rows.column("sha256"),
+                     "content_code": rows.column("content_code"), "content_detail": rows.column("content_detail")})
+
+
+def _known(table: DeltaTable | None) -> pa.Table:
+    """sha256 -> label of the snapshot the commit will be checked against."""
+    if table is None:
+        return pa.table({"sha256": pa.array([], pa.string()), "label": pa.array([], pa.string())})
+    return table.to_pyarrow_table(columns=["sha256", "label"])
+
+
+def _lookup(shas: pa.Array | pa.ChunkedArray, known: pa.Table) -> pa.Array | pa.ChunkedArray:
+    """The table's label for each sha (null = not in the table)."""
+    if not known.num_rows:
+        return pa.nulls(len(shas), pa.string())
+    return known.column("label").take(pc.index_in(shas, value_set=known.column("sha256")))
+
+
+def _settled(listing: pa.Table, cache: pa.Table, cached_label, allowed: set[str], extensions: set[str]) -> np.ndarray:
+    """Files decided without a Python step: unchanged, fine before, already in the table under this label.
+
+    In an unchanged zone that is every file, which is what makes a re-ingest cheap.
+    """
+    ext = pc.utf8_lower(pc.struct_field(pc.extract_regex(listing.column("uri"), r"(?P<ext>\.[^./]*)$"), [0]))
+    ok = pc.and_(cache.column("unchanged"), pc.is_null(listing.column("problem_code")))
+    ok = pc.and_(ok, pc.is_in(listing.column("label"), value_set=pa.array(sorted(allowed), pa.string())))
+    ok = pc.and_(ok, pc.is_in(ext, value_set=pa.array(sorted(extensions), pa.string())))
+    ok = pc.and_(ok, pc.is_null(cache.column("content_code")))
+    ok = pc.and_(ok, pc.equal(cached_label, listing.column("label")))
+    return pc.fill_null(ok, False).to_numpy(zero_copy_only=False)
+
+
+def _with_columns(table: DeltaTable | None, schema: pa.Schema) -> DeltaTable | None:
+    """An older raw table gains the columns added since (nullable; one metadata commit, once)."""
+    if table is None:
+        return None
+    from deltalake import Schema
+
+    have = {f.name for f in table.schema().fields}
+    missing = [f for f in schema if f.name not in have]
+    if not missing:
+        return table
+    table.alter.add_columns(Schema.from_arrow(pa.schema(missing)).fields)
+    return table  # its snapshot moved to the new version: the plan it serves was made on the same rows
+
+
+@dataclass
+class _Plan:
+    keep: np.ndarray  # bool per listing seq: this spilled row is written
+    rejects: list[dict]
+    already_present: int
+    to_insert: int
+
+
+def _plan(cands: pa.Table, known: pa.Table, uris: pa.ChunkedArray, n: int, reject) -> _Plan:
+    """Decide the spilled candidates against the table snapshot and against each other."""
+    keep = np.zeros(n, dtype=bool)
+    rejects: list[dict] = []
+    present = 0
+    if cands.num_rows == 0:
+        return _Plan(keep, rejects, 0, 0)
+    table_label = _lookup(cands.column("sha256"), known).to_pylist()
+    seqs = cands.column("seq").to_pylist()
+    shas = cands.column("sha256").to_pylist()
+    labels = cands.column("label").to_pylist()
+    fresh: dict[str, list[int]] = {}  # sha -> positions in cands, in listing order
+    for i, (sha, label, prior) in enumerate(zip(shas, labels, table_label)):
+        if prior is None:
+            fresh.setdefault(sha, []).append(i)
+        elif prior == label:
+            present += 1
+        else:
+            rejects.append(reject(uris[seqs[i]].as_py(), sha, label, "label_conflict",
+                                  f"same bytes already ingested with label {prior!r}"))
+    inserted = 0
+    for sha, positions in fresh.items():
+        group_labels = sorted({labels[i] for i in positions})
+        if len(group_labels) > 1:
+            for i in positions:
+                others = [lb for lb in group_labels if lb != labels[i]]
+                rejects.append(reject(uris[seqs[i]].as_py(), sha, labels[i], "label_conflict",
+                                      f"same bytes also appear under label(s) {others} in this batch"))
+            continue
+        keep[seqs[positions[0]]] = True  # the first copy in listing order
+        inserted += 1
+        present += len(positions) - 1
+    return _Plan(keep, rejects, present, inserted)
+
+
+def ingest_landing(
+    settings: Settings,
+    run_id: str,
+    logical_date: str | datetime,
+    landing: str | Path | None = None,
+    *,
+    label_source: str | None = None,
+    manifest: str | None = None,
+    engine: str | None = None,
+) -> IngestResult:
+    """Ingest the landing zone (default: the environment's) into ``raw_images`` (module doc).
+
+    ``label_source`` (folders | csv | jsonl), ``manifest`` and ``engine`` (local | spark) default
+    to ``settings.ingest``. Returns the raw version holding the batch.
+    """
+    cfg = settings.ingest
+    engine = engine or cfg.engine
+    label_source = label_source or cfg.label_source
+    manifest = manifest if manifest is not None else (cfg.manifest_uri if label_source != "folders" else None)
+    if engine == "spark":
+        from tasks.spark_ingest import ingest_with_spark
+
+        return ingest_with_spark(settings, run_id, logical_date, landing, label_source=label_source, manifest=manifest)
+    if engine != "local":
+        raise ValueError(f"ingest engine must be local or spark, got {engine!r}")
+    started = time.perf_counter()
+    landing_uri = str(landing or settings.storage.landing_uri)
+    try:
+        source = open_source(landing_uri, label_source, manifest)  # type: ignore[arg-type]
+    except LandingNotFoundError as exc:
+        raise FileNotFoundError(str(exc)) from exc
+    except SourceError as exc:
+        if "not a folder" in str(exc):
+            raise NotADirectoryError(str(exc)) from exc
+        raise
+    logical = lake.normalise_logical_date(logical_date)
+    listing = _list(source)
+    n = listing.num_rows
+    if n == 0:
+        raise EmptyLandingError(f"landing folder {landing_uri} holds no files: nothing to ingest, no new version")
+    listed_s = time.perf_counter() - started
+
+    raw_uri, rejects_uri, manifest_uri = settings.raw_table, settings.rejects_table, settings.table_uri(MANIFEST_TABLE)
     now = datetime.now(UTC)  # a record of when, not an input to any decision
     allowed = set(cfg.allowed_labels)
     extensions = {e.lower() for e in cfg.image_extensions}
-    known: dict[str, str] = {}
-    current = lake.current_version(raw_uri)
-    if current is not None:
-        existing = lake.read(raw_uri, current, columns=["sha256", "label"])
-        known = dict(zip(existing.column("sha256").to_pylist(), existing.column("label").to_pylist()))
 
-    rows: list[dict] = []
+    def reject(source_uri: str, sha: str | None, label: str | None, code: str, detail: str) -> dict:
+        return _reject_row(source_uri, sha, label, code, detail, run_id, logical, now)
+
+    cache = _cached(manifest_uri, listing)
+    snapshot = DeltaTable(raw_uri) if lake.exists(raw_uri) else None
+    known = _known(snapshot)
+    cached_label = _lookup(cache.column("sha256"), known)
+    settled = _settled(listing, cache, cached_label, allowed, extensions)
+    todo = np.flatnonzero(~settled)
+
     rejects: list[dict] = []
-    seen_in_batch: dict[str, tuple[str, str]] = {}  # sha -> (label, source)
-    already_present = 0
-    for cand in candidates:
-        source = cand.path.resolve().as_uri()
+    already_present = skipped = int(settled.sum())
+    files_read = 0
+    uris = listing.column("uri")
+    unique_uris = label_source == "folders"  # a manifest may name one file twice; a folder walk cannot
+    checked_uris: set[str] = set()
+    with tempfile.TemporaryDirectory(prefix="cd4ml-ingest-") as tmp:
+        spill = _Spill(Path(tmp) / "candidates.arrow", _SPILL_SCHEMA)
+        seen = _Spill(Path(tmp) / "manifest.arrow", MANIFEST_SCHEMA)
+        cand_index: list[pa.Table] = []
+        for start in range(0, len(todo), cfg.batch_size):
+            seqs = todo[start:start + cfg.batch_size]
+            take = pa.array(seqs)
+            part = listing.take(take).to_pydict()
+            hits = cache.take(take).to_pydict()
+            priors = cached_label.take(take).to_pylist()
+            rows: dict[str, list] = {f.name: [] for f in _SPILL_SCHEMA}
+            checked: dict[str, list] = {f.name: [] for f in MANIFEST_SCHEMA}
+            for j, uri in enumerate(part["uri"]):
+                seq = int(seqs[j])
+                label = part["label"][j]
+                if part["problem_code"][j]:
+                    rejects.append(reject(uri, None, label, part["problem_code"][j], part["problem_detail"][j]))
+                    continue
+                if label is None:
+                    rejects.append(reject(uri, None, None, "no_label",
+                                          "file sits directly in the landing folder; put it under <label>/"))
+                    continue
+                if label not in allowed:
+                    rejects.append(reject(uri, None, label, "unknown_label", f"label {label!r} is not in allowed_labels"))
+                    continue
+                ext = posixpath.splitext(uri)[1]
+                if ext.lower() not in extensions:
+                    rejects.append(reject(uri, None, label, "bad_extension", f"extension {ext!r} is not an image extension"))
+                    continue
+                unchanged = hits["unchanged"][j]
+                if unchanged:
+                    sha = hits["sha256"][j]
+                    if hits["content_code"][j]:
+                        rejects.append(reject(uri, sha, label, hits["content_code"][j], hits["content_detail"][j]))
+                        skipped += 1
+                        continue
+                    prior = priors[j]
+                    if prior is not None:  # (the same label was settled above, without this loop)
+                        skipped += 1
+                        rejects.append(reject(uri, sha, label, "label_conflict",
+                                              f"same bytes already ingested with label {prior!r}"))
+                        continue
+                    # Unchanged but not in the table (it lost a label conflict, or the table is new): read it.
+                try:
+                    data = source.read(Entry(uri, part["path"][j], label))
+                except OSError as exc:
+                    rejects.append(reject(uri, None, label, "unreadable", f"cannot read file: {exc.strerror or exc}"))
+                    continue
+                files_read += 1
+                sha = hashlib.sha256(data).hexdigest()
+                info = prepare_image(data, min_side=cfg.min_side, max_side=cfg.max_side, max_pixels=cfg.max_pixels,
+                                     keep_modes=cfg.keep_modes, convert_modes=cfg.convert_modes)
+                if not unchanged and (unique_uris or uri not in checked_uris):
+                    if not unique_uris:
+                        checked_uris.add(uri)
+                    content_code = info.code if isinstance(info, Rejection) and info.code in _CONTENT_CODES else None
+                    for key, value in (("source_uri", uri), ("size", part["size"][j]), ("mtime_ns", part["mtime_ns"][j]),
+                                       ("etag", part["etag"][j]), ("sha256", sha), ("content_code", content_code),
+                                       ("content_detail", info.detail if content_code else None),
+                                       ("ingest_run_id", run_id), ("checked_at", now)):
+                        checked[key].append(value)
+                if isinstance(info, Rejection):
+                    rejects.append(reject(uri, sha, label, info.code, info.detail))
+                    continue
+                for key, value in (("sha256", sha), ("image", info.data), ("width", info.width), ("height", info.height),
+                                   ("format", info.format), ("mode", info.mode), ("label", label), ("source_uri", uri),
+                                   ("ingest_run_id", run_id), ("logical_date", logical), ("ingested_at", now),
+                                   ("source_format", info.source_format), ("source_mode", info.source_mode),
+                                   ("normalised", info.normalised), ("seq", seq)):
+                    rows[key].append(value)
+            spill.write(rows)
+            seen.write(checked)
+            if rows["seq"]:
+                cand_index.append(pa.table({"seq": pa.array(rows["seq"], pa.int64()),
+                                            "sha256": pa.array(rows["sha256"], pa.string()),
+                                            "label": pa.array(rows["label"], pa.string())}))
+        spill.close()
+        seen.close()
+        cands = pa.concat_tables(cand_index) if cand_index else pa.table(
+            {"seq": pa.array([], pa.int64()), "sha256": pa.array([], pa.string()), "label": pa.array([], pa.string())})
+        del cand_index
+        scanned_s = time.perf_counter() - started - listed_s
 
-        def reject(code: str, detail: str, sha: str | None = None, source=source, label=cand.label) -> None:
-            rejects.append(_reject_row(source, sha, label, Rejection(code, detail), run_id, logical, now))
+        metadata = {"run_id": run_id, "logical_date": logical, "step": "ingest", "source": source.root_uri,
+                    "label_source": label_source}
+        configuration = {**lake.stats_columns_config(RAW_SCHEMA), "delta.targetFileSize": str(cfg.target_file_mb << 20)}
+        state: dict = {"attempts": 0}
 
-        if cand.label is None:
-            reject("no_label", "file sits directly in the landing folder; put it under <label>/")
-            continue
-        if cand.label not in allowed:
-            reject("unknown_label", f"label {cand.label!r} is not in allowed_labels")
-            continue
-        if cand.path.suffix.lower() not in extensions:
-            reject("bad_extension", f"extension {cand.path.suffix!r} is not an image extension")
-            continue
-        try:
-            data = cand.path.read_bytes()
-        except OSError as exc:
-            reject("unreadable", f"cannot read file: {exc.strerror or exc}")
-            continue
-        sha = hashlib.sha256(data).hexdigest()
-        prior = known.get(sha)
-        if prior is not None:
-            if prior != cand.label:
-                reject("label_conflict", f"same bytes already ingested with label {prior!r}", sha)
-            else:
-                already_present += 1
-            continue
-        if sha in seen_in_batch:
-            other_label, other_source = seen_in_batch[sha]
-            if other_label != cand.label:
-                reject("label_conflict", f"same bytes also at {other_source} with label {other_label!r}", sha)
-            else:
-                already_present += 1  # an exact copy under the same label: one row is enough
-            continue
-        info = inspect_image(data, min_side=cfg.min_side, max_side=cfg.max_side, max_pixels=cfg.max_pixels)
-        if isinstance(info, Rejection):
-            reject(info.code, info.detail, sha)
-            continue
-        assert isinstance(info, ImageInfo)
-        seen_in_batch[sha] = (cand.label, source)
-        rows.append(
-            {
-                "sha256": sha,
-                "image": data,
-                "width": info.width,
-                "height": info.height,
-                "format": info.format,
-                "mode": info.mode,
-                "label": cand.label,
-                "source_uri": source,
-                "ingest_run_id": run_id,
-                "logical_date": logical,
-                "ingested_at": now,
-            }
-        )
+        def commit(attempt: int) -> tuple[int | None, int]:
+            state["attempts"] = attempt
+            table = snapshot if attempt == 1 else (DeltaTable(raw_uri) if lake.exists(raw_uri) else None)
+            plan = _plan(cands, known if attempt == 1 else _known(table), uris, n, reject)
+            state["plan"] = plan
+            if plan.to_insert == 0:
+                return None, 0
 
-    # A conflict discovered later in the batch also disqualifies the copy accepted earlier.
-    conflicted = {r["sha256"] for r in rejects if r["reason_code"] == "label_conflict" and r["sha256"] not in known}
-    if conflicted:
-        kept = []
-        for row in rows:
-            if row["sha256"] in conflicted:
-                rejects.append(
-                    _reject_row(row["source_uri"], row["sha256"], row["label"],
-                                Rejection("label_conflict", "same bytes appear under another label in this batch"),
-                                run_id, logical, now)
-                )
-            else:
-                kept.append(row)
-        rows = kept
+            def batches() -> Iterator[pa.RecordBatch]:
+                for batch in spill.batches():
+                    mask = plan.keep[batch.column("seq").to_numpy()]
+                    if mask.any():
+                        yield batch.filter(pa.array(mask)).select(RAW_SCHEMA.names).cast(RAW_SCHEMA)
 
-    metadata = {"run_id": run_id, "logical_date": logical, "step": "ingest"}
-    new_version, inserted = lake.merge_new_rows(
-        raw_uri, pa.Table.from_pylist(rows, schema=RAW_SCHEMA), "sha256", metadata,
-        configuration=lake.stats_columns_config(RAW_SCHEMA),
-    )
-    lake.merge_new_rows(rejects_uri, pa.Table.from_pylist(rejects, schema=REJECT_SCHEMA), "reject_id", metadata)
+            reader = pa.RecordBatchReader.from_batches(RAW_SCHEMA, batches())
+            return lake.append_stream(raw_uri, reader, metadata, table=_with_columns(table, RAW_SCHEMA),
+                                      configuration=configuration, target_file_size=cfg.target_file_mb << 20)
+
+        new_version, inserted = lake.retry_on_conflict(commit, f"ingest into {raw_uri}", attempts=cfg.commit_retries)
+        plan: _Plan = state["plan"]
+        rejects.extend(plan.rejects)
+        already_present += plan.already_present
+        written_s = time.perf_counter() - started - listed_s - scanned_s
+
+        lake.merge_new_rows(rejects_uri, pa.Table.from_pylist(rejects, schema=REJECT_SCHEMA), "reject_id", metadata)
+        if seen.rows:
+            lake.upsert_batches(manifest_uri, seen.batches, MANIFEST_SCHEMA, "source_uri",
+                                {**metadata, "step": "ingest_manifest"})
+
     raw_version = new_version if new_version is not None else lake.current_version(raw_uri)
     if raw_version is None:
         raise EmptyLandingError(
-            f"landing folder {landing_path}: all {len(candidates)} files were rejected "
-            f"(see {rejects_uri}); no raw table version exists"
+            f"landing folder {landing_uri}: all {n} files were rejected (see {rejects_uri}); no raw table version exists"
         )
     result = IngestResult(
         raw_table=raw_uri,
         raw_version=raw_version,
         committed=new_version is not None,
-        files_seen=len(candidates),
+        files_seen=n,
         inserted=inserted,
-        already_present=already_present + (len(rows) - inserted),
+        already_present=already_present,
         rejected=len(rejects),
         rejects_table=rejects_uri,
         run_id=run_id,
         logical_date=logical,
+        source_uri=source.root_uri,
+        label_source=label_source,
+        engine="local",
+        files_read=files_read,
+        unchanged_skipped=skipped,
+        commit_attempts=state["attempts"],
+        seconds=round(time.perf_counter() - started, 3),
     )
-    log.info("ingest: %s", result)
+    log.info("ingest: %s (list %.2fs, read+decode %.2fs, write %.2fs)", result, listed_s, scanned_s, written_s)
     return result
+
+
+__all__ = [
+    "EmptyLandingError",
+    "IngestResult",
+    "MANIFEST_SCHEMA",
+    "META_COLUMNS",
+    "RAW_SCHEMA",
+    "REJECT_SCHEMA",
+    "ingest_landing",
+]

@@ -4,19 +4,46 @@ Every commit the pipeline makes carries custom metadata (``cd4ml.*`` keys: run i
 date, input versions, config hash). That metadata is how a later step finds "the version a
 given logical date produced" without ever reading "latest", and how a re-run recognises work
 it already committed.
+
+Dataset versions: every commit is a Delta version. A version can also carry a name
+(``2026-11-21``, ``release-3``), kept in the ``dataset_tags`` Delta table that sits beside the
+tables it names (``<lake>/dataset_tags``: table, name, version, tagged_at, run_id, note).
+A name is immutable: tagging it again to the same version is a no-op, to another version a
+``TagConflictError``; concurrent taggers are serialised by Delta's commit protocol (MERGE,
+retried on conflict), so two of them can never both win. ``resolve_version(uri, ref)`` turns
+what a person types into a version number, in this order:
+
+1. an ``int`` or a string of digits: that version number (it must exist);
+2. a tag name on that table (so a tag called ``2026-11-21`` wins over the date);
+3. a timestamp with a time part (``2026-11-21T18:00:00Z``, a ``datetime``; naive = UTC): the
+   version that was current then (delta-rs ``load_as_version``); before the first commit is an
+   error. A bare date that is not a tag is an error rather than a guess at midnight.
+
+Writes that must stay flat in memory and atomic go through ``append_stream``: pyarrow writes
+the Parquet files as the stream arrives, then one transaction commits them against the
+snapshot the caller planned with (refused, and cleaned up, if anyone committed since; the
+caller re-plans via ``retry_on_conflict``). ``upsert_batches`` does the same for bookkeeping
+tables, MERGEing only rows whose key already exists.
+
+``resolve_dataset_version`` is the training-side entry: the same refs on the curated table,
+plus a raw-table tag name, which maps to the newest curated version built from that raw
+version (its commit metadata names ``raw_version``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
@@ -25,10 +52,20 @@ from tasks.errors import DataError
 log = logging.getLogger(__name__)
 
 META_PREFIX = "cd4ml."
+TAGS_TABLE = "dataset_tags"
+_T = TypeVar("_T")
 
 
 class VersionNotFoundError(DataError, LookupError):
     """No table version satisfies the request; the message says what was asked."""
+
+
+class TagConflictError(DataError, ValueError):
+    """A version name is already taken by another version of the same table (names are immutable)."""
+
+
+class ConcurrentCreateError(RuntimeError):
+    """Another writer created the table while this one was creating it: re-plan and merge instead."""
 
 
 @dataclass(frozen=True)
@@ -73,12 +110,29 @@ def read(uri: str, version: int, columns: Iterable[str] | None = None, filter: A
 
 
 def history(uri: str) -> list[Commit]:
-    """Commits newest first, with the pipeline's own metadata split out."""
+    """Commits newest first, with the pipeline's own metadata split out.
+
+    delta-rs writes ``cd4ml.*`` keys at the top of commitInfo; delta-spark can only write
+    ``userMetadata`` (a string), so the Spark ingest puts the same keys there as JSON.
+    """
     commits = []
     for h in open_table(uri).history():
         meta = {k[len(META_PREFIX):]: str(v) for k, v in h.items() if k.startswith(META_PREFIX)}
+        meta.update(_user_metadata(h.get("userMetadata")))
         commits.append(Commit(int(h["version"]), str(h.get("operation", "")), int(h.get("timestamp", 0)), meta))
     return sorted(commits, key=lambda c: c.version, reverse=True)
+
+
+def _user_metadata(value: Any) -> dict[str, str]:
+    if not isinstance(value, str) or not value.startswith("{"):
+        return {}
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k[len(META_PREFIX):]: str(v) for k, v in data.items() if isinstance(k, str) and k.startswith(META_PREFIX)}
 
 
 def find_commit(uri: str, **match: str) -> Commit | None:
@@ -193,3 +247,370 @@ def stats_columns_config(schema: pa.Schema) -> dict[str, str]:
     """Keep binary columns out of Delta column statistics (min/max of image bytes is waste)."""
     cols = [f.name for f in schema if not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))]
     return {"delta.dataSkippingStatsColumns": ",".join(cols)}
+
+
+# --------------------------------------------------------------------------- streamed writes
+
+
+def retry_on_conflict(op: Callable[[int], _T], what: str, attempts: int = 8) -> _T:
+    """Run ``op(attempt)`` until it commits; after a lost race it is called again to re-plan.
+
+    Unlike ``_with_retry`` the operation gets the attempt number, so a caller whose input was a
+    one-shot stream can rebuild it (and re-read the table it planned against) before retrying.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return op(attempt)
+        except (CommitFailedError, ConcurrentCreateError) as exc:
+            if attempt == attempts:
+                raise
+            delay = min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
+            log.warning("%s: commit conflict (%s), re-plan %d/%d in %.2fs", what, exc, attempt, attempts, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def append_stream(
+    uri: str,
+    reader: pa.RecordBatchReader,
+    metadata: dict[str, Any],
+    table: DeltaTable | None,
+    configuration: dict[str, str] | None = None,
+    target_file_size: int = 16 << 20,
+    row_group_rows: int = 2048,
+) -> tuple[int | None, int]:
+    """Write a stream as Parquet with bounded memory, then commit it as ONE version, or refuse.
+
+    Why not ``write_deltalake``: fed a fast stream it reads ahead without bound (measured: peak
+    memory grows with the stream). Here pyarrow writes row groups of ``row_group_rows`` into
+    files of about ``target_file_size`` as batches arrive, so memory is one row group, whatever
+    the stream's length; the files are then committed in one transaction.
+
+    ``table`` is the snapshot the caller planned against (None: it planned against no table,
+    which is then created). The commit is made against that snapshot with no automatic
+    rebase (``max_commit_retries=0``): if anyone committed since, Delta refuses it
+    (``CommitFailedError`` / ``ConcurrentCreateError``), this call deletes the files it wrote,
+    and the caller re-plans. Returns (version, rows) or (None, 0) for an empty stream. Stats per
+    file: numRecords, nullCount, and min/max of integer columns (binary columns never).
+    """
+    import os
+    import uuid
+
+    import pyarrow.parquet as pq
+    from deltalake import Schema
+    from deltalake.transaction import AddAction, create_table_with_add_actions
+    from pyarrow import fs as pafs
+
+    filesystem, base = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    filesystem.create_dir(base, recursive=True)
+    schema = reader.schema
+    ints = [f.name for f in schema if pa.types.is_integer(f.type)]
+    counted = [f.name for f in schema if not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))]
+    written: list[AddAction] = []
+    paths: list[str] = []
+    state: dict[str, Any] = {}
+
+    def close() -> None:
+        writer = state.pop("writer", None)
+        if writer is None:
+            return
+        writer.close()
+        info = filesystem.get_file_info(state["path"])
+        stats = {"numRecords": state["rows"], "nullCount": state["nulls"],
+                 "minValues": state["min"], "maxValues": state["max"]}
+        written.append(AddAction(state["name"], int(info.size), {}, int(time.time() * 1000), True, json.dumps(stats)))
+
+    total = 0
+    try:
+        for batch in reader:
+            if not batch.num_rows:
+                continue
+            if "writer" not in state or filesystem.get_file_info(state["path"]).size >= target_file_size:
+                close()
+                name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
+                state.update(name=name, path=f"{base}/{name}", rows=0, nulls=dict.fromkeys(counted, 0), min={}, max={})
+                paths.append(state["path"])
+                state["writer"] = pq.ParquetWriter(state["path"], schema, filesystem=filesystem, compression="snappy")
+            state["writer"].write_batch(batch, row_group_size=row_group_rows)
+            state["rows"] += batch.num_rows
+            total += batch.num_rows
+            for col in counted:
+                state["nulls"][col] += batch.column(col).null_count
+            for col in ints:
+                lo, hi = pc.min_max(batch.column(col)).values()
+                if lo.is_valid:
+                    state["min"][col] = min(lo.as_py(), state["min"].get(col, lo.as_py()))
+                    state["max"][col] = max(hi.as_py(), state["max"].get(col, hi.as_py()))
+        close()
+        if total == 0:
+            return None, 0
+        props = CommitProperties(custom_metadata={META_PREFIX + k: str(v) for k, v in metadata.items()},
+                                 max_commit_retries=0)
+        if table is None:
+            try:
+                create_table_with_add_actions(uri, Schema.from_arrow(schema), written, mode="error",
+                                              configuration=configuration, commit_properties=props)
+            except Exception as exc:
+                if exists(uri):
+                    raise ConcurrentCreateError(f"{uri} was created concurrently: {exc}") from exc
+                raise
+        else:
+            table.create_write_transaction(written, mode="append", schema=Schema.from_arrow(schema),
+                                           commit_properties=props)
+        paths.clear()  # committed: the files belong to the table now
+        return DeltaTable(uri, without_files=True).version(), total
+    finally:
+        if "writer" in state:
+            state["writer"].close()
+        for path in paths:  # not committed: remove what this attempt wrote (a kill -9 leaves them to VACUUM)
+            try:
+                filesystem.delete_file(path)
+            except OSError:
+                pass
+
+
+def upsert_batches(
+    uri: str,
+    make_batches: Callable[[], Iterable[pa.RecordBatch]],
+    schema: pa.Schema,
+    key: str,
+    metadata: dict[str, Any],
+    chunk_rows: int = 20_000,
+) -> list[int]:
+    """Insert new keys and replace the rows of existing ones, with memory that stays flat.
+
+    For bookkeeping tables (the ingest manifest). Rows with new keys are streamed in with
+    ``append_stream`` against the snapshot whose keys were checked (one commit; a concurrent
+    commit refuses it and the whole upsert is re-planned, ``make_batches`` being called again);
+    rows whose key exists are MERGEd ``chunk_rows`` at a time (a MERGE holds its source in
+    memory). Keys must be unique within the stream. Returns the versions committed.
+    """
+
+    def attempt(_: int) -> list[int]:
+        table = DeltaTable(uri) if exists(uri) else None
+        known = table.to_pyarrow_table(columns=[key]).column(key) if table is not None else None
+        changed: list[pa.RecordBatch] = []
+
+        def new_rows():
+            for batch in make_batches():
+                if known is None:
+                    yield batch
+                    continue
+                present = pc.is_in(batch.column(key), value_set=known)
+                changed.append(batch.filter(present))
+                yield batch.filter(pc.invert(present))
+
+        versions: list[int] = []
+        version, _ = append_stream(uri, pa.RecordBatchReader.from_batches(schema, new_rows()), metadata, table)
+        if version is not None:
+            versions.append(version)
+        for start in range(0, sum(b.num_rows for b in changed), chunk_rows):
+            rows = pa.Table.from_batches(changed, schema=schema).slice(start, chunk_rows)
+            version = _with_retry(lambda rows=rows: _merge_upsert(uri, rows, key, metadata), f"upsert into {uri}")
+            if version is not None:
+                versions.append(version)
+        return versions
+
+    return retry_on_conflict(attempt, f"upsert into {uri}")
+
+
+def _merge_upsert(uri: str, rows: pa.Table, key: str, metadata: dict[str, Any]) -> int | None:
+    result = (
+        DeltaTable(uri)
+        .merge(rows, predicate=f"t.`{key}` = s.`{key}`", source_alias="s", target_alias="t",
+               merge_schema=True, commit_properties=_props(metadata))
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute()
+    )
+    if int(result.get("num_target_rows_inserted", 0)) + int(result.get("num_target_rows_updated", 0)) == 0:
+        return None
+    return DeltaTable(uri, without_files=True).version()
+
+
+# --------------------------------------------------------------------------- names and refs
+
+
+@dataclass(frozen=True)
+class Tag:
+    table: str
+    name: str
+    version: int
+    tagged_at: datetime
+    run_id: str
+    note: str
+
+
+TAG_SCHEMA = pa.schema(
+    [
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("version", pa.int64(), nullable=False),
+        pa.field("tagged_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("note", pa.string(), nullable=False),
+    ]
+)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def tags_uri(uri: str) -> str:
+    """The ``dataset_tags`` table beside ``uri`` (same lake, same environment)."""
+    return f"{uri.rstrip('/').rsplit('/', 1)[0]}/{TAGS_TABLE}"
+
+
+def table_name(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def check_tag_name(name: str) -> str:
+    """A usable version name: letters, digits, ``.``, ``_``, ``-``; never all digits (a version)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"version name {name!r} must be 1-128 characters of letters, digits, '.', '_' or '-', starting with "
+            "a letter or digit"
+        )
+    if name.isdigit():
+        raise ValueError(f"version name {name!r} is all digits: it would read as a version number")
+    return name
+
+
+def tags(uri: str) -> list[Tag]:
+    """The names given to versions of ``uri``, oldest first."""
+    tags_table = tags_uri(uri)
+    if not exists(tags_table):
+        return []
+    rows = DeltaTable(tags_table).to_pyarrow_table(filters=[("table", "=", table_name(uri))]).to_pylist()
+    found = [Tag(r["table"], r["name"], int(r["version"]), r["tagged_at"], r["run_id"], r["note"]) for r in rows]
+    return sorted(found, key=lambda t: (t.tagged_at, t.name))
+
+
+def tag_version(uri: str, version: int, name: str, run_id: str = "", note: str = "") -> Tag:
+    """Give ``version`` of ``uri`` the immutable name ``name`` (idempotent for the same version)."""
+    check_tag_name(name)
+    open_table(uri, int(version))  # the version must exist: a name never points at nothing
+    table = table_name(uri)
+    row = pa.Table.from_pylist(
+        [{"table": table, "name": name, "version": int(version), "tagged_at": datetime.now(UTC),
+          "run_id": run_id, "note": note}],
+        schema=TAG_SCHEMA,
+    )
+    tags_table = tags_uri(uri)
+
+    def attempt() -> None:
+        if not exists(tags_table):
+            try:
+                write_deltalake(tags_table, row, mode="error", commit_properties=_props({"step": "tag", "name": name}))
+                return
+            except Exception:
+                if not exists(tags_table):
+                    raise
+        (
+            DeltaTable(tags_table)
+            .merge(row, predicate="t.`table` = s.`table` AND t.name = s.name", source_alias="s", target_alias="t",
+                   commit_properties=_props({"step": "tag", "name": name}))
+            .when_not_matched_insert_all()
+            .execute()
+        )
+
+    _with_retry(attempt, f"tag {table}@{version} as {name}")
+    stored = next(t for t in tags(uri) if t.name == name)
+    if stored.version != int(version):
+        raise TagConflictError(
+            f"version name {name!r} already names {table} version {stored.version} (tagged {stored.tagged_at:%Y-%m-%d %H:%M} "
+            f"by run {stored.run_id or '?'}); names are immutable: choose another name for version {version}"
+        )
+    return stored
+
+
+def _parse_timestamp(ref: str) -> datetime | None:
+    text = ref.strip()
+    if not re.match(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}", text):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def version_at(uri: str, when: datetime) -> int:
+    """The version that was current at ``when`` (naive = UTC); an error before the first commit."""
+    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    commits = history(uri)
+    first_ms = min(c.timestamp_ms for c in commits)
+    if when.timestamp() * 1000 < first_ms:
+        first = datetime.fromtimestamp(first_ms / 1000, tz=UTC)
+        raise VersionNotFoundError(f"{uri} did not exist at {when.isoformat()}: its first commit is {first.isoformat()}")
+    table = open_table(uri)
+    table.load_as_version(when)
+    return table.version()
+
+
+def resolve_version(uri: str, ref: int | str | datetime) -> int:
+    """A version number from a number, a tag name or a timestamp (order in the module doc)."""
+    if isinstance(ref, bool):
+        raise TypeError(f"version reference must be an int, str or datetime, got {ref!r}")
+    if isinstance(ref, datetime):
+        return version_at(uri, ref)
+    if isinstance(ref, int) or (isinstance(ref, str) and ref.strip().isdigit()):
+        version = int(ref)
+        open_table(uri, version)  # raises VersionNotFoundError naming the table and the version
+        return version
+    if not isinstance(ref, str) or not ref.strip():
+        raise VersionNotFoundError(f"empty version reference for {uri}")
+    text = ref.strip()
+    for tag in tags(uri):
+        if tag.name == text:
+            return tag.version
+    when = _parse_timestamp(text)
+    if when is not None:
+        return version_at(uri, when)
+    names = [t.name for t in tags(uri)]
+    raise VersionNotFoundError(
+        f"{uri}: {ref!r} is not a version number, a version name or a timestamp with a time "
+        f"(e.g. 2026-11-21T18:00:00Z); names on this table: {names or 'none'}"
+    )
+
+
+def resolve_dataset_version(curated_uri: str, ref: int | str | datetime, raw_uri: str | None = None) -> int:
+    """The curated version to train on for a ``dataset_version`` Param (module doc).
+
+    Tries ``ref`` on the curated table; a name that only the raw table carries means "the newest
+    curated version built from that raw version".
+    """
+    try:
+        return resolve_version(curated_uri, ref)
+    except VersionNotFoundError:
+        if raw_uri is None or not isinstance(ref, str) or ref.strip().isdigit():
+            raise
+        raw_tag = next((t for t in tags(raw_uri) if t.name == ref.strip()), None)
+        if raw_tag is None:
+            raise
+    for commit in history(curated_uri):
+        if commit.metadata.get("raw_version") == str(raw_tag.version):
+            return commit.version
+    raise VersionNotFoundError(
+        f"{ref!r} names raw version {raw_tag.version} of {raw_uri}, and no version of {curated_uri} "
+        "was curated from it yet: run cd4ml_curate with that raw_version first"
+    )
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    version: int
+    timestamp: datetime
+    operation: str
+    names: tuple[str, ...]
+    metadata: dict[str, str]
+
+
+def versions(uri: str) -> list[VersionInfo]:
+    """Every version of ``uri``, newest first, with its names and pipeline metadata (``cd4ml versions``)."""
+    names: dict[int, list[str]] = {}
+    for tag in tags(uri):
+        names.setdefault(tag.version, []).append(tag.name)
+    return [
+        VersionInfo(c.version, datetime.fromtimestamp(c.timestamp_ms / 1000, tz=UTC), c.operation,
+                    tuple(names.get(c.version, ())), c.metadata)
+        for c in history(uri)
+    ]

@@ -55,11 +55,26 @@ class IngestSettings(_Section):
     max_pixels: int = Field(gt=0)
     allowed_labels: tuple[str, ...]
     batch_size: int = Field(gt=0)
+    # Data plane (tasks/sources.py, tasks/ingest.py, tasks/spark_ingest.py); defaults keep old confs valid.
+    label_source: Literal["folders", "csv", "jsonl"] = "folders"
+    manifest_uri: str | None = None  # csv/jsonl manifest; relative = inside the landing root
+    keep_modes: tuple[str, ...] = ("L", "RGB")  # stored as they are
+    # Converted to L/RGB at ingest (stored as lossless PNG); any other mode is rejected.
+    convert_modes: tuple[Literal["1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I", "CMYK"], ...] = (
+        "1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I",
+    )
+    target_file_mb: int = Field(default=16, gt=0)  # Delta data file size: bounds the writer's memory
+    commit_retries: int = Field(default=8, gt=0)  # re-plans after a lost Delta commit race
+    engine: Literal["local", "spark"] = "local"
+    spark_master: str = "local[*]"
+    spark_conf: dict[str, str] = Field(default_factory=dict)  # e.g. spark.jars for the delta-spark jars
 
     @model_validator(mode="after")
     def _sides(self) -> "IngestSettings":
         if self.min_side > self.max_side:
             raise ValueError(f"min_side {self.min_side} > max_side {self.max_side}")
+        if self.label_source != "folders" and not self.manifest_uri:
+            raise ValueError(f"label_source {self.label_source!r} needs manifest_uri")
         return self
 
 
@@ -70,10 +85,36 @@ class ValidationSettings(_Section):
     max_rejected_share: float = Field(ge=0.0, le=1.0)
 
 
+class RetentionSettings(_Section):
+    """VACUUM: how long unreferenced Delta files stay; versions models were trained on always stay."""
+
+    retention_hours: int = Field(default=168, ge=0)
+    protect_tagged: bool = True  # named dataset versions are kept like trained-on versions
+
+
+class OutlierSettings(_Section):
+    """Bad-image thresholds on fastdup's image statistics (see tasks/curate.py for the tuning)."""
+
+    min_blur: float = Field(default=50.0, ge=0.0)  # variance of the Laplacian of the exported copy
+    min_mean: float = Field(default=10.0, ge=0.0, le=255.0)  # below: too dark
+    max_mean: float = Field(default=245.0, ge=0.0, le=255.0)  # above: too bright
+    min_side: int = Field(default=8, gt=0)  # decoded width or height below: too small
+
+    @model_validator(mode="after")
+    def _means(self) -> "OutlierSettings":
+        if self.min_mean >= self.max_mean:
+            raise ValueError(f"min_mean {self.min_mean} must be below max_mean {self.max_mean}")
+        return self
+
+
 class CurationSettings(_Section):
     near_duplicate_threshold: float = Field(gt=0.0, le=1.0)
     split_ratios: dict[Literal["train", "val", "test"], float]
     split_salt: str
+    # Curation features; defaults keep older confs valid.
+    embedding: Literal["pixels", "fastdup"] = "pixels"  # pixels for tiny digits; fastdup's model for photos
+    feature_size: int = Field(default=8, gt=0)  # pixels: side of the grey-pixel embedding
+    outliers: OutlierSettings = Field(default_factory=OutlierSettings)
 
     @field_validator("split_ratios")
     @classmethod
@@ -92,17 +133,96 @@ class DriftSettings(_Section):
     n_permutations: int = Field(gt=0)
 
 
+class KubernetesTrainerSettings(_Section):
+    """The trainer pod a ``kubernetes`` launcher asks for (spec built by ``tasks.train.trainer_pod_spec``)."""
+
+    image: str = "cd4ml-trainer:latest"
+    namespace: str = "cd4ml"
+    gpus: int = Field(default=0, ge=0)
+    cpu: str = "2"
+    memory: str = "8Gi"
+    # Mounted at CD4ML_HOME: the decode cache and checkpoints must outlive a pod, or a retry restarts at epoch 1.
+    state_pvc: str = "cd4ml-state"
+    service_account: str | None = None
+
+
 class TrainingSettings(_Section):
-    model: Literal["small_cnn"]
+    model: Literal["small_cnn", "resnet18"]
     image_size: int = Field(gt=0)
     epochs: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
-    learning_rate: float = Field(gt=0)
+    batch_size: int = Field(gt=0)  # per process; the global batch is batch_size * world size
+    learning_rate: float = Field(gt=0)  # for base_batch_size; scaled to the global batch by lr_scaling
     weight_decay: float = Field(ge=0)
     patience: int = Field(ge=0)
     min_delta: float = Field(ge=0)
     seed: int
     num_threads: int = Field(gt=0)
+    lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
+    base_batch_size: int = Field(default=64, gt=0)
+    scheduler: Literal["cosine", "constant"] = "cosine"
+    warmup_epochs: int = Field(default=0, ge=0)
+    augment_shift: int = Field(default=1, ge=0)  # random translation in pixels, train split only; 0 = off
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    amp: bool = True  # bf16 autocast on CUDA; CPU always trains in float32
+    channels_last: bool = True  # CUDA and CPU
+    num_workers: int = Field(default=0, ge=0)
+    finetune_from: str | None = None  # a model URI (models:/name@alias or models:/name/N): transfer learning
+    freeze_backbone: bool = False
+    launcher: Literal["in_process", "torchrun", "kubernetes"] = "in_process"
+    nproc_per_node: int = Field(default=1, gt=0)
+    checkpoint_dir: str
+    cache_dir: str
+    keep_checkpoints: bool = False
+    kubernetes: KubernetesTrainerSettings = KubernetesTrainerSettings()
+
+    @model_validator(mode="after")
+    def _launcher(self) -> "TrainingSettings":
+        if self.launcher == "in_process" and self.nproc_per_node > 1:
+            raise ValueError("nproc_per_node > 1 needs launcher torchrun or kubernetes, not in_process")
+        return self
+
+
+class SearchParam(_Section):
+    """One tuned training field: a float or int range (optionally log-scaled) or a list of choices."""
+
+    type: Literal["float", "int", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple[bool | int | float | str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "SearchParam":
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical parameter needs choices")
+        elif self.low is None or self.high is None or self.low >= self.high:
+            raise ValueError(f"a {self.type} parameter needs low < high, got {self.low}..{self.high}")
+        elif self.log and self.low <= 0:
+            raise ValueError("a log-scaled parameter needs low > 0")
+        return self
+
+
+class TuningSettings(_Section):
+    n_trials: int = Field(gt=0)
+    epochs_per_trial: int = Field(gt=0)  # the pruner's maximum resource
+    sampler: Literal["tpe", "random"] = "tpe"
+    seed: int = 0
+    pruner: Literal["none", "median", "successive_halving", "hyperband"]
+    min_resource: int = Field(default=1, gt=0)
+    reduction_factor: int = Field(default=3, gt=1)
+    n_startup_trials: int = Field(default=2, ge=0)
+    n_warmup_steps: int = Field(default=0, ge=0)
+    storage: str  # CD4ML_OPTUNA_STORAGE overrides (PostgreSQL in production)
+    search_space: dict[str, SearchParam]
+
+    @field_validator("search_space")
+    @classmethod
+    def _known_fields(cls, v: dict[str, SearchParam]) -> dict[str, SearchParam]:
+        unknown = sorted(set(v) - set(TrainingSettings.model_fields))
+        if unknown:
+            raise ValueError(f"search_space names fields that training does not have: {unknown}")
+        return v
 
 
 class GateSettings(_Section):
@@ -125,9 +245,11 @@ class Settings(_Section):
     registry: RegistrySettings
     ingest: IngestSettings
     validation: ValidationSettings
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     curation: CurationSettings
     drift: DriftSettings
     training: TrainingSettings
+    tuning: TuningSettings
     gate: GateSettings
     alerts: AlertSettings
 

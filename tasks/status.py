@@ -10,16 +10,17 @@ from pathlib import Path
 from tasks import lake
 from tasks.settings import ENVIRONMENTS, Settings, load_settings
 
-TABLES = ("raw_images", "rejects", "curated_images")
+TABLES = ("raw_images", "rejects", "curated_images", "ingest_manifest", "dataset_tags")
 
 
 def table_status(uri: str) -> dict:
     version = lake.current_version(uri)
     if version is None:
-        return {"uri": uri, "version": None, "rows": 0, "last_commit": None}
+        return {"uri": uri, "version": None, "rows": 0, "last_commit": None, "names": {}}
     table = lake.open_table(uri, version)
     last = lake.history(uri)[0]
-    return {"uri": uri, "version": version, "rows": table.count(), "last_commit": last.metadata}
+    names = {t.name: t.version for t in lake.tags(uri)}
+    return {"uri": uri, "version": version, "rows": table.count(), "last_commit": last.metadata, "names": names}
 
 
 def _tracking_store_exists(settings: Settings) -> bool:
@@ -69,7 +70,8 @@ def summary(settings: Settings) -> str:
     env = environment_status(settings)
     lines = [f"cd4ml ({settings.env}) state under {settings.home}", "", "Delta tables (latest version, rows):"]
     for name, t in env["tables"].items():
-        lines.append(f"  {name:<15} v{t['version']}  {t['rows']:>6} rows  {t['uri']}")
+        named = "  names: " + ", ".join(f"{k}=v{v}" for k, v in t["names"].items()) if t["names"] else ""
+        lines.append(f"  {name:<15} v{t['version']}  {t['rows']:>6} rows  {t['uri']}{named}")
     lines.append("")
     champions = [m for m in env["model_versions"] if settings.registry.champion_alias in m.get("aliases", [])]
     if champions:

@@ -57,7 +57,7 @@ def private_env(airflow_env, airflow_template, tmp_path) -> dict:
 def test_pipeline_end_to_end_and_idempotent(private_env):
     env = private_env
     _cd4ml(["sample-data", "--with-bad-files"], env)
-    _dag_test("cd4ml_ingest", env)
+    _dag_test("cd4ml_ingest", env, conf={"dataset_version_name": "digits-1"})
     _dag_test("cd4ml_curate", env)
     out = _dag_test("cd4ml_train", env)
     assert "drift: skipped" in out  # first run: no champion to compare against
@@ -65,15 +65,17 @@ def test_pipeline_end_to_end_and_idempotent(private_env):
     first = _status(env)
     tables = first["tables"]
     assert tables["raw_images"]["rows"] == 1797 and tables["rejects"]["rows"] == 2
+    assert tables["raw_images"]["names"] == {"digits-1": tables["raw_images"]["version"]}
     assert 0 < tables["curated_images"]["rows"] <= 1797
     champions = [m for m in first["model_versions"] if "champion" in m["aliases"]]
     assert len(champions) == 1
     assert str(champions[0]["curated_version"]) == str(tables["curated_images"]["version"])
 
     # The whole chain again: no new rows, no new table versions, no duplicate model version.
+    # This time training picks its data by the name the first ingest gave the raw version.
     _dag_test("cd4ml_ingest", env)
     _dag_test("cd4ml_curate", env)
-    out = _dag_test("cd4ml_train", env)
+    out = _dag_test("cd4ml_train", env, conf={"dataset_version": "digits-1"})
     assert "drift: no_drift" in out  # now there is a champion, trained on the same data
     second = _status(env)
     for name, table in second["tables"].items():
@@ -87,7 +89,7 @@ def test_pipeline_end_to_end_and_idempotent(private_env):
 def test_empty_landing_ends_the_run_with_a_message_and_no_version(private_env, tmp_path):
     env = private_env
     (tmp_path / "empty").mkdir()
-    out = _dag_test("cd4ml_ingest", env, conf={"landing_uri": str(tmp_path / "empty")})
+    out = _dag_test("cd4ml_ingest", env, conf={"source_uri": str(tmp_path / "empty")})
     assert "holds no files: nothing to ingest, no new version" in out
     assert _status(env)["tables"]["raw_images"]["version"] is None
 
@@ -96,7 +98,7 @@ def test_failed_validation_fails_the_task_and_alerts_on_call(private_env, tmp_pa
     env = private_env
     landing = tmp_path / "landing"
     _cd4ml(["sample-data", "--landing", str(landing), "--limit", "30", "--with-bad-files"], env)
-    out = _dag_test("cd4ml_ingest", env, conf={"landing_uri": str(landing)}, expect_rc=1)
+    out = _dag_test("cd4ml_ingest", env, conf={"source_uri": str(landing)}, expect_rc=1)
     assert "validation of" in out and "min_images_per_class(label=" in out  # one line per failed expectation
     decoder = json.JSONDecoder()
     alerts = [decoder.raw_decode(line[line.index('{"'):])[0] for line in out.splitlines() if "CD4ML_ALERT" in line]

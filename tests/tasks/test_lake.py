@@ -62,3 +62,135 @@ def test_overwrite_makes_full_snapshots(tmp_path):
 def test_normalise_logical_date():
     assert lake.normalise_logical_date("2026-11-21") == "2026-11-21T00:00:00+00:00"
     assert lake.normalise_logical_date("2026-11-21T01:30:00.123+01:00") == "2026-11-21T00:30:00+00:00"
+
+
+# --------------------------------------------------------------------------- dataset versions
+
+
+def _three_versions(tmp_path):
+    import time
+
+    uri = str(tmp_path / "lake" / "t")
+    stamps = []
+    for keys, day in ((["a"], "2026-11-01"), (["b"], "2026-11-02"), (["c"], "2026-11-03")):
+        lake.merge_new_rows(uri, _rows(keys), "k", {"logical_date": lake.normalise_logical_date(day)})
+        stamps.append(lake.history(uri)[0].timestamp_ms)
+        time.sleep(0.02)
+    return uri, stamps
+
+
+def test_time_travel_by_number_name_and_timestamp(tmp_path):
+    from datetime import UTC, datetime, timedelta
+
+    uri, stamps = _three_versions(tmp_path)
+    assert lake.resolve_version(uri, 1) == 1 and lake.resolve_version(uri, " 2 ") == 2
+    lake.tag_version(uri, 1, "release-3", run_id="r", note="first release")
+    lake.tag_version(uri, 2, "2026-11-21")
+    assert lake.resolve_version(uri, "release-3") == 1
+    assert lake.resolve_version(uri, "2026-11-21") == 2  # a name wins over the date it looks like
+    middle = datetime.fromtimestamp((stamps[1] + 5) / 1000, tz=UTC)
+    assert lake.resolve_version(uri, middle) == 1
+    assert lake.resolve_version(uri, middle.isoformat().replace("+00:00", "Z")) == 1
+    assert lake.resolve_version(uri, middle.replace(tzinfo=None)) == 1  # naive = UTC
+    assert lake.resolve_version(uri, datetime.now(UTC) + timedelta(days=1)) == 2
+    assert sorted(r["k"] for r in lake.read(uri, lake.resolve_version(uri, "release-3")).to_pylist()) == ["a", "b"]
+    with pytest.raises(lake.VersionNotFoundError, match="did not exist at"):
+        lake.resolve_version(uri, "2020-01-01T00:00:00Z")
+    with pytest.raises(lake.VersionNotFoundError, match="has no version 9"):
+        lake.resolve_version(uri, 9)
+    with pytest.raises(lake.VersionNotFoundError, match=r"names on this table: \['release-3', '2026-11-21'\]"):
+        lake.resolve_version(uri, "2026-12-24")  # a bare date that is not a name: no guess at midnight
+    assert [(v.version, v.names) for v in lake.versions(uri)] == [(2, ("2026-11-21",)), (1, ("release-3",)), (0, ())]
+
+
+def test_names_are_immutable_and_checked(tmp_path):
+    uri, _ = _three_versions(tmp_path)
+    first = lake.tag_version(uri, 0, "gold")
+    assert lake.tag_version(uri, 0, "gold") == first  # same version again: a no-op
+    with pytest.raises(lake.TagConflictError, match="already names t version 0"):
+        lake.tag_version(uri, 2, "gold")
+    for bad in ("12", "", "has space", "../x"):
+        with pytest.raises(ValueError):
+            lake.tag_version(uri, 1, bad)
+    with pytest.raises(lake.VersionNotFoundError):
+        lake.tag_version(uri, 7, "future")
+    other = str(tmp_path / "lake" / "other")
+    lake.merge_new_rows(other, _rows(["z"]), "k", {})
+    lake.tag_version(other, 0, "gold")  # names are per table
+    assert [t.name for t in lake.tags(uri)] == ["gold"] and lake.tags_uri(uri) == lake.tags_uri(other)
+
+
+def test_training_resolves_a_dataset_version_on_the_curated_table_or_through_a_raw_name(tmp_path):
+    raw, _ = _three_versions(tmp_path)
+    curated = str(tmp_path / "lake" / "curated")
+    lake.overwrite(curated, _rows(["a"]), {"raw_version": "0"})
+    lake.overwrite(curated, _rows(["a", "b"]), {"raw_version": "1"})
+    lake.tag_version(raw, 1, "nov-batch")
+    lake.tag_version(curated, 0, "baseline")
+    assert lake.resolve_dataset_version(curated, "baseline", raw) == 0
+    assert lake.resolve_dataset_version(curated, 1, raw) == 1
+    assert lake.resolve_dataset_version(curated, "nov-batch", raw) == 1
+    lake.tag_version(raw, 2, "not-curated")
+    with pytest.raises(lake.VersionNotFoundError, match="no version of .* was curated from it yet"):
+        lake.resolve_dataset_version(curated, "not-curated", raw)
+
+
+def test_append_stream_is_one_commit_against_its_snapshot_or_nothing(tmp_path):
+    uri = str(tmp_path / "s")
+    schema = _rows(["a"]).schema
+
+    def reader(keys):
+        return pa.RecordBatchReader.from_batches(schema, iter(_rows(keys).to_batches(max_chunksize=1)))
+
+    cfg = lake.stats_columns_config(schema)
+    assert lake.append_stream(uri, reader(["a", "b", "c"]), {"run_id": "1"}, None, cfg, target_file_size=1) == (0, 3)
+    assert len(lake.open_table(uri).file_uris()) == 3  # files rolled at the target size, one commit
+    assert lake.open_table(uri).metadata().configuration == cfg
+    with pytest.raises(lake.ConcurrentCreateError):
+        lake.append_stream(uri, reader(["x"]), {"run_id": "2"}, None)  # planned against no table: refused
+    snapshot = lake.open_table(uri)  # what a slower writer planned against
+    assert lake.append_stream(uri, reader(["d"]), {"run_id": "3"}, lake.open_table(uri)) == (1, 1)
+    from deltalake.exceptions import CommitFailedError
+
+    files = {p.name for p in (tmp_path / "s").glob("*.parquet")}
+    with pytest.raises(CommitFailedError):  # its snapshot is stale now: the plan must be redone
+        lake.append_stream(uri, reader(["d", "e"]), {"run_id": "4"}, snapshot)
+    assert {p.name for p in (tmp_path / "s").glob("*.parquet")} == files  # the refused attempt cleaned up
+    assert lake.append_stream(uri, reader([]), {}, lake.open_table(uri)) == (None, 0)
+    assert lake.history(uri)[0].metadata["run_id"] == "3"
+    assert sorted(lake.read(uri, 1, ["k"]).column("k").to_pylist()) == ["a", "b", "c", "d"]
+    assert lake.open_table(uri).count() == 4  # numRecords stats are right
+
+
+def test_upsert_batches_commits_in_chunks_and_replaces_changed_rows(tmp_path):
+    uri = str(tmp_path / "m")
+    rows = pa.table({"k": ["a", "b", "c"], "v": [1, 2, 3]})
+    assert lake.upsert_batches(uri, lambda: rows.to_batches(max_chunksize=1), rows.schema, "k", {"step": "m"}) == [0]
+    changed = pa.table({"k": ["b", "d", "a"], "v": [20, 4, 10]})
+    # the new key is appended (one commit), the two known ones MERGEd one chunk at a time
+    assert lake.upsert_batches(uri, changed.to_batches, rows.schema, "k", {"step": "m"}, chunk_rows=1) == [1, 2, 3]
+    got = dict(zip(*lake.read(uri, 3).sort_by("k").to_pydict().values()))
+    assert got == {"a": 10, "b": 20, "c": 3, "d": 4}
+
+
+def test_spark_user_metadata_is_read_like_delta_rs_metadata(tmp_path):
+    from deltalake import CommitProperties, write_deltalake
+
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, _rows(["a"]), commit_properties=CommitProperties(
+        custom_metadata={"userMetadata": '{"cd4ml.run_id": "spark-1", "cd4ml.logical_date": "2026-11-21T00:00:00+00:00"}'}))
+    assert lake.history(uri)[0].metadata == {"run_id": "spark-1", "logical_date": "2026-11-21T00:00:00+00:00"}
+    assert lake.version_as_of(uri, "2026-11-22") == 0
+
+
+def test_cli_tag_and_versions(tmp_path, capsys, cd4ml_home):
+    from tasks.cli import main
+
+    uri, _ = _three_versions(tmp_path)
+    assert main(["tag", uri, "1", "release-1"]) == 0
+    assert '"version": 1' in capsys.readouterr().out
+    assert main(["tag", uri, "2", "release-1"]) == 1
+    assert "already names" in capsys.readouterr().err
+    assert main(["versions", uri]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("v1") and "release-1" in out[1] and "logical_date=2026-11-02" in out[1]

@@ -1,0 +1,360 @@
+"""Where images come from: a landing root (local path or any fsspec URL) and where labels come from.
+
+``open_source(uri, label_source, manifest)`` returns a ``Source`` whose ``entries()`` streams
+one ``Entry`` per candidate file, in a stable order, and whose ``read(entry)`` returns its bytes.
+
+* Roots: a local path, ``file://``, or any fsspec protocol (``s3://``, ``gs://``, ``abfs://``,
+  ``memory://``...) whose extra is installed (``s3fs``, ``gcsfs``, ``adlfs``); an unknown or
+  uninstalled protocol is a ``SourceError`` naming the package to install. Credentials come from
+  the environment as each fsspec backend reads them, never from settings.
+* ``Entry.uri`` (stored as ``source_uri``) is the fsspec URL of the file, not percent-encoded
+  (``file:///landing/3/été 1.png``), so ``fsspec.open(source_uri)`` opens it again. Unicode and
+  spaces in names are ordinary names.
+* Labels, ``folders``: the first folder below the root (``<root>/<label>/.../<file>``). A file
+  directly in the root has no label. Names starting with ``.`` (``.DS_Store``, ``.git``) are
+  skipped: they are tool droppings, not candidates.
+* Labels, ``csv`` / ``jsonl``: a manifest with ``path`` and ``label`` (other columns ignored).
+  Paths are relative to the manifest's folder; absolute paths and URLs are allowed only inside
+  the root. Only files the manifest names are candidates.
+* Size, modification time (ns) and, on object stores, the ETag come from the listing, so the
+  ingest can tell an unchanged file without opening it.
+
+Problems found while listing are not errors: the entry carries a ``Rejection`` (the ingest
+records it in the rejects table and the batch goes on):
+
+* ``path_traversal``: a manifest path with a ``..`` segment, wherever it would land: a label
+  file that climbs directories is a mistake or an attack, never needed.
+* ``outside_landing``: an absolute manifest path or URL outside the root.
+* ``missing_file``: a manifest row naming a file that does not exist.
+* ``bad_manifest_row``: a row without path or label, or a JSONL line that is not an object.
+* ``symlink_outside_landing``: a symlink (file or folder) whose target resolves outside the
+  root: the landing zone is the trust boundary, a link must not pull in ``/etc/passwd``.
+  Links inside the root are followed (folder loops are walked once).
+* ``broken_symlink``: a link whose target does not exist.
+* ``not_a_file``: a FIFO, socket or device named like an image; it is never opened (reading a
+  FIFO would block the ingest forever).
+
+``unreadable`` (permission denied, I/O error) is raised by ``read`` as ``OSError`` and turned
+into a reject row by the ingest. Tests run as root, whom ``chmod 000`` does not stop, so the
+permission test runs the ingest in a child process whose capability bounding set lacks
+``CAP_DAC_OVERRIDE``/``CAP_DAC_READ_SEARCH`` (a real EACCES from the kernel).
+
+A whole manifest that cannot be used (missing, no ``path``/``label`` header) is a
+``SourceError`` (a ``DataError``): nothing can be ingested from it, and a retry cannot help.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import posixpath
+import stat
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any, Literal, NamedTuple
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from tasks.errors import DataError
+from tasks.images import Rejection
+
+log = logging.getLogger(__name__)
+
+LabelSource = Literal["folders", "csv", "jsonl"]
+LABEL_SOURCES: tuple[str, ...] = ("folders", "csv", "jsonl")
+_LOCAL_PROTOCOLS = {"file", "local"}
+_EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs", "az": "adlfs", "abfss": "adlfs"}
+
+
+class SourceError(DataError, ValueError):
+    """The source as a whole cannot be used (bad URL, missing root, unusable manifest)."""
+
+
+class LandingNotFoundError(SourceError, FileNotFoundError):
+    """The landing root does not exist (a wrong path will not fix itself on retry)."""
+
+
+class Entry(NamedTuple):
+    """One candidate file (a NamedTuple: a listing makes one per file, so it must be cheap)."""
+
+    uri: str  # fsspec URL: the source_uri of every row about this file
+    path: str  # the path the filesystem opens ("" when the entry names nothing openable)
+    label: str | None
+    size: int = -1  # -1: unknown (never trusted as "unchanged")
+    mtime_ns: int = -1
+    etag: str | None = None
+    problem: Rejection | None = None
+
+
+def _fs_for(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    try:
+        return url_to_fs(uri)
+    except ImportError as exc:
+        protocol = uri.split("://", 1)[0]
+        extra = _EXTRAS.get(protocol, f"the fsspec backend for {protocol}://")
+        raise SourceError(f"cannot open {uri}: install {extra} ({exc})") from exc
+    except ValueError as exc:
+        raise SourceError(f"cannot open {uri}: {exc}") from exc
+
+
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return bool(set(protocols) & _LOCAL_PROTOCOLS)
+
+
+def _mtime_ns(info: dict[str, Any]) -> int:
+    """Modification time from whatever key this fsspec backend uses; -1 when it gives none."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, datetime):
+            return int(value.timestamp() * 1e9)
+        if isinstance(value, (int, float)):
+            return int(value * 1e9) if value < 1e11 else int(value)  # seconds, or already ns
+        if isinstance(value, str):
+            try:
+                return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1e9)
+            except ValueError:
+                continue
+    return -1
+
+
+def _etag(info: dict[str, Any]) -> str | None:
+    for key in ("ETag", "etag", "md5Hash", "content_md5"):
+        if info.get(key):
+            return str(info[key]).strip('"')
+    return None
+
+
+class Source:
+    """A landing root plus a label rule. Stateless between calls: ``entries()`` can run twice."""
+
+    def __init__(self, uri: str, label_source: LabelSource = "folders", manifest: str | None = None) -> None:
+        if label_source not in LABEL_SOURCES:
+            raise SourceError(f"label_source must be one of {', '.join(LABEL_SOURCES)}, got {label_source!r}")
+        if label_source != "folders" and not manifest:
+            raise SourceError(f"label_source {label_source!r} needs a manifest (csv or jsonl file with path,label)")
+        self.fs, root = _fs_for(str(uri))
+        self.local = _is_local(self.fs)
+        if self.local:
+            root = os.path.realpath(root)  # the trust boundary, with its own links resolved
+        self.root = root.rstrip("/") or "/"
+        self.label_source = label_source
+        self.manifest_uri = self._manifest_uri(manifest) if manifest else None
+        if not self.fs.exists(self.root):
+            raise LandingNotFoundError(f"landing folder {uri} does not exist")
+        if not self.fs.isdir(self.root):
+            raise SourceError(f"landing path {uri} is not a folder")
+
+    # ------------------------------------------------------------------ naming
+
+    @property
+    def root_uri(self) -> str:
+        return self.uri_of(self.root)
+
+    def uri_of(self, path: str) -> str:
+        if self.local:
+            return "file://" + path  # what fsspec's unstrip_protocol gives, without its per-call cost
+        return self.fs.unstrip_protocol(path)
+
+    def _manifest_uri(self, manifest: str) -> str:
+        if "://" in manifest or manifest.startswith("/"):
+            return manifest
+        return self.uri_of(posixpath.join(self.root, manifest))  # relative: inside the root
+
+    def _inside(self, path: str) -> bool:
+        return path == self.root or path.startswith(self.root.rstrip("/") + "/")
+
+    # ------------------------------------------------------------------ listing
+
+    def entries(self) -> Iterator[Entry]:
+        """Every candidate file, in a stable order (sorted paths; manifest order for manifests)."""
+        if self.label_source == "folders":
+            yield from (self._walk_local() if self.local else self._walk_remote())
+        else:
+            yield from self._manifest_entries()
+
+    def _folder_label(self, rel: str) -> str | None:
+        parts = rel.split("/")
+        return parts[0] if len(parts) >= 2 else None
+
+    def _walk_local(self) -> Iterator[Entry]:
+        visited = {self.root}
+        stack = [(self.root, "")]
+        while stack:
+            real_dir, rel_dir = stack.pop()
+            shown_dir = posixpath.join(self.root, rel_dir) if rel_dir else self.root
+            label = rel_dir.split("/", 1)[0] if rel_dir else None  # the same for every file here
+            try:
+                with os.scandir(real_dir) as it:
+                    children = sorted(it, key=lambda e: e.name)
+            except OSError as exc:
+                yield Entry(self.uri_of(shown_dir), "", label,
+                            problem=Rejection("unreadable", f"cannot list folder: {exc.strerror or exc}"))
+                continue
+            subdirs: list[tuple[str, str]] = []
+            for child in children:
+                name = child.name
+                if name[0] == ".":
+                    continue
+                shown = shown_dir + "/" + name  # the path as it sits in the zone (links not resolved)
+                rel = rel_dir + "/" + name if rel_dir else name
+                if child.is_symlink():
+                    target = os.path.realpath(child.path)
+                    if not os.path.exists(target):
+                        yield Entry(self.uri_of(shown), "", label,
+                                    problem=Rejection("broken_symlink", f"symlink to {target}, which does not exist"))
+                    elif not self._inside(target):
+                        yield Entry(self.uri_of(shown), "", label, problem=Rejection(
+                            "symlink_outside_landing", f"symlink resolves to {target}, outside the landing root {self.root}"))
+                    elif os.path.isdir(target):
+                        if target not in visited:
+                            visited.add(target)
+                            subdirs.append((target, rel))
+                    else:
+                        yield self._local_file(shown, target, label)
+                    continue
+                if child.is_dir(follow_symlinks=False):
+                    visited.add(child.path)
+                    subdirs.append((child.path, rel))
+                    continue
+                if child.is_file(follow_symlinks=False):
+                    st = child.stat(follow_symlinks=False)  # one stat per file, nothing else
+                    yield Entry("file://" + shown, child.path, label, st.st_size, st.st_mtime_ns)
+                else:
+                    yield self._local_file(shown, child.path, label)
+            stack.extend(reversed(subdirs))  # depth first, sorted: the same order every run
+
+    def _local_file(self, shown: str, real: str, label: str | None) -> Entry:
+        uri = self.uri_of(shown)
+        try:
+            st = os.stat(real)
+        except OSError as exc:
+            return Entry(uri, "", label, problem=Rejection("unreadable", f"cannot stat file: {exc.strerror or exc}"))
+        if not stat.S_ISREG(st.st_mode):
+            kind = "folder" if stat.S_ISDIR(st.st_mode) else "FIFO, socket or device"
+            return Entry(uri, "", label, problem=Rejection("not_a_file", f"a {kind}, not a regular file"))
+        return Entry(uri, real, label, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+    def _walk_remote(self) -> Iterator[Entry]:
+        found = self.fs.find(self.root, detail=True, withdirs=False)
+        for path in sorted(found):
+            rel = path[len(self.root):].lstrip("/")
+            if any(part.startswith(".") for part in rel.split("/")):
+                continue
+            info = found[path]
+            yield Entry(self.uri_of(path), path, self._folder_label(rel), size=int(info.get("size") or -1),
+                        mtime_ns=_mtime_ns(info), etag=_etag(info))
+
+    # ------------------------------------------------------------------ manifests
+
+    def _manifest_rows(self) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+        """(line number, row or None, why not) for each data row of the manifest."""
+        assert self.manifest_uri is not None
+        try:
+            handle = fsspec.open(self.manifest_uri, "rb").open()
+        except (FileNotFoundError, OSError) as exc:
+            raise SourceError(f"manifest {self.manifest_uri} cannot be opened: {exc}") from exc
+        with handle, io.TextIOWrapper(handle, encoding="utf-8-sig", newline="") as text:
+            if self.label_source == "csv":
+                reader = csv.DictReader(text)
+                fields = set(reader.fieldnames or ())
+                if not {"path", "label"} <= fields:
+                    raise SourceError(
+                        f"manifest {self.manifest_uri} needs a header with path and label, got {sorted(fields)}"
+                    )
+                for row in reader:
+                    yield reader.line_num, row, ""
+            else:
+                for number, line in enumerate(text, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        yield number, None, f"not JSON: {exc.msg}"
+                        continue
+                    if not isinstance(row, dict):
+                        yield number, None, f"a JSON {type(row).__name__}, not an object"
+                        continue
+                    yield number, row, ""
+
+    def _manifest_entries(self) -> Iterator[Entry]:
+        assert self.manifest_uri is not None
+        _, manifest_path = _fs_for(self.manifest_uri)
+        base = posixpath.dirname(os.path.realpath(manifest_path) if self.local else manifest_path)
+        for number, row, why in self._manifest_rows():
+            where = f"{self.manifest_uri}#L{number}"
+            if row is None:
+                yield Entry(where, "", None, problem=Rejection("bad_manifest_row", f"line {number}: {why}"))
+                continue
+            raw_path, label = row.get("path"), row.get("label")
+            label = str(label).strip() if label not in (None, "") else None
+            if not isinstance(raw_path, str) or not raw_path.strip():
+                yield Entry(where, "", label, problem=Rejection("bad_manifest_row", f"line {number}: no path"))
+                continue
+            if label is None:
+                yield Entry(where, "", None, problem=Rejection("bad_manifest_row", f"line {number}: no label"))
+                continue
+            raw_path = raw_path.strip()
+            if ".." in raw_path.replace("\\", "/").split("/"):
+                yield Entry(where, "", label, problem=Rejection(
+                    "path_traversal", f"line {number}: path {raw_path!r} contains '..'; paths must stay inside the landing root"))
+                continue
+            if "://" in raw_path:
+                fs, path = _fs_for(raw_path)
+                if type(fs) is not type(self.fs):
+                    yield Entry(where, "", label, problem=Rejection(
+                        "outside_landing", f"line {number}: {raw_path} is on another filesystem than the landing root"))
+                    continue
+            elif raw_path.startswith("/"):
+                path = raw_path
+            else:
+                path = posixpath.normpath(posixpath.join(base, raw_path))
+            if self.local:
+                path = os.path.abspath(path)
+            if not self._inside(path):
+                yield Entry(where, "", label, problem=Rejection(
+                    "outside_landing", f"line {number}: {raw_path} resolves to {path}, outside the landing root {self.root}"))
+                continue
+            yield self._manifest_file(path, label, number)
+
+    def _manifest_file(self, path: str, label: str, number: int) -> Entry:
+        uri = self.uri_of(path)
+        if self.local:
+            if not os.path.lexists(path):
+                return Entry(uri, "", label, problem=Rejection("missing_file", f"manifest line {number} names a file that does not exist"))
+            target = os.path.realpath(path)  # resolves links anywhere along the path, not only the last one
+            if not os.path.exists(target):
+                return Entry(uri, "", label, problem=Rejection("broken_symlink", f"symlink to {target}, which does not exist"))
+            if not self._inside(target):
+                return Entry(uri, "", label, problem=Rejection(
+                    "symlink_outside_landing", f"symlink resolves to {target}, outside the landing root {self.root}"))
+            return self._local_file(path, target, label)
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return Entry(uri, "", label, problem=Rejection("missing_file", f"manifest line {number} names a file that does not exist"))
+        if info.get("type") == "directory":
+            return Entry(uri, "", label, problem=Rejection("not_a_file", "a folder, not a regular file"))
+        return Entry(uri, path, label, size=int(info.get("size") or -1), mtime_ns=_mtime_ns(info), etag=_etag(info))
+
+    # ------------------------------------------------------------------ reading
+
+    def read(self, entry: Entry) -> bytes:
+        """The file's bytes; ``OSError`` (permission, I/O) is the caller's ``unreadable``."""
+        if self.local:
+            with open(entry.path, "rb") as fh:
+                return fh.read()
+        with self.fs.open(entry.path, "rb") as fh:
+            return fh.read()
+
+
+def open_source(uri: str, label_source: LabelSource = "folders", manifest: str | None = None) -> Source:
+    """A ``Source`` for a landing root (local path or fsspec URL) and a label rule (module doc)."""
+    return Source(uri, label_source, manifest)

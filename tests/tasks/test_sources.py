@@ -1,0 +1,140 @@
+import io
+import json
+import os
+
+import fsspec
+import pytest
+from PIL import Image
+
+from tasks.sources import LandingNotFoundError, SourceError, open_source
+
+
+def _png(value=128, size=(16, 16)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("L", size, value).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _by_name(entries):
+    return {e.uri.rsplit("/", 1)[-1]: e for e in entries}
+
+
+def test_folder_labels_stable_order_unicode_and_hidden_files(tmp_path):
+    root = tmp_path / "landing"
+    (root / "3").mkdir(parents=True)
+    (root / "1" / "deeper").mkdir(parents=True)
+    (root / "3" / "b.png").write_bytes(_png(1))
+    (root / "3" / "a b é.png").write_bytes(_png(2))
+    (root / "1" / "deeper" / "x.png").write_bytes(_png(3))
+    (root / "3" / ".DS_Store").write_bytes(b"junk")
+    (root / "loose.png").write_bytes(_png(4))
+    entries = list(open_source(str(root)).entries())
+    # Files of a folder first, then its subfolders; names sorted: the same order on every run.
+    assert [e.uri.split("/landing/", 1)[1] for e in entries] == ["loose.png", "1/deeper/x.png", "3/a b é.png", "3/b.png"]
+    labels = {e.uri.rsplit("/", 1)[-1]: e.label for e in entries}
+    assert labels == {"x.png": "1", "a b é.png": "3", "b.png": "3", "loose.png": None}
+    e = _by_name(entries)["a b é.png"]
+    assert e.uri == f"file://{root.resolve()}/3/a b é.png" and e.size > 0 and e.mtime_ns > 0 and e.problem is None
+    with fsspec.open(e.uri, "rb") as fh:  # source_uri opens again through fsspec, unencoded
+        assert fh.read() == _png(2)
+    assert list(open_source(f"file://{root}").entries()) == entries
+
+
+def test_symlinks_inside_followed_outside_and_broken_rejected_fifo_never_opened(tmp_path):
+    root = tmp_path / "landing"
+    (root / "3").mkdir(parents=True)
+    (root / "3" / "real.png").write_bytes(_png(1))
+    outside = tmp_path / "secret.png"
+    outside.write_bytes(_png(2))
+    os.symlink(root / "3" / "real.png", root / "3" / "alias.png")
+    os.symlink(outside, root / "3" / "escape.png")
+    os.symlink(tmp_path / "gone.png", root / "3" / "dangling.png")
+    os.symlink(tmp_path, root / "4")  # a label folder that is a link out of the zone
+    os.mkfifo(root / "3" / "pipe.png")
+    entries = _by_name(open_source(str(root)).entries())
+    assert entries["alias.png"].problem is None and entries["alias.png"].path == str((root / "3" / "real.png").resolve())
+    assert entries["escape.png"].problem.code == "symlink_outside_landing"
+    assert str(outside) in entries["escape.png"].problem.detail
+    assert entries["dangling.png"].problem.code == "broken_symlink"
+    assert entries["4"].problem.code == "symlink_outside_landing"
+    assert entries["pipe.png"].problem.code == "not_a_file"
+
+
+def test_csv_manifest_rules(tmp_path):
+    root = tmp_path / "landing"
+    (root / "imgs").mkdir(parents=True)
+    (root / "imgs" / "a.png").write_bytes(_png(1))
+    (root / "imgs" / "b c.png").write_bytes(_png(2))
+    (tmp_path / "outside.png").write_bytes(_png(3))
+    (root / "labels.csv").write_text(
+        "path,label,comment\n"
+        "imgs/a.png,3,fine\n"
+        "imgs/b c.png,4,spaces are fine\n"
+        "../outside.png,3,climbs out\n"
+        "imgs/../imgs/a.png,3,climbs even if it lands inside\n"
+        f"{tmp_path / 'outside.png'},3,absolute outside\n"
+        f"{root / 'imgs' / 'a.png'},5,absolute inside\n"
+        "imgs/missing.png,3,not there\n"
+        ",3,no path\n"
+        "imgs/a.png,,no label\n"
+    )
+    entries = list(open_source(str(root), "csv", "labels.csv").entries())
+    got = [(e.label, e.problem.code if e.problem else None) for e in entries]
+    assert got == [
+        ("3", None), ("4", None), ("3", "path_traversal"), ("3", "path_traversal"), ("3", "outside_landing"),
+        ("5", None), ("3", "missing_file"), ("3", "bad_manifest_row"), (None, "bad_manifest_row"),
+    ]
+    assert entries[1].uri.endswith("/imgs/b c.png") and entries[1].path.endswith("b c.png")
+    assert "#L" in entries[7].uri  # a row without a file is named by its manifest line
+
+
+def test_jsonl_manifest_and_its_bad_lines(tmp_path):
+    root = tmp_path / "landing"
+    (root / "x").mkdir(parents=True)
+    (root / "x" / "a.png").write_bytes(_png(1))
+    lines = [json.dumps({"path": "x/a.png", "label": "7"}), "not json", json.dumps(["x/a.png", "7"]), "",
+             json.dumps({"path": "x/a.png", "label": 8})]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    # A manifest outside the root: its relative paths must still land inside the root.
+    entries = list(open_source(str(root), "jsonl", str(tmp_path / "m.jsonl")).entries())
+    assert [(e.label, e.problem.code if e.problem else None) for e in entries] == [
+        ("7", "outside_landing"), (None, "bad_manifest_row"), (None, "bad_manifest_row"), ("8", "outside_landing")]
+    (root / "m.jsonl").write_text("\n".join(lines) + "\n")
+    entries = list(open_source(str(root), "jsonl", "m.jsonl").entries())
+    assert [(e.label, e.problem.code if e.problem else None) for e in entries] == [
+        ("7", None), (None, "bad_manifest_row"), (None, "bad_manifest_row"), ("8", None)]
+
+
+def test_whole_source_errors_are_clear(tmp_path):
+    with pytest.raises(LandingNotFoundError, match="does not exist"):
+        open_source(str(tmp_path / "nope"))
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(SourceError, match="not a folder"):
+        open_source(str(tmp_path / "f.txt"))
+    with pytest.raises(SourceError, match="needs a manifest"):
+        open_source(str(tmp_path), "csv")
+    (tmp_path / "bad.csv").write_text("file,class\na.png,3\n")
+    with pytest.raises(SourceError, match="needs a header with path and label"):
+        list(open_source(str(tmp_path), "csv", "bad.csv").entries())
+    with pytest.raises(SourceError, match="cannot be opened"):
+        list(open_source(str(tmp_path), "csv", "absent.csv").entries())
+    with pytest.raises(SourceError, match="Protocol not known"):
+        open_source("nosuchproto://bucket/landing")
+    try:
+        import s3fs  # noqa: F401
+    except ImportError:
+        with pytest.raises(SourceError, match="install s3fs"):
+            open_source("s3://bucket/landing")
+
+
+def test_fsspec_url_listing_and_reading():
+    fs = fsspec.filesystem("memory")
+    fs.mkdir("/src-test/landing/2")
+    fs.pipe("/src-test/landing/2/a.png", _png(9))
+    fs.pipe("/src-test/landing/top.png", _png(8))
+    source = open_source("memory://src-test/landing")
+    entries = list(source.entries())
+    assert [(e.uri, e.label) for e in entries] == [
+        ("memory:///src-test/landing/2/a.png", "2"), ("memory:///src-test/landing/top.png", None)]
+    assert entries[0].size == len(_png(9)) and source.read(entries[0]) == _png(9)
+    fs.rm("/src-test", recursive=True)
