@@ -1,62 +1,112 @@
-"""Curate one raw version into the ``curated_images`` snapshot: dedupe, resolve conflicts, split.
+"""Curate one raw version into the ``curated_images`` snapshot: bad images, duplicates, conflicts, splits.
 
-Why each step exists:
+What happens to each image of the raw version, in order (the first rule that applies wins):
 
-* Exact duplicates: the raw key is the sha256 of the file bytes, so byte-identical files are
-  already one row; files whose *decoded pixels* are identical (a PNG re-saved with other
-  settings) are still duplicates and are grouped by a hash of the decoded pixels.
-* Near duplicates: fastdup finds pairs whose cosine similarity is at or above
-  ``curation.near_duplicate_threshold``. Every pair becomes an edge and the connected
-  components are built here with union-find, so the grouping is deterministic.
-* One image per component survives (the lexicographically smallest sha256, a rule that
-  needs no tie-breaking). A component whose members disagree on the label is dropped whole
-  (``label_conflict``): nobody can tell which label is right.
-* The split is a pure function of the component key (the smallest sha256 in the component)
-  and the salt, so near-copies can never straddle train and test, and an image keeps its
-  split when later curations add unrelated images.
+1. No features: it does not decode (``undecodable``) or fastdup refuses the exported copy
+   (``fastdup_invalid``).
+2. Bad image, from fastdup's image statistics and ``curation.outliers`` (``outlier_reason``):
+   ``too_small`` (decoded width or height below ``min_side``), ``too_dark`` (mean below
+   ``min_mean``), ``too_bright`` (mean above ``max_mean``), ``blurry`` (variance of the
+   Laplacian below ``min_blur``). Bad images are left out of the duplicate graph: a black
+   frame is "similar" to every other black frame whatever its label.
+3. Components: exact duplicates (same decoded pixels, ``pixel_digest``) and near-duplicates
+   (cosine of the embeddings at or above ``near_duplicate_threshold``) are edges; connected
+   components are built with union-find. Features are computed once per image and kept in
+   ``curation_embeddings`` (``tasks.curation_features``); only images that have no component
+   yet are compared, against all eligible images of the raw version.
+4. Inside a component: if the members disagree on the label, all of them are quarantined
+   (``label_conflict``): nobody can tell which label is right. Otherwise one representative is
+   kept: the member first assigned to the component (lowest ``first_raw_version``), ties broken
+   by the smallest sha256. A new near-copy therefore never displaces an image that is already
+   kept. The others are dropped as ``exact_duplicate`` (same pixels as the representative) or
+   ``near_duplicate``.
 
-Which features fastdup compares (the facts behind the choice): fastdup ignores images under
-10x10 pixels, and the sample digits are 8x8. Upscaled copies are accepted, but fastdup's
-built-in model saturates on them: on the 1,797 digits (upscaled to 32, 64 or 128 px, with
-or without ``high_accuracy``) nearly every k-NN edge scores >= 0.97, thousands of them
-between different digits. So fastdup runs on precomputed embeddings instead: the grey
-pixels at ``FEATURE_SIZE`` px, mean-centred and L2-normalised (cosine = pixel correlation,
-which ignores brightness/contrast shifts and survives JPEG re-encoding at ~0.996+). On the
-digits that gives no cross-label pair at 0.97. fastdup still builds the exact (``Flat``)
-nearest-neighbour graph, writes ``similarity.csv`` and the galleries.
+Stable component keys and splits (the ``curation_components`` table, the assignment record):
+every image that ever got a component keeps a row (sha256, component, split,
+first_raw_version). A curation reads its newest version and only adds to it:
+
+* An image already recorded keeps its component and split. Grouping of recorded images is
+  never recomputed, so a new threshold or embedding applies to images seen from then on.
+* A component of images none of which is recorded is new: its key is the smallest sha256 in it
+  and its split is ``split_for(key)``, the salted hash of the key cut by ``split_ratios``.
+* New images that join exactly one recorded component inherit its key and split.
+* New images that join several recorded components of the SAME split merge them under the
+  smallest of their keys; the split does not change for anyone.
+* New images that would join recorded components of DIFFERENT splits are quarantined
+  (``split_bridge``) and recorded nowhere; the recorded components stay apart and unmoved.
+
+So a component's split is always ``split_for`` of its key (under the ratios in force when it
+was first seen), near-duplicates never straddle splits, and adding data never moves an
+image between splits: not test -> train, not any other way. Changing ``split_salt`` starts a
+fresh record (and reshuffles every split): the record is only read when its salt matches.
+Writes are ordered so that a crash anywhere can be re-run: features, then the record, then the
+curated snapshot, then the report rows, JSON report and galleries.
+
+Every dropped or quarantined image is a row of the ``curation_report`` Delta table (reason,
+detail, component, kept representative, label, raw version, config hash, curated version, run
+id), keyed by (raw_version, config_hash, sha256) so a re-run adds nothing; the same rows are in
+the JSON report. fastdup's HTML galleries of the run's duplicates and bad images sit under the
+reports folder and are returned in ``CurateResult.galleries``.
+
+Why pixels are the default embedding (the facts): fastdup ignores images under 10x10 pixels
+and the sample digits are 8x8. Upscaled copies are accepted, but fastdup's built-in model
+saturates on them: on the 1,797 digits (upscaled to 32, 64 or 128 px, with or without
+``high_accuracy``) nearly every k-NN edge scores >= 0.97, thousands of them between different
+digits. The grey pixels at ``feature_size`` px, mean-centred and L2-normalised (cosine = pixel
+correlation, which ignores brightness/contrast shifts and survives JPEG re-encoding at
+~0.996+), give no cross-label pair at 0.97 on the digits. ``embedding: fastdup`` uses fastdup's
+model for real photos.
+
+Outlier defaults, tuned on the exported copies of the 1,797 digits (8x8 upscaled bilinear to
+32x32): their blur is >= 90 (median 247), a Gaussian blur of 0.8 px already gives ~33 and of 1 px
+~15, and a flat image 0, so ``min_blur`` is 50; their mean grey is 54..108, so 10 and 245 only
+catch frames that are (nearly) black or white; ``min_side`` is 8, ingest's own floor, because 8x8
+is simply the size of this dataset (for photos, raise it). The size test uses the decoded size,
+not fastdup's, because fastdup only ever sees the upscaled copy.
 
 Idempotent: the commit carries the raw version and the curation config hash; a re-run with
-both unchanged returns the existing version and commits nothing.
+both unchanged returns the existing version and commits nothing anywhere.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
-import os
-import shutil
-from dataclasses import asdict, dataclass, field
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-from PIL import Image, ImageOps
+import pyarrow.compute as pc
 
 from tasks import lake
+from tasks.curation_features import (
+    FEATURES_SCHEMA,
+    GALLERY_IMAGES,
+    Features,
+    ImageFeatures,
+    UnionFind,
+    clear_dir,
+    compute_features,
+    feature_config,
+    link_similar,
+    load_features,
+    merge_features,
+    store_features,
+    write_galleries,
+)
 from tasks.errors import DataError
-from tasks.images import decode_gray
 from tasks.reports import write_json
-from tasks.settings import Settings
+from tasks.settings import OutlierSettings, Settings
 
 log = logging.getLogger(__name__)
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-FEATURE_SIZE = 8  # px side of the similarity features: the digits' native size (upsampling blurs them together)
-EXPORT_SIZE = 32  # px side of the exported copies: fastdup's galleries skip images under 10x10
-NEIGHBOURS = 16  # fastdup nearest neighbours per image; components only need connectivity
+EMBEDDINGS_TABLE = "curation_embeddings"
+COMPONENTS_TABLE = "curation_components"
+REPORT_TABLE = "curation_report"
 
 CURATED_SCHEMA = pa.schema(
     [
@@ -69,6 +119,33 @@ CURATED_SCHEMA = pa.schema(
         pa.field("height", pa.int32(), nullable=False),
     ]
 )
+
+COMPONENTS_SCHEMA = pa.schema(
+    [
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("component", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("first_raw_version", pa.int64(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),  # the curation that first assigned it
+    ]
+)
+
+REPORT_SCHEMA = pa.schema(
+    [
+        pa.field("raw_version", pa.int64(), nullable=False),
+        pa.field("config_hash", pa.string(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=True),
+        pa.field("component", pa.string(), nullable=False),
+        pa.field("kept_sha256", pa.string(), nullable=True),
+        pa.field("label", pa.string(), nullable=False),
+        pa.field("curated_version", pa.int64(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("logical_date", pa.string(), nullable=False),
+    ]
+)
+_DROP_FIELDS = ("sha256", "reason", "detail", "component", "kept_sha256", "label")
 
 
 class CurationError(DataError, RuntimeError):
@@ -89,18 +166,41 @@ class CurateResult:
     report_path: str
     run_id: str
     logical_date: str
+    galleries: dict[str, str] = field(default_factory=dict)  # name -> fastdup HTML gallery
+    report_table: str = ""
+    components_table: str = ""
+    components_version: int | None = None  # the assignment record this version was curated with
+    embeddings_table: str = ""
+    new_images: int = 0  # images that got their component and split in this curation
+    embedded: int = 0  # images whose features were computed in this curation (the rest were stored)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Assignment:
+    """One row of the assignment record: where an image went when curation first saw it."""
+
+    component: str
+    split: str
+    first_raw_version: int
+    run_id: str
+
+
 @dataclass
 class _Plan:
-    """Everything a curation decides, before anything is written (pure given the raw rows)."""
+    """Everything a curation decides, before anything is written (pure given its inputs)."""
 
     curated: pa.Table
     dropped: list[dict[str, Any]]
-    fastdup: dict[str, Any] = field(default_factory=dict)
+    assignments: dict[str, Assignment]  # the whole record after this curation
+    record_changed: bool
+    new_images: int
+    feature_rows: pa.Table  # features computed now, to store
+    duplicates: list[tuple[str, str, float]] = field(default_factory=list)
+    outliers: list[tuple[str, str, str, ImageFeatures]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -118,217 +218,177 @@ def split_for(component_key: str, salt: str, ratios: dict[str, float]) -> str:
     return SPLITS[-1]  # float rounding when u is just below 1.0
 
 
-def pixel_digest(data: bytes) -> str:
-    """Hash of the decoded pixels plus size: equal for files that differ only in encoding."""
-    with Image.open(io.BytesIO(data)) as img:
-        img = ImageOps.exif_transpose(img)
-        if img.mode in ("1", "L", "LA", "P", "RGB", "RGBA"):
-            img = img.convert("RGBA")  # lossless for these modes, so L and RGB copies of one image match
-        h = hashlib.sha256(f"{img.mode}:{img.size[0]}x{img.size[1]}:".encode())
-        h.update(img.tobytes())
-        return h.hexdigest()
+def outlier_reason(width: int, height: int, stats: ImageFeatures, limits: OutlierSettings) -> tuple[str, str] | None:
+    """(reason, detail) when an image is too small, too dark, too bright or blurry, else None."""
+    if min(width, height) < limits.min_side:
+        return "too_small", f"{width}x{height} has a side below min_side {limits.min_side}"
+    if stats.mean is not None and stats.mean < limits.min_mean:
+        return "too_dark", f"mean {stats.mean:.1f} < min_mean {limits.min_mean:g}"
+    if stats.mean is not None and stats.mean > limits.max_mean:
+        return "too_bright", f"mean {stats.mean:.1f} > max_mean {limits.max_mean:g}"
+    if stats.blur is not None and stats.blur < limits.min_blur:
+        return "blurry", f"blur {stats.blur:.1f} < min_blur {limits.min_blur:g}"
+    return None
 
 
-def feature_vector(data: bytes, size: int = FEATURE_SIZE) -> np.ndarray:
-    """Mean-centred, unit-length grey pixels: cosine similarity = pixel correlation."""
-    x = np.asarray(decode_gray(data, size), dtype=np.float64).ravel()
-    x = x - x.mean()
-    norm = float(np.linalg.norm(x))
-    if norm == 0.0:  # a flat image: similar to other flat images only
-        return np.full(x.shape, 1.0 / np.sqrt(x.size), dtype=np.float32)
-    return (x / norm).astype(np.float32)
+def _drop(row: dict[str, Any], reason: str, component: str, kept: str | None, detail: str | None) -> dict[str, Any]:
+    return {"sha256": row["sha256"], "reason": reason, "component": component, "kept_sha256": kept,
+            "label": row["label"], "detail": detail}
 
 
-class _UnionFind:
-    """Disjoint sets over strings; the smaller key becomes the root, so the result is order-free."""
-
-    def __init__(self, keys: list[str]) -> None:
-        self.parent = {k: k for k in keys}
-
-    def find(self, k: str) -> str:
-        root = k
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[k] != root:
-            self.parent[k], k = root, self.parent[k]
-        return root
-
-    def union(self, a: str, b: str) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            lo, hi = sorted((ra, rb))
-            self.parent[hi] = lo
+# ---------------------------------------------------------------- the assignment record
 
 
-# ---------------------------------------------------------------- fastdup
+def read_assignments(settings: Settings) -> tuple[dict[str, Assignment], int | None]:
+    """The newest assignment record for this salt (empty for another salt), and its version."""
+    uri = settings.table_uri(COMPONENTS_TABLE)
+    version = lake.current_version(uri)
+    if version is None:
+        return {}, None
+    head = next(c for c in lake.history(uri) if c.version == version)
+    if head.metadata.get("split_salt") != settings.curation.split_salt:
+        log.warning("curate: %s was written with another split_salt: starting a fresh assignment record", uri)
+        return {}, version
+    t = lake.read(uri, version).to_pydict()
+    return {
+        s: Assignment(c, sp, int(v), r)
+        for s, c, sp, v, r in zip(t["sha256"], t["component"], t["split"], t["first_raw_version"], t["run_id"])
+    }, version
 
 
-def _run_fastdup(
-    names: list[str], features: np.ndarray, image_dir: Path, work_dir: Path, threshold: float
-) -> tuple[list[tuple[str, str, float]], dict[str, str], dict[str, Any]]:
-    """fastdup's exact k-NN graph over ``features``: (pairs >= threshold, invalid name -> error, paths)."""
-    import fastdup
-    import pandas as pd
-
-    if work_dir.exists():
-        shutil.rmtree(work_dir)  # a crashed earlier attempt must not leak into this one
-    fd = fastdup.create(work_dir=str(work_dir), input_dir=str(image_dir))
-    fd.run(
-        annotations=pd.DataFrame({"filename": names}),
-        embeddings=features,
-        threshold=threshold,
-        cc_threshold=threshold,
-        nearest_neighbors_k=max(1, min(NEIGHBOURS, len(names) - 1)),
-        nnf_mode="Flat",  # exact search: the same input always gives the same pairs
-        distance="cosine",
-        num_threads=min(4, os.cpu_count() or 1),
-        run_stats=False,
-        overwrite=True,
-        verbose=False,
+def _record_table(assignments: dict[str, Assignment]) -> pa.Table:
+    shas = sorted(assignments)
+    rows = [assignments[s] for s in shas]
+    return pa.table(
+        {"sha256": shas, "component": [a.component for a in rows], "split": [a.split for a in rows],
+         "first_raw_version": [a.first_raw_version for a in rows], "run_id": [a.run_id for a in rows]},
+        schema=COMPONENTS_SCHEMA,
     )
-    annot = fd.annotations(valid_only=False)
-    by_index = dict(zip(annot["fd_index"].astype(int), annot["filename"]))
-    invalid_df = fd.invalid_instances()
-    invalid = {} if invalid_df is None else dict(zip(invalid_df["filename"], invalid_df["error_code"].astype(str)))
-    sim = fd.similarity(data=False)
-    pairs: list[tuple[str, str, float]] = []
-    if sim is not None and not sim.empty:
-        for a, b, s in zip(sim["from"].astype(int), sim["to"].astype(int), sim["distance"].astype(float)):
-            if s >= threshold and a != b:
-                pairs.append((by_index[a], by_index[b], s))
-
-    paths: dict[str, Any] = {"work_dir": str(work_dir), "similarity_csv": str(work_dir / "similarity.csv")}
-    paths["galleries"] = _galleries(fd, work_dir / "galleries", has_pairs=bool(pairs))
-    return pairs, invalid, paths
-
-
-def _galleries(fd: Any, folder: Path, has_pairs: bool) -> dict[str, str]:
-    """Best-effort HTML galleries for people; a failure here never fails the curation."""
-    out: dict[str, str] = {}
-    makers = [("outliers", fd.vis.outliers_gallery)]
-    if has_pairs:
-        makers.insert(0, ("duplicates", fd.vis.duplicates_gallery))
-    for name, make in makers:
-        target = folder / name
-        try:
-            target.mkdir(parents=True, exist_ok=True)
-            make(save_path=str(target), num_images=20)
-            html = sorted(target.glob("*.html"))
-            if html:
-                out[name] = str(html[0])
-        except Exception as exc:  # galleries are optional decoration
-            log.warning("curate: fastdup %s gallery failed: %s", name, exc)
-    return out
 
 
 # ---------------------------------------------------------------- planning
 
 
-def _work_dir(settings: Settings, raw_version: int, config_hash: str) -> Path:
-    return settings.reports_path / "curation" / f"raw{raw_version}_{config_hash}"
-
-
-def report_path_for(settings: Settings, raw_version: int, config_hash: str) -> Path:
-    return settings.reports_path / "curation" / f"curation_raw{raw_version}_{config_hash}.json"
-
-
-def _plan(settings: Settings, raw: pa.Table, work: Path) -> _Plan:
-    """Decide what is kept, dropped and where it goes; writes only fastdup's work folder."""
+def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work: Path) -> _Plan:
+    """Decide what is kept, dropped and where it goes; writes only ``work`` (fastdup's folder)."""
     cfg = settings.curation
     rows = sorted(raw.to_pylist(), key=lambda r: r["sha256"])
     by_sha = {r["sha256"]: r for r in rows}
+    config = feature_config(cfg)
+
+    stored = load_features(settings.table_uri(EMBEDDINGS_TABLE), config, set(by_sha))
+    missing = [s for s in by_sha if s not in stored.by_sha]
+    fresh = (compute_features([(s, by_sha[s]["image"]) for s in missing], cfg, work, run_id) if missing
+             else FEATURES_SCHEMA.empty_table())
+    features: Features = merge_features(stored, fresh)
+    record, record_version = read_assignments(settings)
+
     dropped: list[dict[str, Any]] = []
-
-    # Exact duplicates by decoded pixels; one representative per pixel group goes to fastdup.
-    pixel_of: dict[str, str] = {}
-    first_of_pixels: dict[str, str] = {}
-    features: dict[str, np.ndarray] = {}
-    for r in rows:
-        try:
-            digest = pixel_digest(r["image"])
-            vec = feature_vector(r["image"])
-        except Exception as exc:  # ingest decoded it once; a failure now is still recorded, not fatal
-            dropped.append(_drop(r, "undecodable", r["sha256"], None, f"decode failed: {exc}"))
+    outliers: list[tuple[str, str, str, ImageFeatures]] = []
+    eligible: list[str] = []
+    for sha, r in by_sha.items():
+        f = features.by_sha[sha]
+        home = record[sha].component if sha in record else sha  # bad images are not grouped
+        if f.error is not None:
+            reason = "undecodable" if f.error.startswith("undecodable") else "fastdup_invalid"
+            dropped.append(_drop(r, reason, home, None, f.error))
             continue
-        pixel_of[r["sha256"]] = digest
-        if digest not in first_of_pixels:
-            first_of_pixels[digest] = r["sha256"]
-            features[r["sha256"]] = vec
+        bad = outlier_reason(int(r["width"]), int(r["height"]), f, cfg.outliers)
+        if bad is not None:
+            dropped.append(_drop(r, bad[0], home, None, bad[1]))
+            outliers.append((sha, bad[0], bad[1], f))
+            continue
+        eligible.append(sha)
 
-    uf = _UnionFind(list(pixel_of))
-    for sha, digest in pixel_of.items():
-        uf.union(sha, first_of_pixels[digest])
+    # Graph over eligible images: recorded components as they are, plus edges from unrecorded images.
+    pos = {sha: i for i, sha in enumerate(eligible)}  # eligible is sorted: the root is the smallest sha256
+    sets = UnionFind(len(eligible))
+    first_of_component: dict[str, int] = {}
+    for sha in eligible:
+        if sha in record:
+            sets.union(pos[sha], first_of_component.setdefault(record[sha].component, pos[sha]))
+    pending = [pos[s] for s in eligible if s not in record]
+    first_of_pixels: dict[str, int] = {}
+    for sha in eligible:
+        first_of_pixels.setdefault(features.by_sha[sha].pixel_digest or sha, pos[sha])
+    for i in pending:
+        sets.union(i, first_of_pixels[features.by_sha[eligible[i]].pixel_digest or eligible[i]])
+    matrix = features.matrix[[features.row_of[s] for s in eligible]] if eligible else features.matrix[:0]
+    found, best = link_similar(matrix, pending, cfg.near_duplicate_threshold, sets)
+    duplicates = [(eligible[a], eligible[b], s) for a, b, s in best]
 
-    unique = sorted(features)
-    fastdup_info: dict[str, Any] = {"inputs": len(unique), "pairs_at_or_above_threshold": 0}
-    invalid: dict[str, str] = {}
-    if len(unique) >= 2:
-        image_dir = work / "images"
-        if image_dir.exists():
-            shutil.rmtree(image_dir)
-        image_dir.mkdir(parents=True)
-        for sha in unique:
-            decode_gray(by_sha[sha]["image"], EXPORT_SIZE).save(image_dir / f"{sha}.png")
-        names = [str(image_dir / f"{sha}.png") for sha in unique]  # absolute: fastdup's galleries need them
-        pairs, invalid_files, paths = _run_fastdup(
-            names, np.stack([features[s] for s in unique]), image_dir, work / "fastdup", cfg.near_duplicate_threshold
-        )
-        for a, b, _ in pairs:
-            uf.union(Path(a).stem, Path(b).stem)
-        invalid = {Path(name).stem: code for name, code in invalid_files.items()}
-        fastdup_info.update(paths, images_dir=str(image_dir))
-        fastdup_info["pairs_at_or_above_threshold"] = len({tuple(sorted((a, b))) for a, b, _ in pairs})
+    members: dict[int, list[str]] = {}
+    for sha in eligible:
+        members.setdefault(sets.find(pos[sha]), []).append(sha)
 
-    # Components: the key is the smallest sha256 (the union-find root by construction).
-    members: dict[str, list[str]] = {}
-    for sha in pixel_of:
-        members.setdefault(uf.find(sha), []).append(sha)
+    assignments = dict(record)
+    renamed: dict[str, str] = {}
+    groups: dict[str, list[str]] = {}  # final component key -> eligible members
+    new_images = 0
+    for group in members.values():
+        recorded = sorted({record[s].component for s in group if s in record})
+        split_of = {record[s].component: record[s].split for s in group if s in record}
+        newcomers = [s for s in group if s not in record]
+        if len(set(split_of.values())) > 1:
+            named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
+            more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
+            detail = f"would join recorded components {named}{more} in different splits"
+            dropped.extend(_drop(by_sha[s], "split_bridge", recorded[0], None, detail) for s in newcomers)
+            for s in group:
+                if s in record:
+                    groups.setdefault(record[s].component, []).append(s)
+            continue
+        key = recorded[0] if recorded else min(group)
+        split = split_of[key] if recorded else split_for(key, cfg.split_salt, dict(cfg.split_ratios))
+        for other in recorded[1:]:
+            renamed[other] = key
+        for s in newcomers:
+            assignments[s] = Assignment(key, split, raw_version, run_id)
+            new_images += 1
+        groups[key] = group
+    if renamed:  # a merge relabels every recorded member, also those outside this raw version
+        assignments = {s: replace(a, component=renamed.get(a.component, a.component)) for s, a in assignments.items()}
 
     kept_rows: list[dict[str, Any]] = []
-    for key in sorted(members):
-        group = sorted(members[key])
-        bad = [s for s in group if first_of_pixels[pixel_of[s]] in invalid]  # fastdup saw the group's first
-        for s in bad:
-            dropped.append(_drop(by_sha[s], "fastdup_invalid", key, None, invalid[first_of_pixels[pixel_of[s]]]))
-        group = [s for s in group if s not in bad]
-        if not group:
-            continue
+    for key in sorted(groups):
+        group = sorted(groups[key])
         labels = {by_sha[s]["label"] for s in group}
         if len(labels) > 1:
             detail = f"labels {sorted(labels)} in one component of {len(group)}"
             dropped.extend(_drop(by_sha[s], "label_conflict", key, None, detail) for s in group)
             continue
-        rep = group[0]  # documented rule: the lexicographically smallest sha256 survives
-        for s in group[1:]:
-            reason = "exact_duplicate" if pixel_of[s] == pixel_of[rep] else "near_duplicate"
-            dropped.append(_drop(by_sha[s], reason, key, rep, None))
+        rep = min(group, key=lambda s: (assignments[s].first_raw_version, s))
+        for s in group:
+            if s == rep:
+                continue
+            same = features.by_sha[s].pixel_digest == features.by_sha[rep].pixel_digest
+            dropped.append(_drop(by_sha[s], "exact_duplicate" if same else "near_duplicate", key, rep, None))
         r = by_sha[rep]
-        kept_rows.append(
-            {
-                "sha256": rep,
-                "image": r["image"],
-                "label": r["label"],
-                "split": split_for(key, cfg.split_salt, dict(cfg.split_ratios)),
-                "component": key,
-                "width": int(r["width"]),
-                "height": int(r["height"]),
-            }
-        )
+        kept_rows.append({"sha256": rep, "image": r["image"], "label": r["label"], "split": assignments[rep].split,
+                          "component": key, "width": int(r["width"]), "height": int(r["height"])})
 
     kept_rows.sort(key=lambda r: r["sha256"])
     dropped.sort(key=lambda d: (d["component"], d["sha256"]))
-    return _Plan(pa.Table.from_pylist(kept_rows, schema=CURATED_SCHEMA), dropped, fastdup_info)
-
-
-def _drop(row: dict[str, Any], reason: str, component: str, kept: str | None, detail: str | None) -> dict[str, Any]:
-    return {
-        "sha256": row["sha256"],
-        "reason": reason,
-        "component": component,
-        "kept_sha256": kept,
-        "label": row["label"],
-        "detail": detail,
+    outliers.sort(key=lambda o: (o[1], o[3].blur if o[1] == "blurry" else o[3].mean or 0.0, o[0]))
+    info = {
+        "features": {"config": config, "method": cfg.embedding, "computed": fresh.num_rows,
+                     "stored_before": len(stored.by_sha)},
+        "similarity": {"queries": len(pending), "corpus": len(eligible), "pairs_at_or_above_threshold": found,
+                       "search": "exact cosine, new images against all eligible images (numpy)"},
+        "assignments": {"table": settings.table_uri(COMPONENTS_TABLE), "read_version": record_version,
+                        "recorded_before": len(record), "new": new_images, "merged_keys": len(renamed)},
     }
+    return _Plan(
+        curated=pa.Table.from_pylist(kept_rows, schema=CURATED_SCHEMA),
+        dropped=dropped,
+        assignments=assignments,
+        record_changed=new_images > 0 or bool(renamed),
+        new_images=new_images,
+        feature_rows=fresh,
+        duplicates=duplicates,
+        outliers=outliers,
+        info=info,
+    )
 
 
 # ---------------------------------------------------------------- counts and report
@@ -357,6 +417,82 @@ def _read_raw(settings: Settings, raw_version: int) -> pa.Table:
     return raw
 
 
+def _run_dir(settings: Settings, raw_version: int, config_hash: str) -> Path:
+    return settings.reports_path / "curation" / f"raw{raw_version}_{config_hash}"
+
+
+def report_path_for(settings: Settings, raw_version: int, config_hash: str) -> Path:
+    return settings.reports_path / "curation" / f"curation_raw{raw_version}_{config_hash}.json"
+
+
+def _write_report_rows(
+    settings: Settings, raw_version: int, config_hash: str, curated_version: int, dropped: list[dict[str, Any]],
+    run_id: str, logical: str,
+) -> None:
+    """One row per dropped image, keyed by (raw_version, config_hash, sha256): a re-run adds nothing."""
+    rows = [{**{k: d[k] for k in _DROP_FIELDS}, "raw_version": raw_version, "config_hash": config_hash,
+             "curated_version": curated_version, "run_id": run_id, "logical_date": logical} for d in dropped]
+    metadata = {"run_id": run_id, "logical_date": logical, "step": "curate_report", "raw_version": str(raw_version),
+                "config_hash": config_hash, "curated_version": str(curated_version)}
+    lake.merge_new_rows(settings.table_uri(REPORT_TABLE), pa.Table.from_pylist(rows, schema=REPORT_SCHEMA),
+                        ["raw_version", "config_hash", "sha256"], metadata)
+
+
+def _stored_report_rows(settings: Settings, raw_version: int, config_hash: str) -> list[dict[str, Any]] | None:
+    uri = settings.table_uri(REPORT_TABLE)
+    version = lake.current_version(uri)
+    if version is None:
+        return None
+    t = lake.read(uri, version, columns=list(_DROP_FIELDS),
+                  filter=[("raw_version", "=", raw_version), ("config_hash", "=", config_hash)])
+    return sorted(t.to_pylist(), key=lambda d: (d["component"], d["sha256"]))
+
+
+def _existing_galleries(settings: Settings, raw_version: int, config_hash: str) -> dict[str, str]:
+    folder = _run_dir(settings, raw_version, config_hash) / "galleries"
+    if not folder.exists():
+        return {}
+    return {p.parent.name: str(p) for p in sorted(folder.glob("*/*.html"))}
+
+
+def _report_body(
+    settings: Settings, raw_version: int, config_hash: str, version: int, curated: pa.Table,
+    dropped: list[dict[str, Any]], metadata: dict[str, Any], extra: dict[str, Any],
+) -> dict[str, Any]:
+    by_split, by_label = _counts(curated)
+    return {
+        "step": "curate",
+        "raw_table": settings.raw_table,
+        "raw_version": raw_version,
+        "curated_table": settings.curated_table,
+        "curated_version": version,
+        "report_table": settings.table_uri(REPORT_TABLE),
+        "config_hash": config_hash,
+        "curation": settings.curation.model_dump(mode="json"),
+        "run_id": metadata.get("run_id"),
+        "logical_date": metadata.get("logical_date"),
+        "rules": {
+            "order": "no features > bad image (too_small, too_dark, too_bright, blurry) > split_bridge > "
+                     "label_conflict > duplicate",
+            "representative": "the member first assigned to the component (lowest first_raw_version), "
+                              "then the smallest sha256",
+            "component_key": "recorded in curation_components when first seen; a new component: its smallest sha256",
+            "label_conflict": "a component whose members disagree on the label is quarantined whole",
+            "split": "recorded split of the component; a new component: sha256(f'{split_salt}:{key}') as a "
+                     "fraction of 2**256, cut by split_ratios",
+            "split_bridge": "a new image that would join recorded components of different splits is quarantined",
+            "similarity": f"cosine of {settings.curation.embedding} embeddings >= "
+                          f"{settings.curation.near_duplicate_threshold}, or identical decoded pixels",
+        },
+        "kept": curated.num_rows,
+        "counts_by_split": by_split,
+        "counts_by_split_and_label": by_label,
+        "dropped_by_reason": _reasons(dropped),
+        "dropped": dropped,
+        **extra,
+    }
+
+
 # ---------------------------------------------------------------- entry point
 
 
@@ -364,82 +500,126 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     """Curate ``raw_version`` exactly (never "latest"); reuse an identical earlier curation."""
     logical = lake.normalise_logical_date(logical_date)
     config_hash = settings.section_hash("curation")
-    curated_uri, raw_uri = settings.curated_table, settings.raw_table
-    report = report_path_for(settings, raw_version, config_hash)
-    work = _work_dir(settings, raw_version, config_hash)
-
-    prior = lake.find_commit(curated_uri, raw_version=str(raw_version), config_hash=config_hash, step="curate")
+    prior = lake.find_commit(settings.curated_table, raw_version=str(raw_version), config_hash=config_hash,
+                             step="curate")
     if prior is not None:
-        if not report.exists():  # reports folder wiped: the plan is deterministic, so rebuild it
-            plan = _plan(settings, _read_raw(settings, raw_version), work)
-            write_json(report, _report_body(settings, raw_version, config_hash, prior.version, plan, prior.metadata))
-        table = lake.read(curated_uri, prior.version, columns=["sha256", "label", "split"])
-        by_split, by_label = _counts(table)
-        stored = json.loads(prior.metadata.get("dropped_by_reason", "null") or "null")
-        if stored is None:
-            stored = _reasons(json.loads(report.read_text())["dropped"])
-        result = CurateResult(
-            curated_table=curated_uri, curated_version=prior.version, raw_table=raw_uri, raw_version=raw_version,
-            committed=False, kept=table.num_rows, counts_by_split=by_split, counts_by_split_and_label=by_label,
-            dropped_by_reason=stored, report_path=str(report), run_id=run_id, logical_date=logical,
-        )
-        log.info("curate: reusing %s version %d for raw version %d", curated_uri, prior.version, raw_version)
-        return result
+        return _reuse(settings, raw_version, config_hash, prior, run_id, logical)
 
-    plan = _plan(settings, _read_raw(settings, raw_version), work)
+    curated_uri, raw_uri = settings.curated_table, settings.raw_table
+    raw = _read_raw(settings, raw_version)
+    plan = _plan_in_workdir(settings, raw, raw_version, run_id)
+    base_meta = {"run_id": run_id, "logical_date": logical, "raw_version": str(raw_version),
+                 "config_hash": config_hash}
+    if plan.feature_rows.num_rows:
+        store_features(settings.table_uri(EMBEDDINGS_TABLE), plan.feature_rows,
+                       {**base_meta, "step": "curate_features", "feature_config": feature_config(settings.curation)})
     if plan.curated.num_rows == 0:
         raise CurationError(
             f"curating {raw_uri} version {raw_version} dropped every image ({_reasons(plan.dropped)}): nothing to write"
         )
+    components_uri = settings.table_uri(COMPONENTS_TABLE)
+    components_version = lake.current_version(components_uri)
+    if plan.record_changed:  # before the snapshot: a retry after a crash re-plans against this record
+        components_version = lake.overwrite(
+            components_uri, _record_table(plan.assignments),
+            {**base_meta, "step": "curate_components", "split_salt": settings.curation.split_salt,
+             "new_images": plan.new_images},
+        )
     reasons = _reasons(plan.dropped)
     metadata = {
-        "run_id": run_id,
-        "logical_date": logical,
+        **base_meta,
         "raw_table": raw_uri,
-        "raw_version": str(raw_version),
-        "config_hash": config_hash,
         "step": "curate",
         "kept": plan.curated.num_rows,
         "dropped": len(plan.dropped),
         "dropped_by_reason": json.dumps(reasons, sort_keys=True),
+        "components_version": str(components_version),
+        "new_images": plan.new_images,
+        "embedded": plan.feature_rows.num_rows,
     }
     version = lake.overwrite(curated_uri, plan.curated, metadata, configuration=lake.stats_columns_config(CURATED_SCHEMA))
-    write_json(report, _report_body(settings, raw_version, config_hash, version, plan, metadata))
+    _write_report_rows(settings, raw_version, config_hash, version, plan.dropped, run_id, logical)
+    shown = raw.filter(pc.is_in(raw.column("sha256"), value_set=pa.array(sorted(_gallery_shas(plan)), pa.string())))
+    images = dict(zip(shown.column("sha256").to_pylist(), shown.column("image").to_pylist()))
+    labels = dict(zip(raw.column("sha256").to_pylist(), raw.column("label").to_pylist()))
+    galleries = write_galleries(_run_dir(settings, raw_version, config_hash) / "galleries", plan.duplicates,
+                                plan.outliers, images, labels)
+    report = report_path_for(settings, raw_version, config_hash)
+    write_json(report, _report_body(settings, raw_version, config_hash, version, plan.curated, plan.dropped, metadata,
+                                    {**plan.info, "galleries": galleries, "components_version": components_version}))
     by_split, by_label = _counts(plan.curated)
     result = CurateResult(
         curated_table=curated_uri, curated_version=version, raw_table=raw_uri, raw_version=raw_version,
         committed=True, kept=plan.curated.num_rows, counts_by_split=by_split, counts_by_split_and_label=by_label,
         dropped_by_reason=reasons, report_path=str(report), run_id=run_id, logical_date=logical,
+        galleries=galleries, report_table=settings.table_uri(REPORT_TABLE), components_table=components_uri,
+        components_version=components_version, embeddings_table=settings.table_uri(EMBEDDINGS_TABLE),
+        new_images=plan.new_images, embedded=plan.feature_rows.num_rows,
     )
-    log.info("curate: %s", result)
+    _log_result(result)
     return result
 
 
-def _report_body(
-    settings: Settings, raw_version: int, config_hash: str, version: int, plan: _Plan, metadata: dict[str, Any]
-) -> dict[str, Any]:
-    by_split, by_label = _counts(plan.curated)
-    return {
-        "step": "curate",
-        "raw_table": settings.raw_table,
-        "raw_version": raw_version,
-        "curated_table": settings.curated_table,
-        "curated_version": version,
-        "config_hash": config_hash,
-        "curation": settings.curation.model_dump(mode="json"),
-        "run_id": metadata.get("run_id"),
-        "logical_date": metadata.get("logical_date"),
-        "rules": {
-            "representative": "lexicographically smallest sha256 in the component",
-            "component_key": "smallest sha256 in the component",
-            "label_conflict": "a component whose members disagree on the label is dropped whole",
-            "split": "sha256(f'{split_salt}:{component_key}') as a fraction of 2**256, cut by split_ratios",
-            "similarity": f"cosine of mean-centred {FEATURE_SIZE}x{FEATURE_SIZE} grey pixels, fastdup Flat k-NN",
-        },
-        "kept": plan.curated.num_rows,
-        "counts_by_split": by_split,
-        "counts_by_split_and_label": by_label,
-        "dropped_by_reason": _reasons(plan.dropped),
-        "dropped": plan.dropped,
-        "fastdup": plan.fastdup,
-    }
+def _plan_in_workdir(settings: Settings, raw: pa.Table, raw_version: int, run_id: str) -> _Plan:
+    """Plan with fastdup's exported copies in a private folder that never outlives the call."""
+    parent = settings.reports_path / "curation"
+    parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".work-", dir=parent))
+    try:
+        return _plan(settings, raw, raw_version, run_id, work)
+    finally:
+        clear_dir(work)
+
+
+def _gallery_shas(plan: _Plan) -> set[str]:
+    shas = {s for a, b, _ in plan.duplicates[:GALLERY_IMAGES] for s in (a, b)}
+    return shas | {o[0] for o in plan.outliers}
+
+
+def _reuse(
+    settings: Settings, raw_version: int, config_hash: str, prior: lake.Commit, run_id: str, logical: str
+) -> CurateResult:
+    """The answer of the curation that already ran; its report is rebuilt if it went missing."""
+    curated_uri = settings.curated_table
+    table = lake.read(curated_uri, prior.version, columns=["sha256", "label", "split"])
+    report = report_path_for(settings, raw_version, config_hash)
+    stored = _stored_report_rows(settings, raw_version, config_hash)
+    if not stored and int(prior.metadata.get("dropped", "0")) > 0:
+        # Crashed between the snapshot and its report rows: re-plan (features are stored) and record them.
+        raw = _read_raw(settings, raw_version)
+        plan = _plan_in_workdir(settings, raw, raw_version, prior.metadata.get("run_id", run_id))
+        _write_report_rows(settings, raw_version, config_hash, prior.version, plan.dropped,
+                           prior.metadata.get("run_id", run_id), prior.metadata.get("logical_date", logical))
+        if plan.feature_rows.num_rows:
+            store_features(settings.table_uri(EMBEDDINGS_TABLE), plan.feature_rows,
+                           {"run_id": run_id, "logical_date": logical, "step": "curate_features"})
+        stored = plan.dropped
+    dropped = stored or []
+    galleries = _existing_galleries(settings, raw_version, config_hash)
+    if not report.exists():  # reports folder wiped: the Delta report is the record, the JSON its copy
+        write_json(report, _report_body(settings, raw_version, config_hash, prior.version, table, dropped,
+                                        prior.metadata, {"galleries": galleries, "rebuilt_from": REPORT_TABLE}))
+    by_split, by_label = _counts(table)
+    reasons = json.loads(prior.metadata.get("dropped_by_reason", "null") or "null") or _reasons(dropped)
+    components_version = prior.metadata.get("components_version")
+    result = CurateResult(
+        curated_table=curated_uri, curated_version=prior.version, raw_table=settings.raw_table,
+        raw_version=raw_version, committed=False, kept=table.num_rows, counts_by_split=by_split,
+        counts_by_split_and_label=by_label, dropped_by_reason=reasons, report_path=str(report), run_id=run_id,
+        logical_date=logical, galleries=galleries, report_table=settings.table_uri(REPORT_TABLE),
+        components_table=settings.table_uri(COMPONENTS_TABLE),
+        components_version=int(components_version) if components_version not in (None, "None") else None,
+        embeddings_table=settings.table_uri(EMBEDDINGS_TABLE),
+        new_images=int(prior.metadata.get("new_images", "0")), embedded=int(prior.metadata.get("embedded", "0")),
+    )
+    log.info("curate: reusing %s version %d for raw version %d", curated_uri, prior.version, raw_version)
+    _log_result(result)
+    return result
+
+
+def _log_result(result: CurateResult) -> None:
+    log.info("curate: %s v%d kept %d %s, dropped %s", result.curated_table, result.curated_version, result.kept,
+             result.counts_by_split, result.dropped_by_reason)
+    log.info("curate: report %s (table %s)", result.report_path, result.report_table)
+    for name, path in result.galleries.items():
+        log.info("curate: fastdup gallery %s: %s", name, path)

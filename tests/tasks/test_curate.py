@@ -1,4 +1,4 @@
-"""Curation on real digits with planted duplicates and conflicts; fastdup runs for real."""
+"""Curation of one batch: real digits with planted near-duplicates, conflicts and bad images; fastdup runs for real."""
 
 import hashlib
 import io
@@ -7,146 +7,237 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from PIL import Image, ImageEnhance
+from PIL import Image, ImageEnhance, ImageFilter
 
 from tasks import lake
-from tasks.curate import CURATED_SCHEMA, CurationError, curate, split_for
+from tasks.curate import (
+    COMPONENTS_TABLE,
+    CURATED_SCHEMA,
+    EMBEDDINGS_TABLE,
+    REPORT_SCHEMA,
+    REPORT_TABLE,
+    CurationError,
+    curate,
+    outlier_reason,
+    split_for,
+)
+from tasks.curation_features import ImageFeatures
 from tasks.ingest import RAW_SCHEMA, ingest_landing
 from tasks.sample_data import digits_arrays, write_digits
+from tasks.settings import OutlierSettings
 
 IMAGES, LABELS = digits_arrays()
+BAD_REASONS = {"too_small", "too_dark", "too_bright", "blurry"}
 
 
-def _encode(img: Image.Image, fmt: str, **kw) -> bytes:
+def encode(img: Image.Image, fmt: str, **kw) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format=fmt, **kw)
     return buf.getvalue()
 
 
-def _digit(i: int) -> Image.Image:
+def digit(i: int) -> Image.Image:
     return Image.fromarray(IMAGES[i], mode="L")
 
 
-def _sha(data: bytes) -> str:
+def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _plant(landing: Path, name: str, label: int, data: bytes) -> str:
+def plant(landing: Path, name: str, label: int, data: bytes) -> str:
     (landing / str(label)).mkdir(parents=True, exist_ok=True)
     (landing / str(label) / name).write_bytes(data)
-    return _sha(data)
+    return sha(data)
 
 
-def _outcome(result) -> dict[str, dict]:
-    """sha256 -> {"kept": bool, "component": ..., "reason": ..., "split": ...} from table and report."""
+def original(landing: Path, i: int) -> bytes:
+    return (landing / str(LABELS[i]) / f"digit_{i:04d}.png").read_bytes()
+
+
+def near_copies(i: int) -> dict[str, bytes]:
+    """The same digit resized (bicubic, 32 px), re-encoded as JPEG and slightly brightened."""
+    return {
+        "resized": encode(digit(i).resize((32, 32), Image.BICUBIC), "PNG"),
+        "jpeg": encode(digit(i), "JPEG", quality=90),
+        "bright": encode(ImageEnhance.Brightness(digit(i)).enhance(1.15), "PNG"),
+    }
+
+
+def components(settings, version: int) -> dict[str, dict]:
+    """sha256 -> assignment row of the curation_components table at ``version``."""
+    return {r["sha256"]: r for r in lake.read(settings.table_uri(COMPONENTS_TABLE), version).to_pylist()}
+
+
+def outcome(settings, result) -> dict[str, dict]:
+    """sha256 -> {"kept", "component", "split", "reason", "kept_sha256"} from the snapshot and the report table."""
     table = lake.read(result.curated_table, result.curated_version).to_pylist()
-    out = {r["sha256"]: {"kept": True, "component": r["component"], "split": r["split"], "reason": None} for r in table}
-    for d in json.loads(Path(result.report_path).read_text())["dropped"]:
-        out[d["sha256"]] = {"kept": False, "component": d["component"], "split": None, "reason": d["reason"]}
+    out = {r["sha256"]: {"kept": True, "component": r["component"], "split": r["split"], "reason": None,
+                         "kept_sha256": None} for r in table}
+    uri = settings.table_uri(REPORT_TABLE)
+    rows = lake.read(uri, lake.current_version(uri), filter=[("curated_version", "=", result.curated_version)])
+    for d in rows.to_pylist():
+        assert d["sha256"] not in out, d
+        out[d["sha256"]] = {"kept": False, "component": d["component"], "split": None, "reason": d["reason"],
+                            "kept_sha256": d["kept_sha256"]}
     return out
 
 
-def test_planted_duplicates_collapse_conflicts_drop_and_rerun_is_a_no_op(settings, tmp_path):
+def versions(settings) -> dict[str, int | None]:
+    names = ("curated_images", COMPONENTS_TABLE, REPORT_TABLE, EMBEDDINGS_TABLE)
+    return {n: lake.current_version(settings.table_uri(n)) for n in names}
+
+
+def test_planted_duplicates_conflicts_and_bad_images(settings, tmp_path):
     landing = tmp_path / "landing"
     write_digits(landing, limit=200)
-    original = lambda i: (landing / str(LABELS[i]) / f"digit_{i:04d}.png").read_bytes()  # noqa: E731
+    cfg = settings.curation
+    ratios = dict(cfg.split_ratios)
 
-    # Near-duplicates of digit 5 under its own label: a JPEG re-encode and a brightened copy.
-    dup_family = {_sha(original(5))}
-    dup_family.add(_plant(landing, "five_again.jpg", LABELS[5], _encode(_digit(5), "JPEG", quality=90)))
-    dup_family.add(_plant(landing, "five_bright.png", LABELS[5], _encode(ImageEnhance.Brightness(_digit(5)).enhance(1.15), "PNG")))
+    # Near-copy families whose members, if each were its own component, would land in different splits.
+    families: list[set[str]] = []
+    for i in range(20, 200):
+        copies = near_copies(i)
+        family = {sha(original(landing, i))} | {sha(d) for d in copies.values()}
+        if len({split_for(s, cfg.split_salt, ratios) for s in family}) > 1:
+            for kind, data in copies.items():
+                plant(landing, f"digit_{i}_{kind}.{'jpg' if kind == 'jpeg' else 'png'}", LABELS[i], data)
+            families.append(family)
+        if len(families) == 3:
+            break
+    assert len(families) == 3
     # Same pixels, other bytes (another zlib level): an exact duplicate the raw key cannot see.
-    resaved = _encode(_digit(11), "PNG", compress_level=1)
-    assert resaved != original(11)
-    exact = _plant(landing, "eleven_resaved.png", LABELS[11], resaved)
-    # A near-identical copy of digit 7 filed under another label: the whole component must go.
+    resaved = encode(digit(11), "PNG", compress_level=1)
+    assert resaved != original(landing, 11)
+    exact = plant(landing, "eleven_resaved.png", LABELS[11], resaved)
+    # A near-identical copy of digit 7 filed under another label: the whole component is quarantined.
     wrong = (LABELS[7] + 1) % 10
-    conflict = {_sha(original(7)), _plant(landing, "seven_as_other.png", wrong, _encode(ImageEnhance.Brightness(_digit(7)).enhance(1.1), "PNG"))}
+    bright7 = encode(ImageEnhance.Brightness(digit(7)).enhance(1.1), "PNG")
+    conflict = {sha(original(landing, 7)), plant(landing, "seven_as_other.png", wrong, bright7)}
+    # Bad images: all black, all white, a blurred digit.
+    black = plant(landing, "black.png", 0, encode(Image.new("L", (8, 8), 0), "PNG"))
+    white = plant(landing, "white.png", 1, encode(Image.new("L", (8, 8), 255), "PNG"))
+    blurred = plant(landing, "blurred.png", LABELS[3], encode(digit(3).filter(ImageFilter.GaussianBlur(1)), "PNG"))
+    total = 200 + 9 + 1 + 1 + 3
 
     ingested = ingest_landing(settings, run_id="ing", logical_date="2026-11-21", landing=landing)
-    assert ingested.inserted == 204
+    assert ingested.inserted == total
     result = curate(settings, ingested.raw_version, run_id="cur-1", logical_date="2026-11-21")
     assert result.committed and result.raw_version == ingested.raw_version
-    outcome = _outcome(result)
-    assert len(outcome) == 204 and result.kept + sum(result.dropped_by_reason.values()) == 204
+    assert result.embedded == total and result.new_images == total - 3  # bad images get no component
+    out = outcome(settings, result)
+    assert len(out) == total and result.kept + sum(result.dropped_by_reason.values()) == total
 
-    family = [outcome[s] for s in dup_family]
-    assert len({o["component"] for o in family}) == 1, family
-    assert sum(o["kept"] for o in family) == 1
-    assert {o["reason"] for o in family if not o["kept"]} == {"near_duplicate"}
+    record = components(settings, result.components_version)
+    for family in families:
+        members = [out[s] for s in family]
+        assert len({o["component"] for o in members}) == 1, members
+        assert len({record[s]["split"] for s in family}) == 1  # one split for the whole group
+        kept = [s for s in family if out[s]["kept"]]
+        assert kept == [min(family)]  # all first seen together: the smallest sha256 represents them
+        assert {out[s]["reason"] for s in family - set(kept)} == {"near_duplicate"}
+        assert {out[s]["kept_sha256"] for s in family - set(kept)} == set(kept)
 
-    pair = [outcome[exact], outcome[_sha(original(11))]]  # digit 11 has no near-duplicate of its own
+    pair = [out[exact], out[sha(original(landing, 11))]]
     assert pair[0]["component"] == pair[1]["component"]
     assert sorted((o["kept"], o["reason"]) for o in pair) == [(False, "exact_duplicate"), (True, None)]
 
-    assert all(outcome[s]["reason"] == "label_conflict" for s in conflict)
-    assert len({outcome[s]["component"] for s in conflict}) == 1
+    assert all(out[s]["reason"] == "label_conflict" for s in conflict)
+    assert len({out[s]["component"] for s in conflict}) == 1
+
+    assert (out[black]["reason"], out[white]["reason"], out[blurred]["reason"]) == ("too_dark", "too_bright", "blurry")
+    assert all(s not in record for s in (black, white, blurred))
 
     table = lake.read(settings.curated_table, result.curated_version)
     assert [(f.name, f.type) for f in table.schema] == [(f.name, f.type) for f in CURATED_SCHEMA]
     rows = table.to_pylist()
     assert [r["sha256"] for r in rows] == sorted(r["sha256"] for r in rows)
-    # No component straddles splits, and each split is the pure function of the component key.
-    cfg = settings.curation
     split_of_component: dict[str, set] = {}
-    for r in rows:
+    for r in rows:  # no component straddles splits, and each split is the pure function of the component key
         split_of_component.setdefault(r["component"], set()).add(r["split"])
-        assert r["split"] == split_for(r["component"], cfg.split_salt, dict(cfg.split_ratios))
+        assert r["split"] == split_for(r["component"], cfg.split_salt, ratios) == record[r["sha256"]]["split"]
     assert all(len(s) == 1 for s in split_of_component.values())
     assert sum(result.counts_by_split.values()) == result.kept == len(rows)
 
+    # The report: a Delta table row per dropped image, and the same rows in the JSON report.
+    report_rows = lake.read(result.report_table, lake.current_version(result.report_table)).to_pylist()
+    assert [(f.name, f.type) for f in lake.read(result.report_table, 0).schema] == [(f.name, f.type) for f in REPORT_SCHEMA]
+    assert len(report_rows) == sum(result.dropped_by_reason.values())
+    config_hash = settings.section_hash("curation")
+    assert all((r["raw_version"], r["config_hash"], r["curated_version"], r["run_id"])
+               == (ingested.raw_version, config_hash, result.curated_version, "cur-1") for r in report_rows)
     report = json.loads(Path(result.report_path).read_text())
-    assert Path(report["fastdup"]["similarity_csv"]).is_file()
-    assert report["curated_version"] == result.curated_version
+    assert sorted(d["sha256"] for d in report["dropped"]) == sorted(r["sha256"] for r in report_rows)
+    assert report["curated_version"] == result.curated_version and report["features"]["computed"] == total
+
+    # fastdup's galleries are run artefacts under the reports folder.
+    assert {"duplicates", "outliers_blurry", "outliers_too_dark", "outliers_too_bright"} <= set(result.galleries)
+    for path in result.galleries.values():
+        assert Path(path).is_file() and Path(path).is_relative_to(settings.reports_path)
+        assert Path(path).stat().st_size > 1000
+    leftovers = [p for p in (settings.reports_path / "curation").iterdir() if p.name.startswith(".work-")]
+    assert leftovers == []
+
+    embeddings = lake.read(result.embeddings_table, lake.current_version(result.embeddings_table)).to_pylist()
+    assert len(embeddings) == total and {e["method"] for e in embeddings} == {"pixels"}
+    assert {len(e["embedding"]) for e in embeddings} == {cfg.feature_size**2}
 
     commit = lake.find_commit(settings.curated_table, raw_version=str(ingested.raw_version), step="curate")
-    assert commit is not None and commit.metadata["config_hash"] == settings.section_hash("curation")
+    assert commit is not None and commit.metadata["config_hash"] == config_hash
     assert commit.metadata["run_id"] == "cur-1" and commit.metadata["kept"] == str(result.kept)
 
-    # Re-run (even with the report gone): same version, no new commit, same answer.
-    before = lake.current_version(settings.curated_table)
+    # Re-run (even with the report and galleries gone): nothing is written anywhere, same answer.
+    before = versions(settings)
     Path(result.report_path).unlink()
     again = curate(settings, ingested.raw_version, run_id="cur-2", logical_date="2026-11-21")
     assert not again.committed and again.curated_version == result.curated_version
-    assert lake.current_version(settings.curated_table) == before
+    assert versions(settings) == before
     assert Path(again.report_path).is_file()
+    assert sorted(d["sha256"] for d in json.loads(Path(again.report_path).read_text())["dropped"]) == sorted(
+        r["sha256"] for r in report_rows
+    )
     same = {k: v for k, v in again.to_dict().items() if k not in ("committed", "run_id")}
     assert same == {k: v for k, v in result.to_dict().items() if k not in ("committed", "run_id")}
 
 
-def test_split_is_stable_when_new_images_arrive(settings, tmp_path):
-    landing = tmp_path / "landing"
-    write_digits(landing, limit=120)
-    first_raw = ingest_landing(settings, run_id="i1", logical_date="2026-11-21", landing=landing).raw_version
-    first = curate(settings, first_raw, run_id="c1", logical_date="2026-11-21")
-
-    write_digits(landing, limit=260)  # the same 120 files plus 140 new ones
-    second_raw = ingest_landing(settings, run_id="i2", logical_date="2026-11-22", landing=landing).raw_version
-    assert second_raw > first_raw
-    second = curate(settings, second_raw, run_id="c2", logical_date="2026-11-22")
-    assert second.committed and second.curated_version > first.curated_version
-
-    old = {r["sha256"]: r for r in lake.read(settings.curated_table, first.curated_version).to_pylist()}
-    new = {r["sha256"]: r for r in lake.read(settings.curated_table, second.curated_version).to_pylist()}
-    carried = [s for s in old if s in new and new[s]["component"] == old[s]["component"]]
-    assert len(carried) > 0.9 * len(old)
-    assert all(new[s]["split"] == old[s]["split"] for s in carried)
-
-    # The older raw version is still curated once: asking again reuses its (not newest) commit.
-    before = lake.current_version(settings.curated_table)
-    again = curate(settings, first_raw, run_id="c3", logical_date="2026-11-23")
-    assert not again.committed and again.curated_version == first.curated_version
-    assert again.counts_by_split == first.counts_by_split
-    assert lake.current_version(settings.curated_table) == before
-
-
-def test_full_digits_respect_split_ratios(settings, raw_digits):
+def test_full_digits_respect_split_ratios_and_no_digit_is_a_bad_image(settings, raw_digits):
     result = curate(settings, raw_digits.raw_version, run_id="full", logical_date="2026-11-21")
     assert result.kept + sum(result.dropped_by_reason.values()) == 1797
     assert result.kept > 1500  # near-duplicates exist in the digits, but they are a minority
+    assert not BAD_REASONS & set(result.dropped_by_reason), result.dropped_by_reason  # thresholds fit 8x8 digits
+    assert set(result.dropped_by_reason) <= {"near_duplicate", "exact_duplicate", "label_conflict"}
     for split, ratio in settings.curation.split_ratios.items():
         assert abs(result.counts_by_split[split] / result.kept - ratio) < 0.03, result.counts_by_split
     assert all(len(result.counts_by_split_and_label[s]) == 10 for s in ("train", "val", "test"))
+
+
+def test_outlier_reason_follows_the_thresholds():
+    limits = OutlierSettings(min_blur=50, min_mean=10, max_mean=245, min_side=8)
+
+    def stats(blur: float, mean: float) -> ImageFeatures:
+        return ImageFeatures(pixel_digest="x", blur=blur, mean=mean, min=0.0, max=255.0, error=None)
+
+    assert outlier_reason(8, 8, stats(240.0, 78.0), limits) is None
+    assert outlier_reason(7, 64, stats(240.0, 78.0), limits)[0] == "too_small"
+    assert outlier_reason(8, 8, stats(0.0, 0.0), limits)[0] == "too_dark"  # size, then brightness, then blur
+    assert outlier_reason(8, 8, stats(0.0, 255.0), limits)[0] == "too_bright"
+    reason, detail = outlier_reason(8, 8, stats(12.5, 78.0), limits)
+    assert reason == "blurry" and "12.5" in detail and "50" in detail
+    with pytest.raises(ValueError, match="min_mean"):
+        OutlierSettings(min_mean=200, max_mean=100)
+
+
+def test_fastdup_model_embeddings_are_stored_per_image(settings, tmp_path):
+    """``embedding: fastdup``: fastdup's own model, 576 floats per image, kept apart from pixel features."""
+    landing = tmp_path / "landing"
+    write_digits(landing, limit=24)
+    raw = ingest_landing(settings, run_id="ing", logical_date="2026-11-21", landing=landing).raw_version
+    cfg = settings.curation.model_copy(update={"embedding": "fastdup", "near_duplicate_threshold": 0.9999})
+    model = settings.model_copy(update={"curation": cfg})
+    result = curate(model, raw, run_id="fd", logical_date="2026-11-21")
+    assert result.embedded == 24 and result.kept + sum(result.dropped_by_reason.values()) == 24
+    rows = lake.read(result.embeddings_table, lake.current_version(result.embeddings_table)).to_pylist()
+    assert {r["method"] for r in rows} == {"fastdup"} and {len(r["embedding"]) for r in rows} == {576}
+    assert all(r["blur"] is not None and r["error"] is None for r in rows)
 
 
 def test_split_for_is_pure_and_follows_ratios():
