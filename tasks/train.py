@@ -1,39 +1,45 @@
 """Train the classifier on one explicit version of the curated table and log it to MLflow.
 
-* Input: ``curated_table`` at ``curated_version`` (time travel), never "latest". The train and
-  val splits are decoded once into tensors, in sha256 order, so row order in the Delta files
-  does not change the result.
-* Deterministic: ``settings.training.seed`` seeds weights and shuffling; the thread count is
-  fixed (``settings.training.num_threads``).
-* Early stopping on val accuracy (``patience`` epochs without an improvement of more than
-  ``min_delta``); the best epoch's weights are the ones logged.
+``train(settings, curated_table, curated_version, run_id, logical_date, force)`` is what the DAG
+calls; the training loop itself lives in ``tasks.train_ddp`` and the data path in
+``tasks.train_data``.
+
+* Input: ``curated_table`` at ``curated_version`` (time travel), never "latest". Train and val
+  are decoded once into a local cache (``training.cache_dir``), in sha256 order, so row order in
+  the Delta files does not change the result and later epochs and retries do not decode again.
+* Where it runs is a setting (``training.launcher``): ``in_process`` (this process), ``torchrun``
+  (a ``torchrun --nproc_per_node N`` subprocess: DDP, gloo on CPU, NCCL on GPU) or
+  ``kubernetes`` (the trainer image in a pod, built by ``trainer_pod_spec`` and run by the DAG's
+  KubernetesPodOperator; inside the pod ``cd4ml train`` calls this function again with
+  ``in_process`` or ``torchrun``).
+* Resumable: every epoch is checkpointed under a folder named by the curated table and version,
+  the training config hash and the Airflow run id, so an Airflow retry of a killed task resumes
+  from its last finished epoch in the same MLflow run. The folder is removed after success
+  unless ``training.keep_checkpoints``.
 * Idempotent: unless ``force``, a FINISHED run in this environment's experiment with the same
-  curated table, curated version and training config hash is returned (``reused=True``)
-  and nothing is trained.
+  curated table, curated version and training config hash is returned (``reused=True``) and
+  nothing is trained. The hash leaves out how the work is executed (launcher, paths, threads,
+  loader workers) and includes the exact model version fine-tuning starts from.
 """
 
 from __future__ import annotations
 
-import copy
+import hashlib
+import json
 import logging
+import os
+import re
+import shutil
 import subprocess
-import time
-from dataclasses import asdict, dataclass
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-import mlflow
-import numpy as np
-import pandas as pd
-import pyarrow as pa
-import torch
 from mlflow import MlflowClient
-from mlflow.data.delta_dataset_source import DeltaDatasetSource
-from torch import nn
 
 from tasks import lake
-from tasks.errors import DataError
-from tasks.images import decode_batch
-from tasks.model import build_model, log_pyfunc_model
 from tasks.registry import (
     TAG_AIRFLOW_RUN_ID,
     TAG_CONFIG_HASH,
@@ -47,18 +53,48 @@ from tasks.registry import (
     ensure_experiment,
     mlflow_client,
 )
-from tasks.settings import REPO_ROOT, Settings
+from tasks.settings import REPO_ROOT, Settings, SettingsError, TrainingSettings
+from tasks.train_data import NoTrainingDataError, class_order, ensure_cache, load_cache, load_split_rows
+from tasks.train_ddp import (
+    REQUEST_FILE,
+    RESULT_FILE,
+    TAG_BEST_EPOCH,
+    TAG_EPOCHS_RUN,
+    WorkerOutcome,
+    WorkerRequest,
+    run_worker,
+    scaled_learning_rate,
+)
 
 log = logging.getLogger(__name__)
 
-TAG_EPOCHS_RUN = "cd4ml.epochs_run"
-TAG_BEST_EPOCH = "cd4ml.best_epoch"
+TAG_LAUNCHER = "cd4ml.launcher"
+TAG_WORLD_SIZE = "cd4ml.world_size"
+TAG_RESUMED_FROM = "cd4ml.resumed_from_epoch"
+TAG_FINETUNED_FROM = "cd4ml.finetuned_from"
 # The final metrics a TrainResult carries (logged once, at the end of a run).
-FINAL_METRICS = ("best_val_accuracy", "best_val_loss", "final_train_loss", "train_seconds")
+FINAL_METRICS = ("best_val_accuracy", "best_val_loss", "final_train_loss", "train_seconds", "train_images_per_second")
+# Where KubernetesPodOperator(do_xcom_push=True) reads a pod's return value.
+XCOM_RETURN_FILE = "/airflow/xcom/return.json"
+# How the work is executed, not what is learned: left out of the config hash.
+EXECUTION_FIELDS = ("launcher", "num_workers", "num_threads", "checkpoint_dir", "cache_dir", "keep_checkpoints", "kubernetes")
 
-
-class NoTrainingDataError(DataError, ValueError):
-    """The curated version has no rows in a split that training needs."""
+__all__ = [
+    "FINAL_METRICS",
+    "XCOM_RETURN_FILE",
+    "LauncherError",
+    "NoTrainingDataError",
+    "TrainResult",
+    "TrainerPod",
+    "checkpoint_dir_for",
+    "class_order",
+    "load_split_rows",
+    "raw_version_of",
+    "train",
+    "trainer_pod_spec",
+    "training_config_hash",
+    "with_training",
+]
 
 
 @dataclass(frozen=True)
@@ -72,21 +108,29 @@ class TrainResult:
     best_epoch: int
     model_uri: str
     reused: bool
+    resumed_from_epoch: int = 0  # > 0: a checkpoint of a killed attempt was continued
+    world_size: int = 1
+    launcher: str = "in_process"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+class LauncherError(RuntimeError):
+    """The configured launcher cannot run in this process (e.g. ``kubernetes`` outside a pod)."""
+
+
 def git_commit(timeout_s: float = 5.0) -> str | None:
-    """The repository's HEAD commit, best effort: None without git, a repo or a commit."""
+    """The repository's HEAD commit, best effort; in an image without .git, ``CD4ML_GIT_COMMIT`` (a build arg)."""
+    baked = os.environ.get("CD4ML_GIT_COMMIT") or None
     try:
         done = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except (OSError, subprocess.SubprocessError):
-        return None
+        return baked
     sha = done.stdout.strip()
-    return sha if done.returncode == 0 and sha else None
+    return sha if done.returncode == 0 and sha else baked
 
 
 def raw_version_of(curated_table: str, curated_version: int) -> int | None:
@@ -101,20 +145,44 @@ def raw_version_of(curated_table: str, curated_version: int) -> int | None:
     return None
 
 
-def class_order(labels: list[str]) -> list[str]:
-    """Classes in a stable order: numerically when every label is an integer, else as text."""
-    unique = sorted(set(labels))
-    if all(label.lstrip("-").isdigit() for label in unique):
-        return sorted(unique, key=int)
-    return unique
+def with_training(settings: Settings, overrides: Mapping[str, Any] | None) -> Settings:
+    """Settings with some training fields replaced (Airflow Params, the best tuning trial), validated."""
+    if not overrides:
+        return settings
+    merged = {**settings.training.model_dump(mode="json"), **dict(overrides)}
+    try:
+        training = TrainingSettings.model_validate(merged)
+    except ValueError as exc:
+        raise SettingsError(f"invalid training overrides {dict(overrides)}: {exc}") from exc
+    return settings.model_copy(update={"training": training})
 
 
-def load_split_rows(curated_table: str, curated_version: int, splits: tuple[str, ...]) -> pa.Table:
-    """The rows of ``splits`` (sha256, image, label, split) at that exact version, in sha256 order."""
-    table = lake.read(
-        curated_table, curated_version, columns=["sha256", "image", "label", "split"], filter=[("split", "in", list(splits))]
-    )
-    return table.sort_by([("sha256", "ascending"), ("split", "ascending"), ("label", "ascending")])
+def training_config_hash(settings: Settings, finetune_uri: str | None = None) -> str:
+    """Names what is learned: the training section minus execution fields, plus the start weights."""
+    payload = {k: v for k, v in settings.training.model_dump(mode="json").items() if k not in EXECUTION_FIELDS}
+    if finetune_uri:
+        payload["finetune_from"] = finetune_uri
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _safe(text: str, limit: int = 60) -> str:
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:limit]
+    return f"{clean}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def checkpoint_dir_for(settings: Settings, curated_table: str, curated_version: int, config_hash: str, run_id: str) -> Path:
+    """One folder per (table, version, config, Airflow run): a retry of the same task finds it again."""
+    table = _safe(Path(curated_table.rstrip("/")).name + "@" + curated_table, 40)
+    return Path(settings.training.checkpoint_dir) / table / f"v{int(curated_version)}" / config_hash / _safe(str(run_id))
+
+
+def resolve_model_uri(client: MlflowClient, uri: str) -> str:
+    """``models:/name@alias`` -> ``models:/name/N``: lineage and the hash name one fixed version."""
+    match = re.fullmatch(r"models:/([^/@]+)@(.+)", uri)
+    if not match:
+        return uri
+    version = client.get_model_version_by_alias(match.group(1), match.group(2))
+    return f"models:/{match.group(1)}/{version.version}"
 
 
 def _find_reusable_run(
@@ -149,66 +217,66 @@ def _result_from_run(run: Any, raw_version: int | None, reused: bool) -> TrainRe
         best_epoch=int(tags[TAG_BEST_EPOCH]),
         model_uri=tags[TAG_MODEL_URI],
         reused=reused,
+        resumed_from_epoch=int(tags.get(TAG_RESUMED_FROM, "0")),
+        world_size=int(tags.get(TAG_WORLD_SIZE, "1")),
+        launcher=tags.get(TAG_LAUNCHER, "in_process"),
     )
 
 
-@dataclass
-class _Fit:
-    model: nn.Module
-    epochs_run: int
-    best_epoch: int
-    best_val_accuracy: float
-    best_val_loss: float
-    final_train_loss: float
+def lineage_tags(
+    settings: Settings, curated_table: str, curated_version: int, raw_version: int | None, config_hash: str, run_id: str, logical_date: str
+) -> dict[str, str]:
+    """Tags every training or tuning run carries: environment, data versions, config, Airflow run, commit."""
+    tags = {
+        TAG_ENV: settings.env,
+        TAG_CURATED_TABLE: curated_table,
+        TAG_CURATED_VERSION: str(int(curated_version)),
+        TAG_RAW_VERSION: "" if raw_version is None else str(raw_version),
+        TAG_CONFIG_HASH: config_hash,
+        TAG_LOGICAL_DATE: str(logical_date),
+        TAG_AIRFLOW_RUN_ID: str(run_id),
+    }
+    commit = git_commit()
+    if commit:
+        tags[TAG_GIT_COMMIT] = commit
+        tags["mlflow.source.git.commit"] = commit
+    return tags
 
 
-def _fit(
-    settings: Settings, x_train: torch.Tensor, y_train: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor, n_classes: int
-) -> _Fit:
-    cfg = settings.training
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, n_classes, cfg.image_size)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    loss_fn = nn.CrossEntropyLoss()
-    shuffle = torch.Generator().manual_seed(cfg.seed)
+def _die_with_parent() -> None:
+    """In the torchrun child: get SIGTERM when the task process dies (e.g. SIGKILLed by Airflow).
 
-    best_acc, best_loss, best_epoch = -1.0, float("inf"), 0
-    best_state: dict[str, torch.Tensor] = {}
-    stale, epoch, train_loss = 0, 0, float("nan")
-    for epoch in range(1, cfg.epochs + 1):
-        model.train()
-        order = torch.randperm(len(x_train), generator=shuffle)
-        total = 0.0
-        for start in range(0, len(order), cfg.batch_size):
-            idx = order[start : start + cfg.batch_size]
-            if len(idx) < 2 and len(order) > 1:  # batch norm cannot train on a single sample
-                continue
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x_train[idx]), y_train[idx])
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach()) * len(idx)
-        train_loss = total / len(x_train)
+    Otherwise an orphaned torchrun would keep training and writing checkpoints while the
+    retry resumes from the same folder.
+    """
+    import ctypes
+    import signal
 
-        with torch.no_grad():
-            model.eval()
-            logits = torch.cat([model(x_val[i : i + 1024]) for i in range(0, len(x_val), 1024)])
-            val_loss = float(loss_fn(logits, y_val))
-            val_acc = float((logits.argmax(dim=1) == y_val).float().mean())
-        mlflow.log_metrics({"train_loss": train_loss, "val_loss": val_loss, "val_accuracy": val_acc}, step=epoch)
-        log.info("epoch %d: train_loss %.4f val_loss %.4f val_accuracy %.4f", epoch, train_loss, val_loss, val_acc)
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
-        if val_acc > best_acc + cfg.min_delta:
-            best_acc, best_loss, best_epoch, stale = val_acc, val_loss, epoch, 0
-            best_state = copy.deepcopy(model.state_dict())
-        else:
-            stale += 1
-            if stale >= max(cfg.patience, 1):
-                log.info("early stop at epoch %d: no val improvement > %g for %d epochs", epoch, cfg.min_delta, stale)
-                break
-    model.load_state_dict(best_state)
-    model.eval()
-    return _Fit(model, epoch, best_epoch, best_acc, best_loss, train_loss)
+
+def _run_torchrun(request_path: Path, nproc: int, num_threads: int, tracking_uri: str) -> WorkerOutcome:
+    """``torchrun --standalone --nproc_per_node N -m tasks.train_ddp``; rank 0 leaves result.json."""
+    result_path = request_path.with_name(RESULT_FILE)
+    result_path.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "OMP_NUM_THREADS": str(num_threads),
+        "MLFLOW_TRACKING_URI": tracking_uri,
+    }
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        "-m", "tasks.train_ddp", "--request", str(request_path),
+    ]
+    log.info("launching %s", " ".join(command))
+    done = subprocess.run(command, env=env, check=False, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    if done.returncode != 0 or not result_path.exists():
+        raise RuntimeError(
+            f"torchrun exited with {done.returncode}; a retry resumes from the checkpoint in {request_path.parent}"
+        )
+    return WorkerOutcome(**json.loads(result_path.read_text()))
 
 
 def train(
@@ -218,111 +286,167 @@ def train(
     run_id: str,
     logical_date: str,
     force: bool = False,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> TrainResult:
-    """Train on ``curated_table`` at ``curated_version``; reuse an identical finished run unless ``force``."""
+    """Train on ``curated_table`` at ``curated_version``; reuse an identical finished run unless ``force``.
+
+    ``overrides`` replaces training fields (Airflow Params, the best tuning trial's parameters);
+    ``tags`` are added to the MLflow run (e.g. the tuning study that chose the parameters).
+    """
+    settings = with_training(settings, overrides)
     cfg = settings.training
     curated_version = int(curated_version)
-    config_hash = settings.section_hash("training")
     client = mlflow_client(settings)
     experiment_id = ensure_experiment(settings, client)
     raw_version = raw_version_of(curated_table, curated_version)
+    finetune_uri = resolve_model_uri(client, cfg.finetune_from) if cfg.finetune_from else None
+    config_hash = training_config_hash(settings, finetune_uri)
 
     if not force:
         existing = _find_reusable_run(client, experiment_id, curated_table, curated_version, config_hash)
         if existing is not None:
             log.info("reusing run %s (same curated version and training config)", existing.info.run_id)
             return _result_from_run(existing, raw_version, reused=True)
-
-    rows = load_split_rows(curated_table, curated_version, ("train", "val"))
-    split = rows["split"].to_pylist()
-    labels = rows["label"].to_pylist()
-    classes = class_order(labels)
-    index = {c: i for i, c in enumerate(classes)}
-    is_train = np.array([s == "train" for s in split])
-    is_val = ~is_train
-    if not is_train.any() or not is_val.any():
-        raise NoTrainingDataError(
-            f"{curated_table}@v{curated_version} has {int(is_train.sum())} train and {int(is_val.sum())} val rows; "
-            "training needs both"
+    if cfg.launcher == "kubernetes":
+        raise LauncherError(
+            "training.launcher is 'kubernetes': run the trainer image with the spec from "
+            "tasks.train.trainer_pod_spec() (KubernetesPodOperator); the pod runs `cd4ml train`"
         )
-    if len(classes) < 2:
-        raise NoTrainingDataError(f"{curated_table}@v{curated_version} has a single class {classes}: nothing to learn")
 
-    torch.set_num_threads(cfg.num_threads)
-    images = rows["image"].to_pylist()
-    pixels = torch.from_numpy(decode_batch(images, cfg.image_size))
-    targets = torch.tensor([index[label] for label in labels], dtype=torch.long)
-    train_mask, val_mask = torch.from_numpy(is_train), torch.from_numpy(is_val)
-    x_train, y_train = pixels[train_mask], targets[train_mask]
-    x_val, y_val = pixels[val_mask], targets[val_mask]
-
-    tags = {
-        TAG_ENV: settings.env,
-        TAG_CURATED_TABLE: curated_table,
-        TAG_CURATED_VERSION: str(curated_version),
-        TAG_RAW_VERSION: "" if raw_version is None else str(raw_version),
-        TAG_CONFIG_HASH: config_hash,
-        TAG_LOGICAL_DATE: str(logical_date),
-        TAG_AIRFLOW_RUN_ID: str(run_id),
+    cache_path = ensure_cache(cfg.cache_dir, curated_table, curated_version, cfg.image_size)
+    world = cfg.nproc_per_node if cfg.launcher == "torchrun" else 1
+    checkpoint_dir = checkpoint_dir_for(settings, curated_table, curated_version, config_hash, run_id)
+    cached = load_cache(cache_path)
+    run_tags = {
+        **lineage_tags(settings, curated_table, curated_version, raw_version, config_hash, run_id, logical_date),
+        TAG_LAUNCHER: cfg.launcher,
+        **({TAG_FINETUNED_FROM: finetune_uri} if finetune_uri else {}),
+        **dict(tags or {}),
     }
-    commit = git_commit()
-    if commit:
-        tags[TAG_GIT_COMMIT] = commit
-
-    started = time.perf_counter()
-    with mlflow.start_run(experiment_id=experiment_id, run_name=f"train-{logical_date}", tags=tags) as run:
-        mlflow.log_params(
-            {
-                **cfg.model_dump(mode="json"),
-                "registered_model_name": settings.registry.model_name,
-                "classes": ",".join(classes),
-                "n_train": int(is_train.sum()),
-                "n_val": int(is_val.sum()),
-            }
-        )
-        meta = pd.DataFrame({"sha256": rows["sha256"].to_pylist(), "label": labels, "split": split})
-        dataset = mlflow.data.from_pandas(
-            meta,
-            source=DeltaDatasetSource(path=curated_table, delta_table_version=curated_version),
-            name=f"curated_images@v{curated_version}",
-            targets="label",
-        )
-        mlflow.log_input(
-            dataset,
-            context="training",
-            tags={"delta_table": curated_table, "delta_table_version": str(curated_version), "splits": "train,val"},
-        )
-
-        fit = _fit(settings, x_train, y_train, x_val, y_val, len(classes))
-        seconds = time.perf_counter() - started
-        final = {
-            "best_val_accuracy": fit.best_val_accuracy,
-            "best_val_loss": fit.best_val_loss,
-            "final_train_loss": fit.final_train_loss,
-            "train_seconds": round(seconds, 3),
-        }
-        mlflow.log_metrics({**final, "epochs_run": fit.epochs_run, "best_epoch": fit.best_epoch})
-
-        example = [images[i] for i in np.flatnonzero(is_val)[:2]]
-        info = log_pyfunc_model(
-            fit.model, architecture=cfg.model, classes=classes, image_size=cfg.image_size, example_images=example
-        )
-        mlflow.set_tags(
-            {TAG_MODEL_URI: info.model_uri, TAG_EPOCHS_RUN: str(fit.epochs_run), TAG_BEST_EPOCH: str(fit.best_epoch)}
-        )
-        run_id_ = run.info.run_id
+    params = {
+        "registered_model_name": settings.registry.model_name,
+        "classes": ",".join(cached.classes),
+        "n_train": str(len(cached.y_train)),
+        "n_val": str(len(cached.y_val)),
+        "world_size": str(world),
+        "global_batch_size": str(cfg.batch_size * world),
+        "effective_learning_rate": repr(scaled_learning_rate(cfg, world)),
+    }
+    request = WorkerRequest(
+        settings=settings.model_dump(mode="json"),
+        curated_table=curated_table,
+        curated_version=curated_version,
+        cache_path=cache_path,
+        tracking_uri=settings.tracking_uri,
+        experiment_id=experiment_id,
+        run_name=f"train-{logical_date}",
+        tags=run_tags,
+        params=params,
+        checkpoint_dir=str(checkpoint_dir),
+        finetune_uri=finetune_uri,
+    )
+    if cfg.launcher == "torchrun":
+        request_path = checkpoint_dir / REQUEST_FILE
+        request.write(request_path)
+        outcome = _run_torchrun(request_path, cfg.nproc_per_node, cfg.num_threads, settings.tracking_uri)
+    else:
+        outcome = run_worker(request)
+    if outcome is None or not outcome.model_uri:
+        raise RuntimeError(f"training of {curated_table}@v{curated_version} returned no model")
+    if outcome.resumed_from_epoch:
+        client.set_tag(outcome.mlflow_run_id, TAG_RESUMED_FROM, str(outcome.resumed_from_epoch))
+    if not cfg.keep_checkpoints:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     log.info(
-        "trained run %s on %s@v%d: best val_accuracy %.4f at epoch %d/%d (%.1fs)",
-        run_id_, curated_table, curated_version, fit.best_val_accuracy, fit.best_epoch, fit.epochs_run, seconds,
+        "trained run %s on %s@v%d: best val_accuracy %.4f at epoch %d/%d (%s, %d process(es), %s)",
+        outcome.mlflow_run_id, curated_table, curated_version, outcome.metrics["best_val_accuracy"],
+        outcome.best_epoch, outcome.epochs_run, cfg.launcher, outcome.world_size, outcome.device,
     )
     return TrainResult(
-        mlflow_run_id=run_id_,
+        mlflow_run_id=outcome.mlflow_run_id,
         curated_table=curated_table,
         curated_version=curated_version,
         raw_version=raw_version,
-        metrics={k: float(v) for k, v in final.items()},
-        epochs_run=fit.epochs_run,
-        best_epoch=fit.best_epoch,
-        model_uri=info.model_uri,
+        metrics=outcome.metrics,
+        epochs_run=outcome.epochs_run,
+        best_epoch=outcome.best_epoch,
+        model_uri=outcome.model_uri,
         reused=False,
+        resumed_from_epoch=outcome.resumed_from_epoch,
+        world_size=outcome.world_size,
+        launcher=cfg.launcher,
+    )
+
+
+@dataclass(frozen=True)
+class TrainerPod:
+    """What a KubernetesPodOperator needs to run one training task in the trainer image (plain data).
+
+    ``state_pvc`` is mounted at ``mount_path`` = CD4ML_HOME inside the pod, so the decode cache
+    and the checkpoints of a killed pod are there when Airflow retries the task.
+    """
+
+    name: str
+    namespace: str
+    image: str
+    cmds: list[str]
+    arguments: list[str]
+    env_vars: dict[str, str]
+    secret_env: list[str]  # variables the deployment injects from a Secret (never in this spec)
+    resources: dict[str, dict[str, str]]
+    state_pvc: str
+    mount_path: str
+    service_account: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def trainer_pod_spec(
+    settings: Settings,
+    curated_table: str,
+    curated_version: int,
+    run_id: str,
+    logical_date: str,
+    force: bool = False,
+    mount_path: str = "/data/cd4ml",
+) -> TrainerPod:
+    """The pod for ``training.launcher: kubernetes``: ``cd4ml train`` with torchrun over the pod's GPUs."""
+    cfg, k8s = settings.training, settings.training.kubernetes
+    nproc = max(cfg.nproc_per_node, k8s.gpus, 1)
+    arguments = [
+        "train",
+        "--curated-table", curated_table.replace(settings.home, mount_path, 1),
+        "--curated-version", str(int(curated_version)),
+        "--run-id", str(run_id),
+        "--logical-date", str(logical_date),
+        "--launcher", "torchrun" if nproc > 1 else "in_process",
+        "--nproc-per-node", str(nproc),
+        "--result-file", XCOM_RETURN_FILE,
+    ]
+    if force:
+        arguments.append("--force")
+    resources: dict[str, dict[str, str]] = {
+        "requests": {"cpu": k8s.cpu, "memory": k8s.memory},
+        "limits": {"memory": k8s.memory},
+    }
+    if k8s.gpus:
+        resources["requests"]["nvidia.com/gpu"] = resources["limits"]["nvidia.com/gpu"] = str(k8s.gpus)
+    name = "cd4ml-train-" + hashlib.sha256(f"{run_id}|{curated_version}".encode()).hexdigest()[:10]
+    return TrainerPod(
+        name=name,
+        namespace=k8s.namespace,
+        image=k8s.image,
+        cmds=["cd4ml"],
+        arguments=arguments,
+        env_vars={"CD4ML_ENV": settings.env, "CD4ML_HOME": mount_path, "PYTHONUNBUFFERED": "1"},
+        secret_env=["MLFLOW_TRACKING_URI"],
+        resources=resources,
+        state_pvc=k8s.state_pvc,
+        mount_path=mount_path,
+        service_account=k8s.service_account,
+        labels={"app": "cd4ml-trainer", "cd4ml-env": settings.env},
     )

@@ -125,6 +125,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
 
 def test_trains_on_the_exact_curated_version_and_logs_lineage(trained: Trained) -> None:
     from tasks.registry import mlflow_client
+    from tasks.train import training_config_hash
 
     s, r = trained.settings, trained.result
     assert trained.newer_version > trained.version
@@ -144,7 +145,7 @@ def test_trains_on_the_exact_curated_version_and_logs_lineage(trained: Trained) 
     assert tags["cd4ml.curated_table"] == s.curated_table
     assert tags["cd4ml.curated_version"] == str(trained.version)
     assert tags["cd4ml.raw_version"] == "3"
-    assert tags["cd4ml.config_hash"] == s.section_hash("training")
+    assert tags["cd4ml.config_hash"] == training_config_hash(s)
     assert tags["cd4ml.logical_date"] == "2026-11-21"
     assert tags["cd4ml.airflow_run_id"] == "manual__2026-11-21"
     params = run.data.params
@@ -277,3 +278,60 @@ def test_a_version_without_val_rows_is_refused_with_a_clear_error(trained: Train
     version = write_curated_digits(uri, splits=("train", "test"))
     with pytest.raises(NoTrainingDataError, match="0 val rows"):
         train(trained.settings, uri, version, "manual__noval", "2026-11-21")
+
+
+def test_fine_tuning_starts_from_a_registered_version_and_names_it(trained: Trained) -> None:
+    from mlflow import MlflowClient
+
+    from tasks.registry import mlflow_client
+    from tasks.train import train, training_config_hash
+
+    s = with_model_name(trained.settings, "finetune")
+    client: MlflowClient = mlflow_client(s)
+    client.create_registered_model(s.registry.model_name)
+    version = client.create_model_version(s.registry.model_name, trained.result.model_uri, run_id=trained.result.mlflow_run_id)
+    client.set_registered_model_alias(s.registry.model_name, "champion", version.version)
+
+    tuned = fast(s, epochs=1, finetune_from=f"models:/{s.registry.model_name}@champion", freeze_backbone=True)
+    result = train(tuned, s.curated_table, trained.version, "manual__finetune", "2026-11-21")
+    pinned = f"models:/{s.registry.model_name}/{version.version}"
+    run = client.get_run(result.mlflow_run_id)
+    assert run.data.tags["cd4ml.finetuned_from"] == pinned  # the alias, resolved: lineage names one version
+    assert run.data.tags["cd4ml.config_hash"] == training_config_hash(tuned, pinned)
+    # One epoch on a frozen, already trained backbone is as good as the source model.
+    assert result.metrics["best_val_accuracy"] >= trained.result.metrics["best_val_accuracy"] - 0.02
+
+
+def test_cli_train_prints_the_result_and_reuses_the_finished_run(
+    trained: Trained, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tasks.cli import main
+
+    result_file = tmp_path / "xcom" / "return.json"
+    code = main(
+        ["train", "--curated-version", str(trained.version), "--run-id", "cli__retry", "--logical-date", "2026-11-21",
+         "--set", "epochs=4", "--launcher", "in_process", "--result-file", str(result_file)]
+    )
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["reused"] is True and out["mlflow_run_id"] == trained.result.mlflow_run_id
+    assert json.loads(result_file.read_text()) == out
+
+
+def test_the_kubernetes_launcher_builds_a_trainer_pod_that_runs_the_cli(trained: Trained) -> None:
+    from tasks.cli import build_parser
+    from tasks.train import LauncherError, train, trainer_pod_spec, with_training
+
+    s = with_training(trained.settings, {"launcher": "kubernetes", "kubernetes": {"gpus": 4, "image": "reg/cd4ml-trainer:1"}})
+    pod = trainer_pod_spec(s, s.curated_table, trained.version, "scheduled__2026-11-21", "2026-11-21")
+    assert pod.image == "reg/cd4ml-trainer:1" and pod.cmds == ["cd4ml"]
+    assert pod.resources["limits"]["nvidia.com/gpu"] == "4"
+    assert pod.env_vars["CD4ML_ENV"] == "sit" and pod.env_vars["CD4ML_HOME"] == pod.mount_path
+    assert "MLFLOW_TRACKING_URI" in pod.secret_env and "MLFLOW_TRACKING_URI" not in pod.env_vars
+    args = build_parser().parse_args(pod.arguments)  # the pod's command line is one the CLI accepts
+    assert (args.command, args.curated_version, args.launcher, args.nproc_per_node) == ("train", trained.version, "torchrun", 4)
+    assert args.curated_table.startswith(pod.mount_path) and args.run_id == "scheduled__2026-11-21"
+    assert args.result_file == "/airflow/xcom/return.json"  # the TrainResult reaches XCom
+    assert pod == trainer_pod_spec(s, s.curated_table, trained.version, "scheduled__2026-11-21", "2026-11-21")
+    with pytest.raises(LauncherError, match="trainer_pod_spec"):
+        train(s, s.curated_table, trained.version, "manual__k8s", "2026-11-21", force=True)
