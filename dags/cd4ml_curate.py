@@ -2,11 +2,14 @@
 ### cd4ml_curate: validated raw version -> curated, de-duplicated, split Delta version
 
 Triggered by the `raw_images` Asset (or by hand with an explicit `raw_version`).
-Exact and near-duplicates (fastdup) are grouped into components; one image per component
-is kept, label conflicts are dropped, and each component goes to train/val/test by a hash
-of its key, so near-duplicates never straddle splits. The new `curated_images` version
-names the raw version it came from and is published on the `curated_images` Asset, which
-triggers `cd4ml_train`.
+Bad images (too small, too dark, too bright, blurry: fastdup's image statistics) are
+dropped; exact and near-duplicates (fastdup) are grouped into components; one image per
+component is kept, components with conflicting labels are quarantined. Splits follow the
+component and never change once recorded, so near-duplicates never straddle splits and new
+data never moves a test image into train. Every drop is a row in `curation_report`; the
+fastdup galleries are linked from the task log. The new `curated_images` version names the
+raw version it came from and is published on the `curated_images` Asset (counts per split
+and class, drops by reason), which triggers `cd4ml_train`.
 """
 
 from __future__ import annotations
@@ -43,13 +46,20 @@ def cd4ml_curate():
             )
             result = run_curation(settings, raw_version=raw_version, run_id=context["run_id"],
                                   logical_date=logical_date_of(context))
-        print(f"curation report: {result.report_path}")
+        print(f"curation report: {result.report_path}  (every drop with its reason: {result.report_table})")
+        for name, path in result.galleries.items():
+            print(f"fastdup gallery {name}: {path}")
         outlet_events[CURATED_IMAGES].extra = {
             "curated_table": result.curated_table,
             "curated_version": result.curated_version,
             "raw_version": result.raw_version,
+            "kept": result.kept,
             "counts_by_split": result.counts_by_split,
+            "counts_by_split_and_label": result.counts_by_split_and_label,
             "dropped_by_reason": result.dropped_by_reason,
+            "report_table": result.report_table,
+            "components_version": result.components_version,
+            "galleries": result.galleries,
         }
         return result.to_dict()
 

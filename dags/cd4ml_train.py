@@ -1,16 +1,21 @@
 """
-### cd4ml_train: curated version -> drift check -> training -> gate -> registry
+### cd4ml_train: curated version -> drift check -> (tuning) -> training -> gate -> registry
 
 Triggered by the `curated_images` Asset, or by hand with an explicit `curated_version` or a
 `dataset_version` (a version number, a name such as `release-3`, or a timestamp).
 
 1. **drift_check**: alibi-detect MMD test of the new training data against the data the
    current `champion` was trained on (first run: no champion, skipped and said so).
-2. **train**: torch on that exact curated version, tracked in MLflow with the Delta table
-   and version it read. The same version with the same training settings reuses the
-   finished run unless `force_retrain` is set.
-3. **evaluate_gate**: candidate and champion scored on the same test split.
-4. **promote**: the candidate is registered; only a passing candidate gets the `champion`
+2. **tuning** (Param `tune`): an Optuna study (SQLite locally, PostgreSQL in production)
+   whose trials run as mapped tasks, on as many workers as are free; each trial is a nested
+   MLflow run and bad trials are pruned early. The best trial's parameters train the candidate.
+3. **train**: torch on that exact curated version, tracked in MLflow with the Delta table and
+   version it read; a checkpoint every epoch, so a retried task resumes where it was killed.
+   Where it runs is a setting (`training.launcher`): this worker, a torchrun subprocess
+   (DDP), or a pod of the trainer image (KubernetesPodOperator). The same version with the
+   same training settings reuses the finished run unless `force_retrain` is set.
+4. **evaluate_gate**: candidate and champion scored on the same test split.
+5. **promote**: the candidate is registered; only a passing candidate gets the `champion`
    alias of this environment's registered model, published on the champion Asset.
 """
 
@@ -19,8 +24,19 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, task
 
 from cd4ml_airflow.assets import CHAMPION_MODEL, CURATED_IMAGES
+from cd4ml_airflow.config import SETTINGS
 from cd4ml_airflow.context import fail_fast_on_data_errors, input_version, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
+
+ON_KUBERNETES = SETTINGS.training.launcher == "kubernetes"
+
+
+def _overrides(params, best: dict) -> dict:
+    """Training fields for this run: the UI's overrides, the model choice, then the best trial."""
+    overrides = dict(params["training_overrides"] or {})
+    if params["model"]:
+        overrides["model"] = params["model"]
+    return {**overrides, **(best or {})}
 
 
 @dag(
@@ -36,9 +52,18 @@ from cd4ml_airflow.defaults import dag_kwargs
             description="Train on a named dataset version instead: a curated version number, a name given to a "
             "curated or raw version (e.g. release-3), or an ISO timestamp (time travel).",
         ),
+        "model": Param(None, type=["null", "string"], enum=[None, "small_cnn", "resnet18"],
+                       description="Architecture; empty = the environment's setting."),
+        "training_overrides": Param(
+            {}, type="object",
+            description='Training settings for this run only, e.g. {"epochs": 30, "finetune_from": '
+            '"models:/digits-classifier-sit@champion"}. Validated like the settings file.',
+        ),
+        "tune": Param(False, type="boolean", description="Run an Optuna study first and train with its best trial."),
         "force_retrain": Param(False, type="boolean", description="Train again even if a finished run exists."),
     },
-    **dag_kwargs(["training", "drift", "gate", "registry"], __doc__),
+    render_template_as_native_obj=ON_KUBERNETES,  # the pod's arguments render as a list
+    **dag_kwargs(["training", "drift", "tuning", "gate", "registry"], __doc__),
 )
 def cd4ml_train():
     @task
@@ -83,18 +108,95 @@ def cd4ml_train():
         return result.to_dict()
 
     @task
-    def train(data: dict, drift: dict, **context) -> dict:
-        """Train on the pinned curated version; tracked in MLflow."""
+    def create_study(data: dict, **context) -> dict:
+        """Create (or reopen, on retry) the Optuna study and its parent MLflow run."""
         from tasks.settings import load_settings
-        from tasks.train import train as run_training
+        from tasks.tune import create_study as create
+
+        if not context["params"]["tune"]:
+            return {"enabled": False, "n_trials": 0}
+        settings = load_settings()
+        name = f"{settings.env}-v{data['curated_version']}-{context['run_id']}"
+        with fail_fast_on_data_errors():
+            study = create(settings, name, curated_table=data["curated_table"],
+                           curated_version=data["curated_version"], run_id=context["run_id"],
+                           logical_date=logical_date_of(context))
+        return {"enabled": True, **study.to_dict()}
+
+    @task
+    def trial_indices(study: dict) -> list[int]:
+        return list(range(study["n_trials"]))
+
+    @task(max_active_tis_per_dagrun=4)
+    def tune_trial(trial_index: int, study: dict, data: dict) -> dict:
+        """One trial (a nested MLflow run); the pruner may stop it early. Retries are keyed by index."""
+        from tasks.settings import load_settings
+        from tasks.tune import run_trial
 
         with fail_fast_on_data_errors():
-            result = run_training(
+            result = run_trial(load_settings(), study["study_name"], trial_index, data["curated_table"],
+                               data["curated_version"], study["parent_run_id"])
+        print(f"trial {trial_index}: {result.state} value={result.value} params={result.params}")
+        return result.to_dict()
+
+    @task(trigger_rule="all_done")
+    def best_params(study: dict) -> dict:
+        """The best completed trial's parameters ({} when tuning is off)."""
+        from tasks.settings import load_settings
+        from tasks.tune import best_params as best
+
+        if not study["enabled"]:
+            return {}
+        with fail_fast_on_data_errors():
+            params = best(load_settings(), study["study_name"], parent_run_id=study["parent_run_id"])
+        print(f"best trial of {study['study_name']}: {params}")
+        return {"study_name": study["study_name"], "params": params}
+
+    data = resolve_input()
+    drift = drift_check(data)
+    study = create_study(data)
+    trials = tune_trial.partial(study=study, data=data).expand(trial_index=trial_indices(study))
+    best = best_params(study)
+    trials >> best
+
+    if ON_KUBERNETES:
+        from cd4ml_airflow.trainer_pod import trainer_operator
+
+        @task
+        def trainer_pod(data: dict, drift: dict, best: dict, **context) -> dict:
+            """The per-run part of the trainer pod: its name and `cd4ml train` arguments."""
+            from tasks.settings import load_settings
+            from tasks.train import trainer_pod_spec
+
+            return trainer_pod_spec(
                 load_settings(), data["curated_table"], data["curated_version"], run_id=context["run_id"],
                 logical_date=logical_date_of(context), force=bool(context["params"]["force_retrain"]),
-            )
-        print(f"MLflow run: {result.mlflow_run_id} (reused={result.reused})  metrics: {result.metrics}")
-        return result.to_dict()
+                overrides=_overrides(context["params"], best.get("params")),
+            ).to_dict()
+
+        train_op = trainer_operator(SETTINGS)
+        trainer_pod(data, drift, best) >> train_op
+        trained = train_op.output
+    else:
+
+        @task
+        def train(data: dict, drift: dict, best: dict, **context) -> dict:
+            """Train on the pinned curated version; tracked in MLflow; resumes from its checkpoint on retry."""
+            from tasks.settings import load_settings
+            from tasks.train import train as run_training
+
+            with fail_fast_on_data_errors():
+                result = run_training(
+                    load_settings(), data["curated_table"], data["curated_version"], run_id=context["run_id"],
+                    logical_date=logical_date_of(context), force=bool(context["params"]["force_retrain"]),
+                    overrides=_overrides(context["params"], best.get("params")),
+                    tags={"cd4ml.optuna_study": best["study_name"]} if best else None,
+                )
+            print(f"MLflow run: {result.mlflow_run_id} (reused={result.reused}, resumed from epoch "
+                  f"{result.resumed_from_epoch})  metrics: {result.metrics}")
+            return result.to_dict()
+
+        trained = train(data, drift, best)
 
     @task
     def evaluate_gate(data: dict, trained: dict) -> dict:
@@ -129,9 +231,6 @@ def cd4ml_train():
         outlet_events[CHAMPION_MODEL].extra = {"model_name": result.model_name, "version": result.version}
         return result.to_dict()
 
-    data = resolve_input()
-    drift = drift_check(data)
-    trained = train(data, drift)
     gate = evaluate_gate(data, trained)
     promote(trained, gate)
 

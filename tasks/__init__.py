@@ -11,6 +11,7 @@ for _name, _value in {
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "GIT_PYTHON_REFRESH": "quiet",
     "FASTDUP_PRODUCTION": "1",
+    "SENTRY_OPT_OUT": "1",  # fastdup reports to Sentry unless this is set; FASTDUP_PRODUCTION does not stop it
     "GX_ANALYTICS_ENABLED": "false",
 }.items():
     _os.environ.setdefault(_name, _value)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -56,9 +55,6 @@ from tasks.settings import CurationSettings
 
 log = logging.getLogger(__name__)
 
-# fastdup reports usage and exceptions to Sentry unless this is set (FASTDUP_PRODUCTION does not stop
-# it); the pipeline must not phone home. Set before fastdup is first imported, which happens below.
-os.environ.setdefault("SENTRY_OPT_OUT", "1")
 
 EXPORT_MIN_SIDE = 32  # px, shorter side of the copy fastdup reads; fastdup skips images under 10x10
 SEARCH_BLOCK = 1024  # query rows per matrix product: bounds memory at BLOCK x N floats

@@ -18,12 +18,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tasks.errors import DataError
+
 ENVIRONMENTS: tuple[str, ...] = ("sit", "uat", "prod")
 DEFAULT_ENV = "sit"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-class SettingsError(ValueError):
+class SettingsError(DataError, ValueError):
     """The settings cannot be loaded; the message says which key and why."""
 
 
@@ -144,6 +146,8 @@ class KubernetesTrainerSettings(_Section):
     # Mounted at CD4ML_HOME: the decode cache and checkpoints must outlive a pod, or a retry restarts at epoch 1.
     state_pvc: str = "cd4ml-state"
     service_account: str | None = None
+    # Kubernetes Secret holding MLFLOW_TRACKING_URI for the pod (never in the repo or the spec).
+    secret_name: str = "cd4ml-secrets"
 
 
 class TrainingSettings(_Section):

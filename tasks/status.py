@@ -10,7 +10,16 @@ from pathlib import Path
 from tasks import lake
 from tasks.settings import ENVIRONMENTS, Settings, load_settings
 
-TABLES = ("raw_images", "rejects", "curated_images", "ingest_manifest", "dataset_tags")
+TABLES = (
+    "raw_images",
+    "rejects",
+    "curated_images",
+    "curation_report",
+    "curation_components",
+    "curation_embeddings",
+    "ingest_manifest",
+    "dataset_tags",
+)
 
 
 def table_status(uri: str) -> dict:

@@ -413,6 +413,7 @@ def trainer_pod_spec(
     logical_date: str,
     force: bool = False,
     mount_path: str = "/data/cd4ml",
+    overrides: Mapping[str, Any] | None = None,
 ) -> TrainerPod:
     """The pod for ``training.launcher: kubernetes``: ``cd4ml train`` with torchrun over the pod's GPUs."""
     cfg, k8s = settings.training, settings.training.kubernetes
@@ -429,6 +430,8 @@ def trainer_pod_spec(
     ]
     if force:
         arguments.append("--force")
+    for key, value in sorted((overrides or {}).items()):
+        arguments += ["--set", f"{key}={value}"]
     resources: dict[str, dict[str, str]] = {
         "requests": {"cpu": k8s.cpu, "memory": k8s.memory},
         "limits": {"memory": k8s.memory},

@@ -9,9 +9,7 @@ from pathlib import Path
 
 from airflow.sdk import Asset
 
-from tasks.settings import load_settings
-
-_settings = load_settings()
+from cd4ml_airflow.config import SETTINGS as _settings
 
 
 def _as_uri(location: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,8 +17,12 @@ EXPECTED = {
     "cd4ml_ingest": {"ingest": {"validate"}, "validate": set()},
     "cd4ml_curate": {"curate": set()},
     "cd4ml_train": {
-        "resolve_input": {"drift_check", "train", "evaluate_gate"},
+        "resolve_input": {"drift_check", "create_study", "tune_trial", "train", "evaluate_gate"},
         "drift_check": {"train"},
+        "create_study": {"trial_indices", "tune_trial", "best_params"},
+        "trial_indices": {"tune_trial"},
+        "tune_trial": {"best_params"},
+        "best_params": {"train"},
         "train": {"evaluate_gate", "promote"},
         "evaluate_gate": {"promote"},
         "promote": set(),
@@ -80,3 +85,39 @@ def test_dags_chain_through_assets(dagbag):
     assert CHAMPION_MODEL in train.get_task("promote").outlets
     assert list(curate.timetable.asset_condition.objects) == [RAW_IMAGES]
     assert list(train.timetable.asset_condition.objects) == [CURATED_IMAGES]
+
+
+def test_kubernetes_launcher_runs_training_in_a_pod(tmp_path):
+    """training.launcher: kubernetes swaps the train task for a KubernetesPodOperator of the trainer image."""
+    from tasks.settings import REPO_ROOT
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    for name in ("base.yaml", "uat.yaml"):
+        (conf / name).write_text((REPO_ROOT / "conf" / name).read_text())
+    (conf / "prod.yaml").write_text(
+        (REPO_ROOT / "conf" / "prod.yaml").read_text()
+        + "\ntraining:\n  launcher: kubernetes\n  kubernetes: {image: registry.example/cd4ml-trainer:1.2, gpus: 2}\n"
+    )
+    code = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+assert not bag.import_errors, bag.import_errors
+dag = bag.dags["cd4ml_train"]
+pod, train = dag.get_task("trainer_pod"), dag.get_task("train")
+print(json.dumps({"type": type(train).__name__, "image": train.image, "upstream": sorted(train.upstream_task_ids),
+    "downstream": sorted(train.downstream_task_ids), "gpus": train.container_resources.limits.get("nvidia.com/gpu"),
+    "mount": train.volume_mounts[0].mount_path, "secret": [s.deploy_target for s in train.secrets],
+    "xcom": train.do_xcom_push, "native": dag.render_template_as_native_obj}))
+"""
+    env = {**os.environ, "CD4ML_ENV": "prod", "CD4ML_CONF_DIR": str(conf)}
+    proc = subprocess.run([sys.executable, "-c", code, str(DAGS / "cd4ml_train.py")], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info == {
+        "type": "KubernetesPodOperator", "image": "registry.example/cd4ml-trainer:1.2",
+        "upstream": ["trainer_pod"], "downstream": ["evaluate_gate", "promote"], "gpus": "2",
+        "mount": "/data/cd4ml", "secret": ["MLFLOW_TRACKING_URI"], "xcom": True, "native": True,
+    }

@@ -109,3 +109,36 @@ def test_failed_validation_fails_the_task_and_alerts_on_call(private_env, tmp_pa
     assert len({a["dedup_key"] for a in alerts}) == 1  # one incident for on-call
     assert "Callback failed" not in out
     assert _status(env)["tables"]["raw_images"]["version"] == 0  # ingested, but never published
+
+
+def test_tuning_runs_trials_as_mapped_tasks_and_trains_the_best(private_env, tmp_path):
+    """tune=true: an Optuna study, trials as mapped tasks (nested MLflow runs), the best trial trains."""
+    from tasks.settings import REPO_ROOT
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    for name in ("base.yaml", "uat.yaml", "prod.yaml"):
+        (conf / name).write_text((REPO_ROOT / "conf" / name).read_text())
+    (conf / "sit.yaml").write_text(
+        (REPO_ROOT / "conf" / "sit.yaml").read_text()
+        + "\ntraining: {epochs: 4, patience: 2}\ntuning: {n_trials: 3, epochs_per_trial: 2, pruner: median}\n"
+    )
+    env = {**private_env, "CD4ML_CONF_DIR": str(conf)}
+    _cd4ml(["sample-data"], env)
+    _dag_test("cd4ml_ingest", env)
+    _dag_test("cd4ml_curate", env)
+    out = _dag_test("cd4ml_train", env, conf={"tune": True, "model": "small_cnn"})
+    trials = [line for line in out.splitlines() if line.startswith("trial ")]
+    assert len(trials) == 3 and all(("COMPLETE" in t or "PRUNED" in t) for t in trials), trials
+    assert "best trial of sit-v0-" in out
+    champions = [m for m in _status(env)["model_versions"] if "champion" in m["aliases"]]
+    assert len(champions) == 1
+
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/cd4ml/mlflow.db")
+    run = client.get_run(champions[0]["run_id"])
+    study = run.data.tags["cd4ml.optuna_study"]
+    assert study.startswith("sit-v0-")
+    children = client.search_runs([run.info.experiment_id], filter_string="tags.mlflow.parentRunId != ''")
+    assert len(children) == 3  # one nested run per trial
