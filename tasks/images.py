@@ -41,14 +41,6 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class ImageInfo:
-    width: int
-    height: int
-    format: str
-    mode: str
-
-
-@dataclass(frozen=True)
 class Rejection:
     code: str  # short, stable, groupable: "not_an_image", "truncated", ...
     detail: str
@@ -73,35 +65,6 @@ def sniff_format(data: bytes) -> str | None:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "WEBP"
     return None
-
-
-def inspect_image(data: bytes, *, min_side: int, max_side: int, max_pixels: int) -> ImageInfo | Rejection:
-    if not data:
-        return Rejection("empty_file", "file has zero bytes")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as probe:
-                width, height = probe.size
-                fmt = probe.format or "unknown"
-                if width * height > max_pixels:
-                    return Rejection("too_many_pixels", f"{width}x{height} exceeds max_pixels {max_pixels}")
-                probe.load()  # full decode: catches truncated files
-                mode = probe.mode
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        return Rejection("too_many_pixels", str(exc))
-    except UnidentifiedImageError:
-        fmt = sniff_format(data)
-        if fmt:  # right signature, unparseable body: a damaged image, not some other file
-            return Rejection("corrupt_image", f"{fmt} signature but the file cannot be parsed (truncated or damaged)")
-        return Rejection("not_an_image", "bytes are not a known image format")
-    except (OSError, SyntaxError, ValueError) as exc:
-        return Rejection("corrupt_image", f"decode failed: {exc}")
-    if min(width, height) < min_side:
-        return Rejection("too_small", f"{width}x{height} is below min_side {min_side}")
-    if max(width, height) > max_side:
-        return Rejection("too_large", f"{width}x{height} is above max_side {max_side}")
-    return ImageInfo(width=width, height=height, format=fmt, mode=mode)
 
 
 @dataclass(frozen=True)
