@@ -1,11 +1,13 @@
 """Real sample images without a download: scikit-learn's 1,797 handwritten digits as PNGs.
 
 Written to ``<landing>/<digit>/digit_<index>.png`` (label = folder name). The encoding is
-deterministic, so writing the sample twice leaves byte-identical files.
+deterministic, and a file already holding the same bytes is not rewritten, so a second
+``make demo`` finds an unchanged landing zone.
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +33,19 @@ def write_digits(landing: str | Path, limit: int | None = None, with_bad_files: 
     images, labels = digits_arrays()
     n = len(images) if limit is None else min(limit, len(images))
     for i in range(n):
-        folder = root / str(int(labels[i]))
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(images[i], mode="L").save(folder / f"digit_{i:04d}.png", optimize=False)
+        buffer = io.BytesIO()
+        Image.fromarray(images[i], mode="L").save(buffer, format="PNG", optimize=False)
+        _write_if_changed(root / str(int(labels[i])) / f"digit_{i:04d}.png", buffer.getvalue())
     if with_bad_files:
-        (root / "3").mkdir(parents=True, exist_ok=True)
-        (root / "3" / "not_really_an_image.png").write_text("this is a text file with an image extension\n")
+        _write_if_changed(root / "3" / "not_really_an_image.png", b"this is a text file with an image extension\n")
         good = (root / str(int(labels[0])) / "digit_0000.png").read_bytes()
-        (root / "7").mkdir(parents=True, exist_ok=True)
-        (root / "7" / "truncated.png").write_bytes(good[: len(good) // 2])
+        _write_if_changed(root / "7" / "truncated.png", good[: len(good) // 2])
     return n
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    """Leave an identical file untouched: its mtime is what lets the next ingest skip it unread."""
+    if path.exists() and path.read_bytes() == data:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)

@@ -80,7 +80,8 @@ def summary(settings: Settings) -> str:
     lines = [f"cd4ml ({settings.env}) state under {settings.home}", "", "Delta tables (latest version, rows):"]
     for name, t in env["tables"].items():
         named = "  names: " + ", ".join(f"{k}=v{v}" for k, v in t["names"].items()) if t["names"] else ""
-        lines.append(f"  {name:<15} v{t['version']}  {t['rows']:>6} rows  {t['uri']}{named}")
+        version = "-" if t["version"] is None else f"v{t['version']}"
+        lines.append(f"  {name:<20} {version:>4} {t['rows']:>7} rows  {t['uri']}{named}")
     lines.append("")
     champions = [m for m in env["model_versions"] if settings.registry.champion_alias in m.get("aliases", [])]
     if champions:

@@ -118,3 +118,6 @@ def test_sample_data_is_byte_identical_when_written_twice(tmp_path):
     write_digits(tmp_path / "b", limit=5)
     for f in (tmp_path / "a").rglob("*.png"):
         assert f.read_bytes() == (tmp_path / "b" / f.relative_to(tmp_path / "a")).read_bytes()
+    before = {f: f.stat().st_mtime_ns for f in (tmp_path / "a").rglob("*.png")}
+    write_digits(tmp_path / "a", limit=5)  # unchanged files keep their mtime: the next ingest skips them
+    assert {f: f.stat().st_mtime_ns for f in before} == before
