@@ -169,17 +169,9 @@ def normalise_logical_date(value: str | datetime) -> str:
     return dt.astimezone(UTC).replace(microsecond=0).isoformat()
 
 
-def _with_retry(op, what: str, attempts: int = 8):
-    """Retry a commit that lost an optimistic-concurrency race; re-planned from the new state."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return op()
-        except CommitFailedError as exc:
-            if attempt == attempts:
-                raise
-            delay = min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
-            log.warning("%s: commit conflict (%s), retry %d/%d in %.2fs", what, exc, attempt, attempts, delay)
-            time.sleep(delay)
+def _with_retry(op: Callable[[], _T], what: str, attempts: int = 8) -> _T:
+    """Retry a commit that lost an optimistic-concurrency race; ``op`` re-plans from the new state."""
+    return retry_on_conflict(lambda _attempt: op(), what, attempts)
 
 
 def _props(metadata: dict[str, Any]) -> CommitProperties:
@@ -255,8 +247,8 @@ def stats_columns_config(schema: pa.Schema) -> dict[str, str]:
 def retry_on_conflict(op: Callable[[int], _T], what: str, attempts: int = 8) -> _T:
     """Run ``op(attempt)`` until it commits; after a lost race it is called again to re-plan.
 
-    Unlike ``_with_retry`` the operation gets the attempt number, so a caller whose input was a
-    one-shot stream can rebuild it (and re-read the table it planned against) before retrying.
+    The operation gets the attempt number, so a caller whose input was a one-shot stream can
+    rebuild it (and re-read the table it planned against) before retrying.
     """
     for attempt in range(1, attempts + 1):
         try:

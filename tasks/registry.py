@@ -57,7 +57,11 @@ class StaleGateError(DataError, RuntimeError):
 
 def mlflow_client(settings: Settings) -> MlflowClient:
     """Point MLflow (fluent API and a client) at this environment's tracking and registry store."""
-    uri = settings.tracking_uri
+    return client_for(settings.tracking_uri)
+
+
+def client_for(uri: str) -> MlflowClient:
+    """Point MLflow (fluent API and a client) at one store for tracking and registry alike."""
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)

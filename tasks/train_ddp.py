@@ -52,7 +52,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tasks.model import build_model, load_logged_weights, log_pyfunc_model, transfer_weights
-from tasks.registry import TAG_MODEL_URI
+from tasks.registry import TAG_MODEL_URI, client_for
 from tasks.settings import Settings, TrainingSettings
 from tasks.train_data import (
     DevicePlan,
@@ -415,9 +415,7 @@ def _train(
         if rank == 0:
             log.info("resuming from the checkpoint of epoch %d in %s", saved["epoch"], request.checkpoint_dir)
 
-    client = MlflowClient(tracking_uri=request.tracking_uri, registry_uri=request.tracking_uri)
-    mlflow.set_tracking_uri(request.tracking_uri)
-    mlflow.set_registry_uri(request.tracking_uri)
+    client = client_for(request.tracking_uri)
     with ExitStack() as stack:
         logged: set[int] = set()
         if rank == 0:
