@@ -50,7 +50,6 @@ URL; label = folder, or a CSV/JSONL manifest). What is stored per image is
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import posixpath
 import tempfile
@@ -68,7 +67,7 @@ from deltalake import DeltaTable
 from tasks import lake
 from tasks.images import Rejection, prepare_image
 from tasks.settings import Settings
-from tasks.sources import Entry, LandingNotFoundError, Source, SourceError, open_source
+from tasks.sources import Entry, LandingNotFoundError, SourceError, open_source
 
 log = logging.getLogger(__name__)
 
@@ -200,27 +199,6 @@ class _Spill:
                 yield reader.get_batch(i)
 
 
-def _list(source: Source) -> pa.Table:
-    """The listing as columns (a few hundred bytes a file), in the source's stable order."""
-    types = (pa.string(), pa.string(), pa.string(), pa.int64(), pa.int64(), pa.string())
-    names = ["uri", "path", "label", "size", "mtime_ns", "etag", "problem_code", "problem_detail"]
-    chunks: list[pa.Table] = []
-    entries = source.entries()
-    while True:
-        chunk = list(itertools.islice(entries, 16384))
-        if not chunk and chunks:
-            break
-        columns = list(zip(*chunk)) if chunk else [()] * 7  # transpose in C: no per-file appends
-        problems = columns[6]
-        arrays = [pa.array(col, t) for col, t in zip(columns[:6], types)]
-        arrays.append(pa.array([p.code if p else None for p in problems], pa.string()))
-        arrays.append(pa.array([p.detail if p else None for p in problems], pa.string()))
-        chunks.append(pa.Table.from_arrays(arrays, names=names))
-        if not chunk:
-            break
-    return pa.concat_tables(chunks).combine_chunks()
-
-
 def _cached(manifest_uri: str, listing: pa.Table) -> pa.Table:
     """Per listed file, aligned with the listing: unchanged since the last check? and what it held then."""
     n = listing.num_rows
@@ -228,15 +206,20 @@ def _cached(manifest_uri: str, listing: pa.Table) -> pa.Table:
                       "content_code": pa.nulls(n, pa.string()), "content_detail": pa.nulls(n, pa.string())})
     if not lake.exists(manifest_uri):
         return empty
-    cache = DeltaTable(manifest_uri).to_pyarrow_table(
-        columns=["source_uri", "size", "mtime_ns", "etag", "sha256", "content_code", "content_detail"]
-    )
+    table = DeltaTable(manifest_uri)
+    cache = table.to_pyarrow_table(columns=["source_uri", "size", "mtime_ns", "etag", "sha256", "content_code"])
     idx = pc.index_in(listing.column("uri"), value_set=cache.column("source_uri"))
     hit = pc.is_valid(idx)
     if not pc.any(hit).as_py():
         return empty
     rows = cache.take(idx)  # null index -> null row
     del cache
+    if pc.all(pc.is_null(rows.column("content_code"))).as_py():  # no cached verdicts: skip the long column
+        details = pa.nulls(n, pa.string())
+    else:
+        verdicts = table.to_pyarrow_table(columns=["source_uri", "content_detail"])
+        details = verdicts.column("content_detail").take(
+            pc.index_in(listing.column("uri"), value_set=verdicts.column("source_uri")))
     same = pc.and_(pc.equal(listing.column("size"), rows.column("size")),
                    pc.equal(listing.column("mtime_ns"), rows.column("mtime_ns")))
     etag_same = pc.or_(pc.and_(pc.is_null(listing.column("etag")), pc.is_null(rows.column("etag"))),
@@ -244,7 +227,7 @@ def _cached(manifest_uri: str, listing: pa.Table) -> pa.Table:
     known_stamp = pc.and_(pc.greater_equal(listing.column("size"), 0), pc.greater_equal(listing.column("mtime_ns"), 0))
     unchanged = pc.fill_null(pc.and_(pc.and_(hit, same), pc.and_(etag_same, known_stamp)), False)
     return pa.table({"unchanged": unchanged, "sha256": rows.column("sha256"),
-                     "content_code": rows.column("content_code"), "content_detail": rows.column("content_detail")})
+                     "content_code": rows.column("content_code"), "content_detail": details})
 
 
 def _known(table: DeltaTable | None) -> pa.Table:
@@ -368,7 +351,7 @@ def ingest_landing(
             raise NotADirectoryError(str(exc)) from exc
         raise
     logical = lake.normalise_logical_date(logical_date)
-    listing = _list(source)
+    listing = source.listing()
     n = listing.num_rows
     if n == 0:
         raise EmptyLandingError(f"landing folder {landing_uri} holds no files: nothing to ingest, no new version")
