@@ -3,9 +3,10 @@
 
 1. **ingest**: every file of the source (a local path or an fsspec URL; labels from folder
    names or a CSV/JSONL manifest) is hashed (sha256 of the bytes), fully decoded and checked;
-   unchanged files are skipped without being read. New images land in `raw_images` in one
-   Delta commit per run (the dataset version); bad files go to the `rejects` table with a
-   reason. An empty source skips the run with a message and writes no version.
+   unchanged files are skipped without being read, and a zone whose whole listing is unchanged
+   since it was last decided costs its listing alone (Param `full_recheck` re-reads all). New
+   images land in `raw_images` in one Delta commit per run (the dataset version); bad files
+   go to the `rejects` table with a reason. An empty source skips the run with a message and writes no version.
 2. **validate**: a great-expectations suite over that raw version; thresholds come from the
    environment's settings. Only a passing version is named (Param `dataset_version_name`)
    and published on the `raw_images` Asset, which triggers `cd4ml_curate`.
@@ -43,6 +44,11 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
             None, type=["null", "string"], enum=[None, "local", "spark"],
             description="local: this worker (delta-rs); spark: a Spark job with delta-spark, for clusters.",
         ),
+        "full_recheck": Param(
+            False, type="boolean",
+            description="Open and decide every file again, trusting no incremental state (after a rewrite that "
+            "kept a file's size and mtime). Never duplicates rows.",
+        ),
         "dataset_version_name": Param(
             None, type=["null", "string"], pattern=NAME_PATTERN,
             description="Name the validated raw version (e.g. release-3); names are immutable.",
@@ -70,6 +76,7 @@ def cd4ml_ingest():
                     label_source=p["label_source"],
                     manifest=p["manifest_uri"],
                     engine=p["engine"],
+                    full=p["full_recheck"],
                 )
         except EmptyLandingError as exc:
             raise AirflowSkipException(str(exc)) from exc

@@ -114,6 +114,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         label_source=args.labels,
         manifest=args.manifest,
         engine=args.engine,
+        full=args.full,
     )
     print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     return 0
@@ -195,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", choices=["folders", "csv", "jsonl"], help="where labels come from (default: settings)")
     p.add_argument("--manifest", help="csv/jsonl manifest with path,label (relative = inside the landing root)")
     p.add_argument("--engine", choices=["local", "spark"], help="default: ingest.engine")
+    p.add_argument("--full", action="store_true",
+                   help="trust no incremental state: open and decide every file again (never duplicates)")
     p.add_argument("--logical-date", help="ISO date the commit is stamped with (default: today, UTC)")
     p.add_argument("--run-id", help="run id stamped on the commit (default: cli-<timestamp>)")
     p.set_defaults(func=_cmd_ingest)

@@ -35,6 +35,10 @@ URL; label = folder, or a CSV/JSONL manifest). What is stored per image is
   unchanged is not opened again: its sha256 decides (already present, conflicting, or cached
   reject). An unchanged zone therefore costs one listing (stat) and two small table reads, and
   commits nothing anywhere. Unknown size or mtime (some object stores) is never "unchanged".
+* Settled zones (``tasks.ingest_zones``): after a run has decided every file, a digest of the
+  whole listing and the raw version are recorded per zone; a later run whose listing has the
+  same digest, while ``raw_images`` is still at that version, returns at once without reading
+  the manifest or the raw keys. ``full=True`` re-decides every file, opening each again.
 * Concurrency: the plan (which keys are new, which conflict) is made against one snapshot of
   ``raw_images`` and committed against that same snapshot with no automatic rebase; if another
   ingest committed meanwhile, Delta refuses the commit, the attempt deletes its files, and the
@@ -64,7 +68,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from tasks import lake
+from tasks import ingest_zones, lake
 from tasks.images import Rejection, prepare_image
 from tasks.settings import Settings
 from tasks.sources import Entry, LandingNotFoundError, SourceError, open_source
@@ -152,6 +156,7 @@ class IngestResult:
     unchanged_skipped: int = 0
     commit_attempts: int = 1
     seconds: float = 0.0
+    zone_unchanged: bool = False  # the listing matched the zone's settled state: nothing opened or read
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -199,12 +204,15 @@ class _Spill:
                 yield reader.get_batch(i)
 
 
-def _cached(manifest_uri: str, listing: pa.Table) -> pa.Table:
-    """Per listed file, aligned with the listing: unchanged since the last check? and what it held then."""
+def _cached(manifest_uri: str, listing: pa.Table, trust: bool = True) -> pa.Table:
+    """Per listed file, aligned with the listing: unchanged since the last check? and what it held then.
+
+    ``trust=False`` (a full re-check) treats every file as changed.
+    """
     n = listing.num_rows
     empty = pa.table({"unchanged": pa.array(np.zeros(n, dtype=bool)), "sha256": pa.nulls(n, pa.string()),
                       "content_code": pa.nulls(n, pa.string()), "content_detail": pa.nulls(n, pa.string())})
-    if not lake.exists(manifest_uri):
+    if not trust or not lake.exists(manifest_uri):
         return empty
     table = DeltaTable(manifest_uri)
     cache = table.to_pyarrow_table(columns=["source_uri", "size", "mtime_ns", "etag", "sha256", "content_code"])
@@ -324,11 +332,13 @@ def ingest_landing(
     label_source: str | None = None,
     manifest: str | None = None,
     engine: str | None = None,
+    full: bool = False,
 ) -> IngestResult:
     """Ingest the landing zone (default: the environment's) into ``raw_images`` (module doc).
 
     ``label_source`` (folders | csv | jsonl), ``manifest`` and ``engine`` (local | spark) default
-    to ``settings.ingest``. Returns the raw version holding the batch.
+    to ``settings.ingest``. ``full`` trusts no incremental state: every file is opened and decided
+    again (the table still gets no duplicate). Returns the raw version holding the batch.
     """
     cfg = settings.ingest
     engine = engine or cfg.engine
@@ -358,14 +368,31 @@ def ingest_landing(
     listed_s = time.perf_counter() - started
 
     raw_uri, rejects_uri, manifest_uri = settings.raw_table, settings.rejects_table, settings.table_uri(MANIFEST_TABLE)
+    zones_uri = settings.table_uri(ingest_zones.ZONES_TABLE)
     now = datetime.now(UTC)  # a record of when, not an input to any decision
     allowed = set(cfg.allowed_labels)
     extensions = {e.lower() for e in cfg.image_extensions}
+    zone_key = ingest_zones.zone_key(source.root_uri, label_source, source.manifest_uri)
+    digest = ingest_zones.listing_digest(listing, {
+        "allowed": sorted(allowed), "extensions": sorted(extensions), "min_side": cfg.min_side,
+        "max_side": cfg.max_side, "max_pixels": cfg.max_pixels, "keep_modes": cfg.keep_modes,
+        "convert_modes": cfg.convert_modes})
+    zone = None if full else ingest_zones.settled(zones_uri, raw_uri, zone_key, digest)
+    if zone is not None:
+        result = IngestResult(
+            raw_table=raw_uri, raw_version=zone.raw_version, committed=False, files_seen=n, inserted=0,
+            already_present=zone.already_present, rejected=zone.rejected, rejects_table=rejects_uri, run_id=run_id,
+            logical_date=logical, source_uri=source.root_uri, label_source=label_source, engine="local",
+            files_read=0, unchanged_skipped=n, commit_attempts=0, seconds=round(time.perf_counter() - started, 3),
+            zone_unchanged=True)
+        log.info("ingest: zone unchanged since run %s (listing digest %s, raw_images v%d): nothing read or written",
+                 zone.ingest_run_id, digest[:12], zone.raw_version)
+        return result
 
     def reject(source_uri: str, sha: str | None, label: str | None, code: str, detail: str) -> dict:
         return _reject_row(source_uri, sha, label, code, detail, run_id, logical, now)
 
-    cache = _cached(manifest_uri, listing)
+    cache = _cached(manifest_uri, listing, trust=not full)
     snapshot = DeltaTable(raw_uri) if lake.exists(raw_uri) else None
     known = _known(snapshot)
     cached_label = _lookup(cache.column("sha256"), known)
@@ -470,7 +497,7 @@ def ingest_landing(
             state["attempts"] = attempt
             table = snapshot if attempt == 1 else (DeltaTable(raw_uri) if lake.exists(raw_uri) else None)
             plan = _plan(cands, known if attempt == 1 else _known(table), uris, n, reject)
-            state["plan"] = plan
+            state["plan"], state["planned_version"] = plan, table.version() if table is not None else None
             if plan.to_insert == 0:
                 return None, 0
 
@@ -500,6 +527,15 @@ def ingest_landing(
         raise EmptyLandingError(
             f"landing folder {landing_uri}: all {n} files were rejected (see {rejects_uri}); no raw table version exists"
         )
+    if ingest_zones.stable(listing, {r["reason_code"] for r in rejects}):
+        # Recorded last: the raw table, rejects and manifest already hold everything it vouches for.
+        identity = ingest_zones.table_identity(raw_uri)
+        decided_at = new_version if new_version is not None else state.get("planned_version", raw_version)
+        if identity is not None and decided_at is not None:
+            ingest_zones.record(zones_uri, ingest_zones.Zone(
+                zone_key, digest, identity[0], decided_at, n, already_present + inserted, len(rejects), run_id),
+                source_uri=source.root_uri, label_source=label_source, manifest_uri=source.manifest_uri,
+                logical_date=logical, now=now)
     result = IngestResult(
         raw_table=raw_uri,
         raw_version=raw_version,

@@ -39,7 +39,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -283,7 +283,10 @@ def append_stream(
     rebase (``max_commit_retries=0``): if anyone committed since, Delta refuses it
     (``CommitFailedError`` / ``ConcurrentCreateError``), this call deletes the files it wrote,
     and the caller re-plans. Returns (version, rows) or (None, 0) for an empty stream. Stats per
-    file: numRecords, nullCount, and min/max of integer columns (binary columns never).
+    file: numRecords, nullCount, and min/max of integer, string and timestamp columns (binary
+    columns never). The min/max matter beyond skipping: delta-rs prunes a file whose stats lack
+    a column's min/max from any filter on that column (measured: a string filter then returns
+    no rows), so every column a reader may filter on gets them.
     """
     import os
     import uuid
@@ -296,7 +299,7 @@ def append_stream(
     filesystem, base = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
     filesystem.create_dir(base, recursive=True)
     schema = reader.schema
-    ints = [f.name for f in schema if pa.types.is_integer(f.type)]
+    ranged = [f.name for f in schema if _has_range(f.type)]
     counted = [f.name for f in schema if not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))]
     written: list[AddAction] = []
     paths: list[str] = []
@@ -309,7 +312,8 @@ def append_stream(
         writer.close()
         info = filesystem.get_file_info(state["path"])
         stats = {"numRecords": state["rows"], "nullCount": state["nulls"],
-                 "minValues": state["min"], "maxValues": state["max"]}
+                 "minValues": {k: _stat_value(v, ceil=False) for k, v in state["min"].items()},
+                 "maxValues": {k: _stat_value(v, ceil=True) for k, v in state["max"].items()}}
         written.append(AddAction(state["name"], int(info.size), {}, int(time.time() * 1000), True, json.dumps(stats)))
 
     total = 0
@@ -328,7 +332,7 @@ def append_stream(
             total += batch.num_rows
             for col in counted:
                 state["nulls"][col] += batch.column(col).null_count
-            for col in ints:
+            for col in ranged:
                 lo, hi = pc.min_max(batch.column(col)).values()
                 if lo.is_valid:
                     state["min"][col] = min(lo.as_py(), state["min"].get(col, lo.as_py()))
@@ -359,6 +363,21 @@ def append_stream(
                 filesystem.delete_file(path)
             except OSError:
                 pass
+
+
+def _has_range(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_timestamp(kind)
+
+
+def _stat_value(value: Any, ceil: bool) -> Any:
+    """A min/max as the Delta log writes it: timestamps in UTC at millisecond precision (bounds kept)."""
+    if not isinstance(value, datetime):
+        return value
+    value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    floor = value.replace(microsecond=value.microsecond // 1000 * 1000)
+    if ceil and floor != value:
+        floor += timedelta(milliseconds=1)
+    return floor.strftime("%Y-%m-%dT%H:%M:%S.") + f"{floor.microsecond // 1000:03d}Z"
 
 
 def upsert_batches(

@@ -162,6 +162,23 @@ def test_append_stream_is_one_commit_against_its_snapshot_or_nothing(tmp_path):
     assert lake.open_table(uri).count() == 4  # numRecords stats are right
 
 
+def test_append_stream_writes_stats_that_filters_can_trust(tmp_path):
+    """delta-rs prunes a file from a filter on a column whose min/max the stats lack: they must be there."""
+    from datetime import UTC, datetime
+
+    uri = str(tmp_path / "f")
+    at = [datetime(2026, 11, 21, 8, 30, 0, 123456, tzinfo=UTC), datetime(2026, 11, 21, 9, 0, 0, 999999, tzinfo=UTC)]
+    rows = pa.table({"k": ["été 1", "b"], "n": [1, 2], "at": pa.array(at, pa.timestamp("us", tz="UTC")),
+                     "blob": pa.array([b"x", b"y"], pa.binary())})
+    lake.append_stream(uri, pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches()), {}, None)
+    table = lake.open_table(uri)
+    assert table.to_pyarrow_table(filters=[("k", "=", "été 1")]).column("n").to_pylist() == [1]
+    assert table.to_pyarrow_table(filters=[("k", "in", ["b", "zzz"])]).column("n").to_pylist() == [2]
+    for when, n in zip(at, (1, 2)):  # exact microseconds, at either end of the millisecond-rounded bounds
+        exact = pa.scalar(when, pa.timestamp("us", tz="UTC"))
+        assert table.to_pyarrow_table(filters=[("at", "=", exact)]).column("n").to_pylist() == [n]
+
+
 def test_upsert_batches_commits_in_chunks_and_replaces_changed_rows(tmp_path):
     uri = str(tmp_path / "m")
     rows = pa.table({"k": ["a", "b", "c"], "v": [1, 2, 3]})
