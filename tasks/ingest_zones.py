@@ -88,12 +88,27 @@ def zone_key(source_uri: str, label_source: str, manifest_uri: str | None) -> st
 def listing_digest(listing: pa.Table, rules: dict) -> str:
     """sha256 of the listing's columns (one Arrow IPC stream, single chunk) and the decision rules."""
     digest = hashlib.sha256(json.dumps({"rules_version": RULES_VERSION, **rules}, sort_keys=True, default=list).encode())
-    sink = pa.BufferOutputStream()
     table = listing.combine_chunks()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    digest.update(sink.getvalue())
+    with pa.PythonFile(_HashSink(digest), mode="w") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)  # streamed into the hash: no copy of the listing is held
     return digest.hexdigest()
+
+
+class _HashSink:
+    """A write-only file whose bytes go straight into a hash."""
+
+    def __init__(self, digest) -> None:
+        self.digest, self.closed = digest, False
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def stable(listing: pa.Table, reject_codes: set[str]) -> bool:
