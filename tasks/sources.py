@@ -140,6 +140,31 @@ def _folder_chunk(names: list[str], stats: list[os.stat_result], shown_prefix: s
     ], schema=LISTING_SCHEMA)
 
 
+def _stat_folder(folder: str) -> tuple[list[str], list[os.stat_result | OSError], bool]:
+    """Names (no dot files), their ``lstat`` (or the error), and whether all are regular files.
+
+    ``fstatat`` on the open folder, so no path is walked from ``/`` per file. ``OSError``: the
+    folder itself cannot be opened or listed.
+    """
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        names = [name for name in os.listdir(fd) if name[0] != "."]
+        stat_at, is_reg = os.stat, stat.S_ISREG
+        try:
+            stats: list[os.stat_result | OSError] = [stat_at(name, dir_fd=fd, follow_symlinks=False) for name in names]
+            return names, stats, all(map(is_reg, [st.st_mode for st in stats]))  # type: ignore[union-attr]
+        except OSError:  # a file vanished or cannot be looked at: say which, per file
+            stats = []
+            for name in names:
+                try:
+                    stats.append(stat_at(name, dir_fd=fd, follow_symlinks=False))
+                except OSError as exc:
+                    stats.append(exc)
+            return names, stats, False
+    finally:
+        os.close(fd)
+
+
 def _fs_for(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     try:
         return url_to_fs(uri)
@@ -260,7 +285,7 @@ class Source:
         root, and followed only when they stay inside it.
         """
         chunks: list[pa.Table] = []
-        stat_at, is_reg, is_dir, is_link = os.stat, stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
+        is_reg, is_dir, is_link = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
         visited = {self.root}
         stack = [(self.root, "")]
         while stack:
@@ -268,30 +293,11 @@ class Source:
             shown_dir = posixpath.join(self.root, rel_dir) if rel_dir else self.root
             label = rel_dir.split("/", 1)[0] if rel_dir else None  # the same for every file here
             try:
-                fd = os.open(real_dir, os.O_RDONLY | os.O_DIRECTORY)
+                names, stats, plain = _stat_folder(real_dir)
             except OSError as exc:
                 chunks.append(_rows([(self.uri_of(shown_dir), "", label, -1, -1, Rejection(
                     "unreadable", f"cannot list folder: {exc.strerror or exc}"))]))
                 continue
-            try:
-                names = [name for name in os.listdir(fd) if name[0] != "."]
-                try:
-                    stats: list[os.stat_result | OSError] = [
-                        stat_at(name, dir_fd=fd, follow_symlinks=False) for name in names]
-                    plain = all(map(is_reg, [st.st_mode for st in stats]))  # type: ignore[union-attr]
-                except OSError:  # a file vanished or cannot be looked at: the slow path says which
-                    stats, plain = [], False
-                    for name in names:
-                        try:
-                            stats.append(stat_at(name, dir_fd=fd, follow_symlinks=False))
-                        except OSError as exc:
-                            stats.append(exc)
-            except OSError as exc:
-                chunks.append(_rows([(self.uri_of(shown_dir), "", label, -1, -1, Rejection(
-                    "unreadable", f"cannot list folder: {exc.strerror or exc}"))]))
-                continue
-            finally:
-                os.close(fd)
             real_prefix, shown_prefix = real_dir + "/", "file://" + shown_dir + "/"
             if plain:  # a folder of regular files: columns built by pyarrow, sorted by name
                 if names:
