@@ -14,7 +14,8 @@ computes the digest of its own listing; when it matches and ``raw_images`` is st
 recorded version of the same table, the outcome of deciding every file again is known to be
 "nothing new": every file was either written, already present, or rejected for a reason that
 depends only on its bytes, its path or its label, and none of those changed. The run then
-returns at once: no file opened, no table read beyond two Delta logs, nothing committed.
+returns at once: no file opened, nothing read but the zone's record and the raw table's
+log, nothing committed.
 
 Any difference falls back to the per-file path, which is always correct on its own: one
 file touched, added or removed (its stamp is in the digest), a manifest edited (labels are in
@@ -25,7 +26,8 @@ the file must be tried again next time), and not when a file's size or mtime is 
 (some object stores), where the per-file path never trusts a stamp either.
 
 Like any stat-based check (make, rsync, git), a rewrite that keeps a file's size and
-nanosecond mtime is invisible; ``cd4ml ingest --full`` (``force_full``) re-decides every file.
+nanosecond mtime is invisible; ``cd4ml ingest --full``, the DAG Param ``full_recheck`` or
+``ingest_landing(..., full=True)`` re-decides every file.
 """
 
 from __future__ import annotations
