@@ -159,6 +159,10 @@ def test_ingest_from_an_fsspec_url_and_manifest(settings):
     assert sorted(r["source_uri"] for r in table)[0] == f"memory://{root}/landing/0/m0.png"
     again = ingest_landing(settings, run_id="mem2", logical_date="2026-11-22", landing=f"memory://{root}/landing")
     assert again.files_read == 0 and not again.committed  # the memory store gives sizes and times: cached
+    assert again.zone_unchanged  # and a listing with known stamps settles the zone
+    fs.pipe(f"{root}/landing/1/m9.png", _noise_png(509))
+    third = ingest_landing(settings, run_id="mem3", logical_date="2026-11-23", landing=f"memory://{root}/landing")
+    assert (third.zone_unchanged, third.files_read, third.inserted) == (False, 1, 1)
     fs.rm(root, recursive=True)
 
 
