@@ -522,15 +522,15 @@ def ingest_landing(
             lake.upsert_batches(manifest_uri, seen.batches, MANIFEST_SCHEMA, "source_uri",
                                 {**metadata, "step": "ingest_manifest"})
 
-    raw_version = new_version if new_version is not None else lake.current_version(raw_uri)
+    identity = ingest_zones.table_identity(raw_uri)  # (table id, newest version): one log load serves both uses
+    raw_version = new_version if new_version is not None else (identity[1] if identity is not None else None)
     if raw_version is None:
         raise EmptyLandingError(
             f"landing folder {landing_uri}: all {n} files were rejected (see {rejects_uri}); no raw table version exists"
         )
     if ingest_zones.stable(listing, {r["reason_code"] for r in rejects}):
         # Recorded last: the raw table, rejects and manifest already hold everything it vouches for.
-        identity = ingest_zones.table_identity(raw_uri)
-        decided_at = new_version if new_version is not None else state.get("planned_version", raw_version)
+        decided_at = new_version if new_version is not None else state["planned_version"]
         if identity is not None and decided_at is not None:
             ingest_zones.record(zones_uri, ingest_zones.Zone(
                 zone_key, digest, identity[0], decided_at, n, already_present + inserted, len(rejects), run_id),
