@@ -279,9 +279,9 @@ class Source:
         One ``listdir`` per folder and one ``lstat`` per entry, nothing else for a regular file:
         ``lstat``'s mode tells files, folders and links apart, and its size and mtime are what
         the ingest's unchanged check needs. The ``lstat`` is an ``fstatat`` on the open folder
-        (no path walk from ``/`` per file: ~8% of the walk). A folder of plain files becomes one Arrow chunk built
-        in C (names sorted and joined to their URIs by pyarrow), so the walk costs little more
-        than its ``lstat`` calls. Links (rare) take the slow path: resolved, checked against the
+        (no path walk from ``/`` per file: ~8% of the walk). A folder of plain files becomes one
+        Arrow chunk built in C (names sorted and joined to their URIs by pyarrow), so the walk
+        costs little more than its ``lstat`` calls. Links (rare) take the slow path: resolved, checked against the
         root, and followed only when they stay inside it.
         """
         chunks: list[pa.Table] = []
