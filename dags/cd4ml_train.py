@@ -14,21 +14,39 @@ Triggered by the `curated_images` Asset, or by hand with an explicit `curated_ve
    Where it runs is a setting (`training.launcher`): this worker, a torchrun subprocess
    (DDP), or a pod of the trainer image (KubernetesPodOperator). The same version with the
    same training settings reuses the finished run unless `force_retrain` is set.
-4. **evaluate_gate**: candidate and champion scored on the same test split.
-5. **promote**: the candidate is registered; only a passing candidate gets the `champion`
-   alias of this environment's registered model, published on the champion Asset.
+4. **register**: the candidate becomes a version of this environment's registered model, with
+   its lineage (data versions, drift status, git commit, requirements hash) as tags.
+5. **evaluate_gate -> mark_challenger -> [approval_request -> approve] -> promote -> finish**:
+   the shared release tail (`cd4ml_airflow.release`): a paired, per-class, smoke-tested gate
+   against the champion; a pass makes it `challenger`; `champion` moves at once where
+   `release.approval` is `none` (sit, uat) and after a person approves in the Required Actions
+   page where it is `required` (prod). A reject or timeout is recorded and alerted.
+
+In an environment with `release.sample_fraction` below 1 (sit), training, drift and the gate
+use a deterministic, named sample of the curated version (tasks/sampling.py).
 """
 
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
 
-from cd4ml_airflow.assets import CHAMPION_MODEL, CURATED_IMAGES
+from cd4ml_airflow.assets import CURATED_IMAGES
 from cd4ml_airflow.config import SETTINGS
 from cd4ml_airflow.context import fail_fast_on_data_errors, input_version, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
+from cd4ml_airflow.release import release_flow
 
 ON_KUBERNETES = SETTINGS.training.launcher == "kubernetes"
+
+
+def _run_tags(data: dict, drift: dict, best: dict) -> dict:
+    """Lineage the training run carries beyond its data version: sample name, drift outcome, tuning study."""
+    tags = {"cd4ml.drift.status": drift["status"], "cd4ml.drift.report": drift["report_path"]}
+    if data.get("sample"):
+        tags["cd4ml.sample"] = data["sample"]
+    if best:
+        tags["cd4ml.optuna_study"] = best["study_name"]
+    return tags
 
 
 def _overrides(params, best: dict) -> dict:
@@ -63,13 +81,14 @@ def _overrides(params, best: dict) -> dict:
         "force_retrain": Param(False, type="boolean", description="Train again even if a finished run exists."),
     },
     render_template_as_native_obj=ON_KUBERNETES,  # the pod's arguments render as a list
-    **dag_kwargs(["training", "drift", "tuning", "gate", "registry"], __doc__),
+    **dag_kwargs(["training", "drift", "tuning", "gate", "registry", "release"], __doc__),
 )
 def cd4ml_train():
     @task
     def resolve_input(**context) -> dict:
-        """Pin the curated version this run works on."""
+        """Pin the curated version this run works on (and, in a sampling environment, its named sample)."""
         from tasks import lake
+        from tasks.sampling import training_data
         from tasks.settings import load_settings
 
         settings = load_settings()
@@ -83,7 +102,11 @@ def cd4ml_train():
                     context, param="curated_version", asset=CURATED_IMAGES, extra_key="curated_version",
                     table_uri=settings.curated_table,
                 )
-        return {"curated_table": settings.curated_table, "curated_version": version}
+            data = training_data(settings, settings.curated_table, version, context["run_id"])
+        if data["sample"]:
+            print(f"training on {data['sample']}: {data['table']} v{data['version']} (curated v{version})")
+        return {"curated_table": data["table"], "curated_version": data["version"], "sample": data["sample"],
+                "source_curated_version": version}
 
     @task
     def drift_check(data: dict, **context) -> dict:
@@ -190,7 +213,7 @@ def cd4ml_train():
                     load_settings(), data["curated_table"], data["curated_version"], run_id=context["run_id"],
                     logical_date=logical_date_of(context), force=bool(context["params"]["force_retrain"]),
                     overrides=_overrides(context["params"], best.get("params")),
-                    tags={"cd4ml.optuna_study": best["study_name"]} if best else None,
+                    tags=_run_tags(data, drift, best),
                 )
             print(f"MLflow run: {result.mlflow_run_id} (reused={result.reused}, resumed from epoch "
                   f"{result.resumed_from_epoch})  metrics: {result.metrics}")
@@ -199,40 +222,17 @@ def cd4ml_train():
         trained = train(data, drift, best)
 
     @task
-    def evaluate_gate(data: dict, trained: dict) -> dict:
-        """Candidate vs. champion on the same test split."""
-        from tasks.evaluate import evaluate
+    def register(trained: dict) -> dict:
+        """Register the candidate in this environment's model with its lineage; no alias moves here."""
+        from tasks.registry import register_candidate
         from tasks.settings import load_settings
 
         with fail_fast_on_data_errors():
-            gate = evaluate(load_settings(), trained["mlflow_run_id"], data["curated_table"], data["curated_version"])
-        print(f"gate passed={gate.passed}: {'; '.join(gate.reasons)}  report: {gate.report_path}")
-        return gate.to_dict()
+            version = register_candidate(load_settings(), trained["mlflow_run_id"])
+        print(f"candidate: {SETTINGS.registry.model_name} v{version} (run {trained['mlflow_run_id']})")
+        return {"version": version, "run_id": trained["mlflow_run_id"]}
 
-    @task(outlets=[CHAMPION_MODEL])
-    def promote(trained: dict, gate: dict, *, outlet_events=None) -> dict:
-        """Register the candidate; give it the champion alias only if the gate passed."""
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from tasks.alerts import Alert, send
-        from tasks.registry import register_and_promote
-        from tasks.settings import load_settings
-
-        settings = load_settings()
-        with fail_fast_on_data_errors():  # e.g. the champion moved since the gate compared against it
-            result = register_and_promote(settings, trained["mlflow_run_id"], gate)
-        if not result.alias_set:
-            message = (f"{result.model_name} v{result.version} registered but not promoted: "
-                       + "; ".join(gate["reasons"]))
-            send(Alert(summary=message, severity="warning", source="dag:cd4ml_train/task:promote",
-                       env=settings.env, dedup_key=f"{settings.env}:gate:{result.model_name}",
-                       details={"gate": gate, "version": result.version}), settings)
-            raise AirflowSkipException(message)  # no champion event: nothing downstream moves
-        outlet_events[CHAMPION_MODEL].extra = {"model_name": result.model_name, "version": result.version}
-        return result.to_dict()
-
-    gate = evaluate_gate(data, trained)
-    promote(trained, gate)
+    release_flow(register(trained), data)
 
 
 cd4ml_train()

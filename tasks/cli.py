@@ -153,6 +153,37 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+@_data_plane_errors
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    from tasks.release import rollback
+
+    result = rollback(load_settings(args.env), reason=args.reason, to_version=args.to, actor=args.by,
+                      run_id=args.run_id or "")
+    print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    return 0
+
+
+@_data_plane_errors
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from tasks import audit
+
+    rows = audit.read(load_settings(args.env))
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=2, sort_keys=True, default=str))
+    else:
+        print(audit.format_rows(rows))
+    return 0
+
+
+@_data_plane_errors
+def _cmd_lineage(args: argparse.Namespace) -> int:
+    from tasks.lineage import format_lineage, lineage
+
+    info = lineage(args.model_uri)
+    print(json.dumps(info, indent=2, sort_keys=True, default=str) if args.json else format_lineage(info))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cd4ml", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -201,6 +232,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logical-date", help="ISO date the commit is stamped with (default: today, UTC)")
     p.add_argument("--run-id", help="run id stamped on the commit (default: cli-<timestamp>)")
     p.set_defaults(func=_cmd_ingest)
+    p = sub.add_parser("rollback", help="move champion back to the previous champion (or --to VERSION); touches no data")
+    p.add_argument("--env", required=True, help="sit | uat | prod")
+    p.add_argument("--reason", required=True, help="why: recorded in the audit, tagged on the demoted version, sent to on-call")
+    p.add_argument("--to", type=int, help="roll back to this version instead of the previous champion")
+    p.add_argument("--by", help="who (default: CD4ML_ACTOR or USER)")
+    p.add_argument("--run-id", help="request id: repeating the same id changes nothing")
+    p.set_defaults(func=_cmd_rollback)
+    p = sub.add_parser("audit", help="the release ledger of an environment: every alias change and approval decision")
+    p.add_argument("--env", required=True, help="sit | uat | prod")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_audit)
+    p = sub.add_parser("lineage", help="the whole chain behind models:/<name>/<version> or models:/<name>@<alias>")
+    p.add_argument("model_uri")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_lineage)
     return parser
 
 

@@ -1,59 +1,124 @@
-"""The promotion gate: candidate vs. champion on the same test split, through the serving path.
+"""The automatic gate: a registered candidate against this environment's champion, decided so noise cannot fool it.
 
-Both models are loaded as MLflow pyfuncs and fed the test split's raw image bytes, exactly as a
-serving request would. The gate passes when the candidate reaches ``settings.gate.min_value``
-and, if there is a champion, is at most ``settings.gate.max_regression`` worse than it.
+Rules, in the order the report lists them (settings: ``gate`` of the environment):
 
-The outcome is logged to the candidate's run (``test_accuracy``, ``test_macro_f1``,
-``gate_passed`` ...) and written as ``<reports>/gate/<candidate_run_id>.json``. Nothing in the
-report depends on the wall clock, so re-evaluating the same inputs rewrites the same file.
+* **Frozen test set.** The test split of this environment's curated table at an explicit
+  version, minus every image either model trained or validated on (their train and val splits
+  are read from their lineage tags: curated table and version). Splits never move once
+  recorded (tasks/curate.py), so this removes nothing in deploy-code; in deploy-model the
+  candidate was trained on another environment's data, and the overlap is removed and counted.
+  A model version without lineage tags is a ``LineageError``: nobody can say what it saw.
+* **Too small to decide.** Fewer than ``min_test_images`` images left: decision ``undecided``;
+  nothing is promoted and the report says why.
+* **Floor.** The candidate's ``metric`` reaches ``min_value``.
+* **Not worse (paired).** Both models classify the same images. With b = images only the
+  champion gets right and c = images only the candidate gets right, McNemar's exact test asks
+  how likely b or more of the b + c discordant images go the champion's way if both models
+  were equally good (binomial, p = 1/2, one-sided). ``p < alpha`` = significantly worse. A
+  drop in accuracy beyond ``max_regression`` fails too, however small the test set (a
+  non-inferiority margin). An equally good retrain differs from the champion only by noise,
+  which neither rule punishes; the README gives the false-reject rate over seeded retrains.
+  A paired bootstrap 95% interval of the accuracy difference is reported alongside.
+* **Per-class recall.** No class with at least ``min_class_support`` test images loses more
+  than ``max_class_recall_drop`` recall against the champion.
+* **Smoke, latency, size.** The registered pyfunc is loaded by its registry URI in a fresh
+  Python process (no project code on its path), classifies real PNG and JPEG bytes re-encoded
+  from test images, times ``latency_samples`` single-image predictions (p95 within
+  ``max_latency_p95_ms``) and sums its artifacts (within ``max_model_mb``).
+* **Never again automatically.** A version tagged ``cd4ml.rolled_back`` fails.
+
+The report (``<reports>/gate/<model>-v<candidate>-vs-<champion>-<table>-v<test version>.json``)
+names the model, the champion it was compared with and the test data; it is logged to the
+candidate's MLflow run and its path tagged on the model version. Nothing in the decision
+depends on the wall clock but the latency check: the same inputs give the same verdict on every other check.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import logging
-from dataclasses import asdict, dataclass
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-import mlflow
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
+from scipy.stats import binomtest
 from sklearn.metrics import accuracy_score, f1_score
 
+from tasks import lake
 from tasks.errors import DataError
 from tasks.registry import (
     TAG_CURATED_TABLE,
     TAG_CURATED_VERSION,
-    TAG_MODEL_URI,
+    TAG_ROLLED_BACK,
     champion_model_version,
+    get_model_version,
     mlflow_client,
 )
 from tasks.reports import write_json
 from tasks.settings import Settings
-from tasks.train import load_split_rows
+from tasks.train_data import load_split_rows
 
 log = logging.getLogger(__name__)
 
-METRICS = ("accuracy", "macro_f1")
+PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
+BOOTSTRAP_RESAMPLES = 2000
 
 
 class NoTestDataError(DataError, ValueError):
     """The curated version has no test rows: there is nothing to gate on."""
 
 
+class LineageError(DataError, ValueError):
+    """A model version lacks the lineage tags the gate needs (which data it was trained on)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
 @dataclass(frozen=True)
 class GateResult:
-    passed: bool
-    metric: str
-    candidate_value: float
+    decision: str  # pass | fail | undecided
+    model_name: str
+    candidate_version: int
     champion_version: int | None
+    metric: str
+    candidate_value: float | None
     champion_value: float | None
-    threshold: float
-    reasons: list[str]
-    report_path: str
+    test_table: str
+    test_version: int
+    test_images: int
+    checks: list[Check] = field(default_factory=list)
+    report_path: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.decision == PASS
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f"{'ok' if c.passed else 'FAILED'} {c.name}: {c.detail}" for c in self.checks]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "passed": self.passed, "reasons": self.reasons}
+
+
+# --------------------------------------------------------------------------- statistics
 
 
 def score(y_true: list[str], y_pred: list[str]) -> dict[str, float]:
@@ -64,148 +129,316 @@ def score(y_true: list[str], y_pred: list[str]) -> dict[str, float]:
     }
 
 
-def _predict_labels(model_uri: str, images: list[bytes]) -> list[str]:
+def per_class_recall(y_true: list[str], y_pred: list[str]) -> dict[str, dict[str, float]]:
+    """Recall and support per true class, by class name."""
+    truth, pred = np.asarray(y_true), np.asarray(y_pred)
+    out = {}
+    for name in sorted(set(y_true)):
+        mask = truth == name
+        out[name] = {"recall": float((pred[mask] == name).mean()), "support": int(mask.sum())}
+    return out
+
+
+def paired_comparison(y_true: list[str], candidate: list[str], champion: list[str], seed: int = 0) -> dict[str, Any]:
+    """McNemar exact (one-sided: is the candidate worse?) and a paired bootstrap interval of the difference."""
+    truth = np.asarray(y_true)
+    cand_ok = np.asarray(candidate) == truth
+    champ_ok = np.asarray(champion) == truth
+    b = int((champ_ok & ~cand_ok).sum())  # only the champion right
+    c = int((cand_ok & ~champ_ok).sum())  # only the candidate right
+    p_worse = float(binomtest(b, b + c, 0.5, alternative="greater").pvalue) if b + c else 1.0
+    diff = cand_ok.astype(np.int8) - champ_ok.astype(np.int8)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(diff), size=(BOOTSTRAP_RESAMPLES, len(diff)))
+    boot = diff[draws].mean(axis=1)
+    return {
+        "n": len(truth),
+        "only_champion_right": b,
+        "only_candidate_right": c,
+        "accuracy_difference": float(diff.mean()),
+        "p_value_candidate_worse": p_worse,
+        "bootstrap_95": [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))],
+    }
+
+
+# --------------------------------------------------------------------------- the test set
+
+
+def trained_on(version: ModelVersion, client: MlflowClient | None = None) -> tuple[str, int]:
+    """(curated table, version) a model version was trained on, from the version's own tags; else LineageError.
+
+    ``register_candidate`` and ``copy_from_upstream`` always write them; a version registered by
+    hand (MLflow UI, another tool) has none and is refused rather than guessed from a run.
+    """
+    tags = dict(version.tags or {})
+    table, number = tags.get(TAG_CURATED_TABLE), tags.get(TAG_CURATED_VERSION)
+    if not table or number in (None, "", "None"):
+        raise LineageError(
+            f"{version.name} version {version.version} has no {TAG_CURATED_TABLE}/{TAG_CURATED_VERSION} lineage tags: "
+            "nobody can tell which images it saw, so it cannot be gated or promoted"
+        )
+    return table, int(number)
+
+
+def frozen_test_set(test_table: str, test_version: int, trained: list[tuple[str, int]]) -> tuple[pa.Table, int]:
+    """The test split minus every image any of the models trained or validated on; returns (rows, removed)."""
+    rows = load_split_rows(test_table, test_version, ("test",))
+    if rows.num_rows == 0:
+        raise NoTestDataError(f"{test_table}@v{test_version} has no test rows: there is nothing to gate on")
+    seen: set[str] = set()
+    for table, version in dict.fromkeys(trained):
+        seen.update(lake.read(table, version, columns=["sha256"], filter=[("split", "in", ["train", "val"])])
+                    ["sha256"].to_pylist())
+    if not seen:
+        return rows, 0
+    keep = pc.invert(pc.is_in(rows["sha256"], value_set=pa.array(sorted(seen))))
+    kept = rows.filter(keep)
+    return kept, rows.num_rows - kept.num_rows
+
+
+# --------------------------------------------------------------------------- the smoke test
+
+_SMOKE = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    import mlflow, pandas as pd
+    request = json.loads(sys.stdin.read())
+    local = mlflow.artifacts.download_artifacts(artifact_uri=request["model_uri"])
+    size = sum(p.stat().st_size for p in Path(local).rglob("*") if p.is_file())
+    model = mlflow.pyfunc.load_model(local)
+    out = {"size_bytes": size, "predictions": {}}
+    for kind, paths in request["images"].items():
+        images = [Path(p).read_bytes() for p in paths]
+        out["predictions"][kind] = [str(x) for x in model.predict(pd.DataFrame({"image": images}))["label"].tolist()]
+    one = [Path(p).read_bytes() for p in request["images"]["png"]]
+    model.predict(pd.DataFrame({"image": one[:1]}))  # warm-up
+    times = []
+    for i in range(request["samples"]):
+        frame = pd.DataFrame({"image": [one[i % len(one)]]})
+        start = time.perf_counter()
+        model.predict(frame)
+        times.append((time.perf_counter() - start) * 1000.0)
+    out["latency_ms"] = times
+    print("CD4ML_SMOKE " + json.dumps(out))
+    """
+)
+
+
+def _encoded(images: list[bytes], fmt: str) -> list[bytes]:
+    from PIL import Image
+
+    out = []
+    for data in images:
+        with Image.open(io.BytesIO(data)) as img:
+            buf = io.BytesIO()
+            img.convert("RGB" if fmt == "JPEG" and img.mode not in ("L", "RGB") else img.mode).save(buf, format=fmt)
+            out.append(buf.getvalue())
+    return out
+
+
+def smoke_test(settings: Settings, model_uri: str, images: list[bytes], classes: set[str]) -> dict[str, Any]:
+    """Load ``model_uri`` in a fresh interpreter, classify PNG and JPEG bytes, time single predictions."""
+    gate = settings.gate
+    sample = images[: max(1, min(len(images), 16))]
+    with tempfile.TemporaryDirectory(prefix="cd4ml-smoke-") as tmp:
+        paths: dict[str, list[str]] = {}
+        for kind, fmt in (("png", "PNG"), ("jpeg", "JPEG")):
+            paths[kind] = []
+            for i, data in enumerate(_encoded(sample, fmt)):
+                path = Path(tmp) / f"{i}.{kind}"
+                path.write_bytes(data)
+                paths[kind].append(str(path))
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a consumer's process, not ours
+        env["MLFLOW_TRACKING_URI"] = settings.tracking_uri
+        env["MLFLOW_REGISTRY_URI"] = settings.tracking_uri
+        request = {"model_uri": model_uri, "images": paths, "samples": gate.latency_samples}
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _SMOKE], input=json.dumps(request), capture_output=True, text=True,
+                cwd=tmp, env=env, timeout=gate.smoke_timeout_s,
+            )
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"no answer within {gate.smoke_timeout_s} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("CD4ML_SMOKE ")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"ok": False, "error": f"exit {done.returncode}: {tail[0][:500]}"}
+    out = json.loads(lines[-1][len("CD4ML_SMOKE "):])
+    unknown = sorted({p for preds in out["predictions"].values() for p in preds} - classes)
+    answered = all(len(out["predictions"].get(k, [])) == len(sample) for k in ("png", "jpeg"))
+    return {
+        "ok": answered and not unknown,
+        "error": None if answered and not unknown else f"unknown labels {unknown}" if unknown else "missing answers",
+        "images_per_format": len(sample),
+        "png_jpeg_agreement": float(np.mean([a == b for a, b in zip(out["predictions"]["png"], out["predictions"]["jpeg"])])),
+        "latency_p50_ms": float(np.percentile(out["latency_ms"], 50)),
+        "latency_p95_ms": float(np.percentile(out["latency_ms"], 95)),
+        "model_mb": out["size_bytes"] / 1e6,
+    }
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+def _predict(model_uri: str, images: list[bytes]) -> list[str]:
+    import mlflow
+
     model = mlflow.pyfunc.load_model(model_uri)
-    out = model.predict(pd.DataFrame({"image": images}))
-    return [str(label) for label in out["label"].tolist()]
+    return [str(label) for label in model.predict(pd.DataFrame({"image": images}))["label"].tolist()]
 
 
-def _candidate_model_uri(client: MlflowClient, run_id: str) -> tuple[str, dict[str, str]]:
-    run = client.get_run(run_id)
-    if run.info.status != "FINISHED":
-        raise ValueError(f"candidate run {run_id} is {run.info.status}, not FINISHED")
-    uri = run.data.tags.get(TAG_MODEL_URI)
-    if not uri:
-        raise ValueError(f"candidate run {run_id} has no {TAG_MODEL_URI} tag: it logged no model")
-    return uri, run.data.tags
+def _comparison_checks(settings: Settings, truth: list[str], cand: list[str], champ: list[str],
+                       champion_version: int) -> tuple[list[Check], dict[str, Any]]:
+    gate = settings.gate
+    paired = paired_comparison(truth, cand, champ)
+    diff = paired["accuracy_difference"]
+    low, high = paired["bootstrap_95"]
+    checks = [
+        Check("non_inferiority", diff >= -gate.max_regression,
+              f"accuracy difference {diff:+.4f} vs champion v{champion_version} (95% paired bootstrap "
+              f"[{low:+.4f}, {high:+.4f}]); allowed >= {-gate.max_regression:+.4f}"),
+        Check("mcnemar", paired["p_value_candidate_worse"] >= gate.alpha,
+              f"only champion right {paired['only_champion_right']}, only candidate right "
+              f"{paired['only_candidate_right']}: one-sided exact p = {paired['p_value_candidate_worse']:.4g} "
+              f"({'<' if paired['p_value_candidate_worse'] < gate.alpha else '>='} alpha {gate.alpha})"),
+    ]
+    cand_recall, champ_recall = per_class_recall(truth, cand), per_class_recall(truth, champ)
+    per_class = {}
+    drops = []
+    for name, c in cand_recall.items():
+        delta = c["recall"] - champ_recall[name]["recall"]
+        judged = c["support"] >= gate.min_class_support
+        per_class[name] = {"candidate": c["recall"], "champion": champ_recall[name]["recall"], "delta": delta,
+                           "support": c["support"], "judged": judged}
+        if judged and delta < -gate.max_class_recall_drop:
+            drops.append(f"{name} {delta:+.3f}")
+    worst = min(per_class.items(), key=lambda kv: kv[1]["delta"])
+    checks.append(Check(
+        "class_recall", not drops,
+        f"classes dropping more than {gate.max_class_recall_drop:.3f}: {', '.join(drops)}" if drops
+        else f"largest drop {worst[0]} {worst[1]['delta']:+.3f} (limit {gate.max_class_recall_drop:.3f})",
+    ))
+    return checks, {"paired": paired, "per_class": per_class}
 
 
-def _log_to_run(client: MlflowClient, run_id: str, metrics: dict[str, float], tags: dict[str, str]) -> None:
-    """Log gate metrics and tags to the candidate run, skipping values it already holds."""
-    data = client.get_run(run_id).data
+def _serving_checks(settings: Settings, model_uri: str, images: list[bytes], classes: set[str]) -> tuple[list[Check], dict]:
+    gate = settings.gate
+    if not gate.smoke_test:
+        return [], {"skipped": "gate.smoke_test is off"}
+    smoke = smoke_test(settings, model_uri, images, classes)
+    if not smoke["ok"]:
+        return [Check("smoke", False, f"{model_uri} in a fresh process: {smoke['error']}")], smoke
+    return [
+        Check("smoke", True, f"{model_uri} loaded in a fresh process; {smoke['images_per_format']} PNG and JPEG each "
+                             f"classified (formats agree on {smoke['png_jpeg_agreement']:.0%})"),
+        Check("latency", smoke["latency_p95_ms"] <= gate.max_latency_p95_ms,
+              f"p95 {smoke['latency_p95_ms']:.1f} ms per image (p50 {smoke['latency_p50_ms']:.1f}); "
+              f"limit {gate.max_latency_p95_ms:.0f} ms"),
+        Check("model_size", smoke["model_mb"] <= gate.max_model_mb,
+              f"{smoke['model_mb']:.2f} MB; limit {gate.max_model_mb:.0f} MB"),
+    ], smoke
+
+
+def report_path(settings: Settings, candidate: int, champion: int | None, test_table: str, test_version: int) -> Path:
+    name = f"{settings.registry.model_name}-v{candidate}-vs-{champion or 'none'}-{lake.table_name(test_table)}-v{test_version}.json"
+    return settings.reports_path / "gate" / name
+
+
+def evaluate(settings: Settings, candidate_version: int, test_table: str, test_version: int) -> GateResult:
+    """Gate ``candidate_version`` of this environment's registered model against its champion."""
+    gate = settings.gate
+    client = mlflow_client(settings)
+    name = settings.registry.model_name
+    candidate = get_model_version(client, name, candidate_version)
+    champion = champion_model_version(settings, client)
+    if champion is not None and int(champion.version) == int(candidate.version):
+        champion = None  # re-gating the champion itself: nothing to compare with
+    champion_version = int(champion.version) if champion is not None else None
+    trained = [trained_on(candidate, client)] + ([trained_on(champion, client)] if champion is not None else [])
+
+    rows, removed = frozen_test_set(test_table, int(test_version), trained)
+    images = rows["image"].to_pylist()
+    truth = [str(x) for x in rows["label"].to_pylist()]
+    candidate_uri = f"models:/{name}/{candidate.version}"
+    checks: list[Check] = []
+    details: dict[str, Any] = {"test_images_removed_as_seen_in_training": removed}
+    rolled_back = (candidate.tags or {}).get(TAG_ROLLED_BACK)
+    checks.append(Check("not_rolled_back", not rolled_back,
+                        f"rolled back before: {rolled_back}" if rolled_back else "never rolled back"))
+    decision, candidate_value, champion_value = UNDECIDED, None, None
+    if len(truth) < gate.min_test_images:
+        checks.append(Check("test_size", False, f"{len(truth)} test images (after removing {removed} seen in "
+                                                f"training) < min_test_images {gate.min_test_images}: no decision"))
+    else:
+        checks.append(Check("test_size", True, f"{len(truth)} test images ({removed} removed as seen in training)"))
+        cand_pred = _predict(candidate_uri, images)
+        cand_scores = score(truth, cand_pred)
+        candidate_value = cand_scores[gate.metric]
+        details["candidate_scores"] = cand_scores
+        checks.append(Check("floor", candidate_value >= gate.min_value,
+                            f"test {gate.metric} {candidate_value:.4f}; floor {gate.min_value:.4f}"))
+        if champion is not None:
+            champ_pred = _predict(f"models:/{name}/{champion.version}", images)
+            champ_scores = score(truth, champ_pred)
+            champion_value = champ_scores[gate.metric]
+            details["champion_scores"] = champ_scores
+            more, compared = _comparison_checks(settings, truth, cand_pred, champ_pred, champion_version)
+            checks += more
+            details.update(compared)
+        else:
+            details["per_class"] = {k: {"candidate": v["recall"], "support": v["support"]}
+                                    for k, v in per_class_recall(truth, cand_pred).items()}
+        serving, details["smoke"] = _serving_checks(settings, candidate_uri, images, set(truth))
+        checks += serving
+        decision = PASS if all(c.passed for c in checks) else FAIL
+    if not checks[0].passed:
+        decision = FAIL
+
+    path = report_path(settings, int(candidate.version), champion_version, test_table, int(test_version))
+    result = GateResult(
+        decision=decision, model_name=name, candidate_version=int(candidate.version),
+        champion_version=champion_version, metric=gate.metric, candidate_value=candidate_value,
+        champion_value=champion_value, test_table=test_table, test_version=int(test_version),
+        test_images=len(truth), checks=checks, report_path=str(path),
+    )
+    write_json(path, {"env": settings.env, **result.to_dict(), "details": details,
+                      "settings": gate.model_dump(mode="json"), "candidate_run_id": candidate.run_id,
+                      "champion_run_id": champion.run_id if champion is not None else None})
+    _record(client, candidate, result, path, settings.env)
+    log.info("gate %s for %s v%s: %s", decision.upper(), name, candidate.version, " | ".join(result.reasons))
+    return result
+
+
+def _record(client: MlflowClient, candidate: ModelVersion, result: GateResult, path: Path, env: str) -> None:
+    """Gate metrics on the candidate's run, the report as its artifact, the outcome as version tags.
+
+    Metric names carry the environment: in deploy-model one training run is gated in several.
+    """
+    tags = {
+        "cd4ml.gate.decision": result.decision,
+        "cd4ml.gate.passed": str(result.passed).lower(),
+        "cd4ml.gate.champion_version": str(result.champion_version),
+        "cd4ml.gate.test": f"{result.test_table}@v{result.test_version}",
+        "cd4ml.gate.report": str(path),
+    }
+    current = dict(candidate.tags or {})
+    for key, value in tags.items():
+        if current.get(key) != value:
+            client.set_model_version_tag(candidate.name, str(candidate.version), key, value)
+    if not candidate.run_id:
+        return
+    data = client.get_run(candidate.run_id).data
+    metrics = {f"{env}_gate_passed": 1.0 if result.passed else 0.0, f"{env}_gate_test_images": float(result.test_images)}
+    if result.candidate_value is not None:
+        metrics[f"{env}_test_{result.metric}"] = result.candidate_value
+    if result.champion_value is not None:
+        metrics[f"{env}_champion_test_{result.metric}"] = result.champion_value
     for key, value in metrics.items():
         if data.metrics.get(key) != value:
-            client.log_metric(run_id, key, value)
-    for key, value in tags.items():
-        if data.tags.get(key) != value:
-            client.set_tag(run_id, key, value)
+            client.log_metric(candidate.run_id, key, value)
+    client.log_artifact(candidate.run_id, str(path), artifact_path=f"gate/{env}")
 
 
-def evaluate(settings: Settings, candidate_run_id: str, curated_table: str, curated_version: int) -> GateResult:
-    """Score the candidate (and the champion, if any) on the test split and apply the gate."""
-    gate = settings.gate
-    metric = gate.metric
-    curated_version = int(curated_version)
-    client = mlflow_client(settings)
-    candidate_uri, candidate_tags = _candidate_model_uri(client, candidate_run_id)
-
-    rows = load_split_rows(curated_table, curated_version, ("test",))
-    if rows.num_rows == 0:
-        raise NoTestDataError(f"{curated_table}@v{curated_version} has no test rows: cannot gate run {candidate_run_id}")
-    images = rows["image"].to_pylist()
-    truth = [str(label) for label in rows["label"].to_pylist()]
-
-    candidate_scores = score(truth, _predict_labels(candidate_uri, images))
-    candidate_value = candidate_scores[metric]
-
-    champion = champion_model_version(settings, client)
-    champion_version = int(champion.version) if champion is not None else None
-    champion_scores: dict[str, float] | None = None
-    champion_uri = None
-    if champion is not None:
-        champion_uri = f"models:/{settings.registry.model_name}/{champion.version}"
-        champion_scores = score(truth, _predict_labels(champion_uri, images))
-    champion_value = champion_scores[metric] if champion_scores is not None else None
-
-    reasons: list[str] = []
-    passed = True
-    if candidate_value >= gate.min_value:
-        reasons.append(f"test {metric} {candidate_value:.4f} meets the floor min_value {gate.min_value:.4f}.")
-    else:
-        passed = False
-        reasons.append(f"test {metric} {candidate_value:.4f} is below the floor min_value {gate.min_value:.4f}.")
-    threshold = gate.min_value
-    if champion_value is None:
-        reasons.append("There is no champion to compare with; only the floor applies.")
-    else:
-        floor = champion_value - gate.max_regression
-        threshold = max(threshold, floor)
-        if candidate_value >= floor:
-            reasons.append(
-                f"test {metric} {candidate_value:.4f} is within max_regression {gate.max_regression:.4f} of "
-                f"champion version {champion_version} ({champion_value:.4f}); needed >= {floor:.4f}."
-            )
-        else:
-            passed = False
-            reasons.append(
-                f"test {metric} {candidate_value:.4f} regresses more than max_regression {gate.max_regression:.4f} "
-                f"from champion version {champion_version} ({champion_value:.4f}); needed >= {floor:.4f}."
-            )
-
-    report_path = settings.reports_path / "gate" / f"{candidate_run_id}.json"
-    report = {
-        "env": settings.env,
-        "passed": passed,
-        "metric": metric,
-        "threshold": threshold,
-        "min_value": gate.min_value,
-        "max_regression": gate.max_regression,
-        "reasons": reasons,
-        "candidate": {
-            "run_id": candidate_run_id,
-            "model_uri": candidate_uri,
-            "trained_on": {
-                "curated_table": candidate_tags.get(TAG_CURATED_TABLE),
-                "curated_version": candidate_tags.get(TAG_CURATED_VERSION),
-            },
-            "scores": candidate_scores,
-        },
-        "champion": None
-        if champion is None
-        else {
-            "registered_model": settings.registry.model_name,
-            "alias": settings.registry.champion_alias,
-            "version": champion_version,
-            "run_id": champion.run_id,
-            "model_uri": champion_uri,
-            "scores": champion_scores,
-        },
-        "test_data": {
-            "curated_table": curated_table,
-            "curated_version": curated_version,
-            "split": "test",
-            "rows": rows.num_rows,
-        },
-    }
-    write_json(report_path, report)
-
-    metrics = {f"test_{name}": value for name, value in candidate_scores.items()}
-    metrics["gate_passed"] = 1.0 if passed else 0.0
-    metrics["gate_threshold"] = float(threshold)
-    if champion_scores is not None:
-        metrics.update({f"champion_test_{name}": value for name, value in champion_scores.items()})
-    _log_to_run(
-        client,
-        candidate_run_id,
-        metrics,
-        {
-            "cd4ml.gate.passed": str(passed).lower(),
-            "cd4ml.gate.champion_version": str(champion_version),
-            "cd4ml.gate.test_table": curated_table,
-            "cd4ml.gate.test_version": str(curated_version),
-        },
-    )
-    client.log_artifact(candidate_run_id, str(report_path), artifact_path="gate")
-
-    result = GateResult(
-        passed=passed,
-        metric=metric,
-        candidate_value=candidate_value,
-        champion_version=champion_version,
-        champion_value=champion_value,
-        threshold=float(threshold),
-        reasons=reasons,
-        report_path=str(report_path),
-    )
-    log.info("gate %s for run %s: %s", "PASSED" if passed else "FAILED", candidate_run_id, " ".join(reasons))
-    return result
+__all__ = ["GateResult", "LineageError", "NoTestDataError", "evaluate", "paired_comparison", "per_class_recall",
+           "score", "smoke_test", "trained_on"]

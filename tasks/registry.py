@@ -1,9 +1,9 @@
 """The MLflow model registry: one registered model per environment, a champion alias.
 
-* ``register_and_promote`` registers a training run's model (once: a second call for the same
-  run reuses its version), copies the lineage (curated table and version, raw version,
-  environment, gate outcome) onto the model version as tags, and moves the champion alias
-  only when the gate passed.
+* ``register_candidate`` registers a training run's model (once: a second call for the same
+  run reuses its version) and copies the lineage (curated table and version, raw version,
+  environment, drift status, requirements hash) onto the model version as tags. Aliases move
+  only in ``tasks.release`` (challenger after the gate, champion through promotion).
 * ``champion`` answers "which model serves, trained on which data" from those tags.
 * ``mlflow_client`` / ``ensure_experiment`` are the one place the tracking and registry URIs
   are set from the settings (also used by ``tasks.train`` and ``tasks.evaluate``).
@@ -37,6 +37,13 @@ TAG_LOGICAL_DATE = "cd4ml.logical_date"
 TAG_AIRFLOW_RUN_ID = "cd4ml.airflow_run_id"
 TAG_MODEL_URI = "cd4ml.model_uri"
 TAG_GIT_COMMIT = "git_commit"
+TAG_REQUIREMENTS_HASH = "cd4ml.requirements_hash"
+TAG_DRIFT_STATUS = "cd4ml.drift.status"
+TAG_DRIFT_REPORT = "cd4ml.drift.report"
+TAG_SAMPLE = "cd4ml.sample"  # the named sample version trained on (sit), e.g. sample-50pct-of-curated-v3
+TAG_SOURCE = "cd4ml.source"  # runs:/<id> (trained here) or models:/<name>/<version> (copied from upstream)
+TAG_COPIED_FROM = "cd4ml.copied_from"
+TAG_ROLLED_BACK = "cd4ml.rolled_back"  # reason; such a version is never promoted automatically again
 LINEAGE_RUN_TAGS = (
     TAG_ENV,
     TAG_CURATED_TABLE,
@@ -47,12 +54,17 @@ LINEAGE_RUN_TAGS = (
     TAG_AIRFLOW_RUN_ID,
     TAG_GIT_COMMIT,
 )
+EXTRA_LINEAGE_TAGS = (TAG_REQUIREMENTS_HASH, TAG_DRIFT_STATUS, TAG_DRIFT_REPORT, TAG_SAMPLE)
 
 NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
 
 
 class StaleGateError(DataError, RuntimeError):
     """The champion moved after the gate compared against it: evaluate again before promoting."""
+
+
+class UnknownModelVersionError(DataError, LookupError):
+    """The model version asked for does not exist; the message lists what does."""
 
 
 def mlflow_client(settings: Settings) -> MlflowClient:
@@ -103,17 +115,6 @@ class ChampionInfo:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class RegistrationResult:
-    model_name: str
-    version: int
-    alias_set: bool
-    previous_champion_version: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def champion_model_version(settings: Settings, client: MlflowClient) -> ModelVersion | None:
     """The ModelVersion the champion alias points at; None without a registered model or alias."""
     name = settings.registry.model_name
@@ -154,15 +155,30 @@ def champion(settings: Settings) -> ChampionInfo | None:
     return ChampionInfo(version=int(version.version), run_id=version.run_id, **_lineage(version, client))
 
 
-def _gate_dict(gate: Any) -> dict[str, Any]:
-    if hasattr(gate, "to_dict"):
-        gate = gate.to_dict()
-    if not isinstance(gate, Mapping):
-        raise TypeError(f"gate must be a GateResult or a dict, got {type(gate).__name__}")
-    missing = {"passed", "metric", "candidate_value", "threshold", "champion_version"} - set(gate)
-    if missing:
-        raise ValueError(f"gate result lacks {sorted(missing)}")
-    return dict(gate)
+def get_model_version(client: MlflowClient, name: str, version: int | str) -> ModelVersion:
+    """One model version, or ``UnknownModelVersionError`` naming what exists."""
+    try:
+        return client.get_model_version(name, str(int(version)))
+    except (TypeError, ValueError) as exc:
+        raise UnknownModelVersionError(f"{version!r} is not a model version number") from exc
+    except MlflowException as exc:
+        if exc.error_code != NOT_FOUND:
+            raise
+        existing = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+        raise UnknownModelVersionError(
+            f"{name} has no version {version}" + (f" (versions: {existing})" if existing else " (no versions at all)")
+        ) from exc
+
+
+def alias_version(client: MlflowClient, name: str, alias: str) -> int | None:
+    """The version number an alias points at, None when the model or the alias does not exist."""
+    try:
+        aliases = client.get_registered_model(name).aliases or {}
+    except MlflowException as exc:
+        if exc.error_code == NOT_FOUND:
+            return None
+        raise
+    return int(aliases[alias]) if alias in aliases else None
 
 
 def _model_uri_for_run(client: MlflowClient, run_id: str) -> str:
@@ -189,19 +205,23 @@ def _versions_of_run(client: MlflowClient, name: str, run_id: str) -> list[Model
     )
 
 
-def register_and_promote(settings: Settings, candidate_run_id: str, gate: Any) -> RegistrationResult:
-    """Register the candidate run's model (idempotent), tag its lineage, promote if it passed.
+def set_version_tags(client: MlflowClient, version: ModelVersion, tags: Mapping[str, str]) -> None:
+    """Set only the tags whose value differs (a retry writes nothing)."""
+    current = dict(version.tags or {})
+    for key, value in tags.items():
+        if current.get(key) != value:
+            client.set_model_version_tag(version.name, str(version.version), key, value)
 
-    ``gate`` is a ``tasks.evaluate.GateResult`` or its ``to_dict()`` (e.g. from XCom). When the
-    gate passed but the champion has moved since the gate compared against it, the alias is left
-    alone and ``StaleGateError`` is raised: evaluate again against the new champion.
+
+def register_candidate(settings: Settings, candidate_run_id: str) -> int:
+    """Register a finished training run's model in this environment's registered model, with its lineage.
+
+    Idempotent: a second call for the same run reuses its version. No alias moves here: the gate
+    decides about ``challenger``, promotion about ``champion`` (tasks/release.py).
     """
     client = mlflow_client(settings)
     name = settings.registry.model_name
-    alias = settings.registry.champion_alias
-    gate_info = _gate_dict(gate)
     run = client.get_run(candidate_run_id)
-
     existing = _versions_of_run(client, name, candidate_run_id)
     if existing:
         version = existing[0]
@@ -212,45 +232,13 @@ def register_and_promote(settings: Settings, candidate_run_id: str, gate: Any) -
         if str(version.run_id or "") != candidate_run_id:  # an older store that does not record it
             raise RuntimeError(f"registered version {version.version} does not name run {candidate_run_id}")
         log.info("registered run %s as %s version %s", candidate_run_id, name, version.version)
-    number = str(version.version)
-
+        version = client.get_model_version(name, str(version.version))
     run_tags = run.data.tags
-    tags = {k: run_tags[k] for k in LINEAGE_RUN_TAGS if run_tags.get(k) not in (None, "")}
+    tags = {k: run_tags[k] for k in (*LINEAGE_RUN_TAGS, *EXTRA_LINEAGE_TAGS) if run_tags.get(k) not in (None, "")}
     tags[TAG_ENV] = settings.env
-    tags.update(
-        {
-            "cd4ml.gate.passed": str(bool(gate_info["passed"])).lower(),
-            "cd4ml.gate.metric": str(gate_info["metric"]),
-            "cd4ml.gate.candidate_value": repr(float(gate_info["candidate_value"])),
-            "cd4ml.gate.threshold": repr(float(gate_info["threshold"])),
-            "cd4ml.gate.champion_version": str(gate_info.get("champion_version")),
-            "cd4ml.gate.report": str(gate_info.get("report_path") or ""),
-        }
-    )
-    current_tags = dict(version.tags or {})
-    for key, value in tags.items():
-        if current_tags.get(key) != value:
-            client.set_model_version_tag(name, number, key, value)
-
-    previous = champion_model_version(settings, client)
-    previous_number = int(previous.version) if previous is not None else None
-    alias_set = False
-    if gate_info["passed"]:
-        compared = _int_or_none(gate_info.get("champion_version"))
-        if previous_number not in (compared, int(number)):
-            raise StaleGateError(
-                f"the gate compared run {candidate_run_id} with champion version {compared}, but "
-                f"{name}@{alias} is now version {previous_number}: evaluate again before promoting"
-            )
-        if previous_number != int(number):
-            client.set_registered_model_alias(name, alias, number)
-            log.info("%s@%s: version %s -> %s", name, alias, previous_number, number)
-        alias_set = True
-    else:
-        log.warning("gate failed for run %s: version %s registered, %s@%s unchanged", candidate_run_id, number, name, alias)
-    return RegistrationResult(
-        model_name=name, version=int(number), alias_set=alias_set, previous_champion_version=previous_number
-    )
+    tags[TAG_SOURCE] = f"runs:/{candidate_run_id}"
+    set_version_tags(client, version, tags)
+    return int(version.version)
 
 
 def model_versions(settings: Settings) -> list[dict[str, Any]]:
@@ -283,12 +271,15 @@ def model_versions(settings: Settings) -> list[dict[str, Any]]:
 
 __all__ = [
     "ChampionInfo",
-    "RegistrationResult",
     "StaleGateError",
+    "UnknownModelVersionError",
+    "alias_version",
     "champion",
     "champion_model_version",
     "ensure_experiment",
+    "get_model_version",
     "mlflow_client",
     "model_versions",
-    "register_and_promote",
+    "register_candidate",
+    "set_version_tags",
 ]

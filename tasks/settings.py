@@ -230,9 +230,44 @@ class TuningSettings(_Section):
 
 
 class GateSettings(_Section):
+    """The automatic gate (tasks/evaluate.py): floors, a paired test, per-class recall, smoke, latency, size."""
+
     metric: Literal["accuracy", "macro_f1"]
-    min_value: float = Field(ge=0.0, le=1.0)
+    min_value: float = Field(ge=0.0, le=1.0)  # absolute floor of the candidate on the test split
+    # Non-inferiority margin: the candidate's accuracy may trail the champion's by at most this much
+    # (absolute) before the paired test is even asked; a larger drop is "worse" whatever the test says.
     max_regression: float = Field(ge=0.0, le=1.0)
+    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)  # McNemar exact, one-sided: p < alpha = significantly worse
+    min_test_images: int = Field(default=100, gt=0)  # below: the gate refuses to decide
+    max_class_recall_drop: float = Field(default=0.15, ge=0.0, le=1.0)  # per class, absolute
+    min_class_support: int = Field(default=10, gt=0)  # classes with fewer test images are reported, not judged
+    smoke_test: bool = True  # load the registered pyfunc in a fresh process, classify PNG and JPEG bytes
+    latency_samples: int = Field(default=50, gt=0)  # single-image predictions timed in the smoke process
+    max_latency_p95_ms: float = Field(default=250.0, gt=0.0)
+    max_model_mb: float = Field(default=100.0, gt=0.0)
+    smoke_timeout_s: int = Field(default=300, gt=0)
+
+
+class ReleaseSettings(_Section):
+    """How a model reaches this environment's champion alias (tasks/release.py)."""
+
+    # deploy_code: this environment trains on its own data; deploy_model: it copies the champion of
+    # ``upstream`` into its own registered model (MLflow copy_model_version) and gates it here.
+    pattern: Literal["deploy_code", "deploy_model"] = "deploy_code"
+    upstream: Literal["sit", "uat", "prod"] | None = None
+    approval: Literal["none", "required"] = "none"
+    approval_timeout_hours: float = Field(default=72.0, gt=0.0)
+    approvers: tuple[str, ...] = ()  # user ids allowed to answer (HITL assigned_users); empty = any UI user
+    sample_fraction: float = Field(default=1.0, gt=0.0, le=1.0)  # < 1: train on a hash sample of image keys
+    sample_salt: str = "cd4ml-sample-v1"
+    challenger_alias: str = "challenger"
+    ui_base_url: str = "http://localhost:8080"  # links in approval requests and alerts
+
+    @model_validator(mode="after")
+    def _pattern(self) -> "ReleaseSettings":
+        if self.pattern == "deploy_model" and not self.upstream:
+            raise ValueError("pattern deploy_model needs upstream (the environment whose champion is copied)")
+        return self
 
 
 class AlertSettings(_Section):
@@ -255,6 +290,7 @@ class Settings(_Section):
     training: TrainingSettings
     tuning: TuningSettings
     gate: GateSettings
+    release: ReleaseSettings = Field(default_factory=ReleaseSettings)
     alerts: AlertSettings
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -274,6 +310,14 @@ class Settings(_Section):
     @property
     def curated_table(self) -> str:
         return self.table_uri("curated_images")
+
+    @property
+    def audit_table(self) -> str:
+        return self.table_uri("release_audit")
+
+    @property
+    def sample_table(self) -> str:
+        return self.table_uri("training_sample")
 
     @property
     def reports_path(self) -> Path:
@@ -340,9 +384,12 @@ def load_settings(
     merged = _deep_merge(_read_yaml(conf / "base.yaml"), _read_yaml(conf / f"{name}.yaml"))
     merged = _fill(merged, {"home": str(root), "env": name})
     try:
-        return Settings(env=name, home=str(root), **merged)
+        settings = Settings(env=name, home=str(root), **merged)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise SettingsError(f"invalid settings for env {name!r} ({conf}): {problems}") from exc
+    if settings.release.upstream == name:
+        raise SettingsError(f"invalid settings for env {name!r} ({conf}): release.upstream cannot be the environment itself")
+    return settings

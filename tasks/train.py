@@ -50,6 +50,7 @@ from tasks.registry import (
     TAG_LOGICAL_DATE,
     TAG_MODEL_URI,
     TAG_RAW_VERSION,
+    TAG_REQUIREMENTS_HASH,
     ensure_experiment,
     mlflow_client,
 )
@@ -131,6 +132,17 @@ def git_commit(timeout_s: float = 5.0) -> str | None:
         return baked
     sha = done.stdout.strip()
     return sha if done.returncode == 0 and sha else baked
+
+
+def requirements_hash() -> str:
+    """sha256 (12 hex) of the pinned requirements and constraints this process was installed from."""
+    from tasks.settings import REPO_ROOT
+
+    digest = hashlib.sha256()
+    for name in ("requirements.txt", "constraints.txt"):
+        path = REPO_ROOT / name
+        digest.update(path.read_bytes() if path.exists() else b"")
+    return digest.hexdigest()[:12]
 
 
 def raw_version_of(curated_table: str, curated_version: int) -> int | None:
@@ -236,6 +248,7 @@ def lineage_tags(
         TAG_LOGICAL_DATE: str(logical_date),
         TAG_AIRFLOW_RUN_ID: str(run_id),
     }
+    tags[TAG_REQUIREMENTS_HASH] = requirements_hash()
     commit = git_commit()
     if commit:
         tags[TAG_GIT_COMMIT] = commit

@@ -22,8 +22,29 @@ RAW_IMAGES = Asset(name=f"cd4ml_{_settings.env}_raw_images", uri=_as_uri(_settin
 CURATED_IMAGES = Asset(name=f"cd4ml_{_settings.env}_curated_images", uri=_as_uri(_settings.curated_table))
 """A curated, split dataset version (extra: curated_table, curated_version, raw_version)."""
 
-CHAMPION_MODEL = Asset(
-    name=f"cd4ml_{_settings.env}_champion_model",
-    uri=f"mlflow-models://{_settings.registry.model_name}/{_settings.registry.champion_alias}",
-)
+def champion_asset(settings) -> Asset:
+    """The champion alias of one environment's registered model as an Asset."""
+    return Asset(
+        name=f"cd4ml_{settings.env}_champion_model",
+        uri=f"mlflow-models://{settings.registry.model_name}/{settings.registry.champion_alias}",
+    )
+
+
+CHAMPION_MODEL = champion_asset(_settings)
 """The registered model version holding the champion alias (extra: model_name, version)."""
+
+
+def _upstream_champion() -> Asset | None:
+    if not _settings.release.upstream:
+        return None
+    from tasks.settings import load_settings
+
+    return champion_asset(load_settings(_settings.release.upstream))
+
+
+UPSTREAM_CHAMPION = _upstream_champion()
+"""deploy_model: the champion of the environment below this one (release.upstream), or None.
+
+Separate Airflow deployments per environment see each other's Assets only when the upstream's
+event is posted to this deployment (REST API ``POST /api/v2/assets/events``); one deployment
+hosting both sees it directly."""

@@ -57,3 +57,32 @@ class OnCallNotifier(BaseNotifier):
             },
         )
         send(alert, settings)
+
+
+class ApprovalRequestNotifier(BaseNotifier):
+    """Announce a pending approval through the on-call channels, with the Required Actions link.
+
+    HITL operators call their notifiers when the task starts waiting, so nobody has to watch
+    the UI to learn that prod is waiting for a person.
+    """
+
+    template_fields = ()
+
+    def render_template_fields(self, context, jinja_env=None) -> None:
+        return None
+
+    def notify(self, context) -> None:
+        from tasks.alerts import Alert, send
+        from tasks.settings import load_settings
+
+        settings = load_settings()
+        ti = context.get("ti") or context.get("task_instance")
+        dag_id, run_id, task_id = ti.dag_id, ti.run_id, ti.task_id
+        base = settings.release.ui_base_url.rstrip("/")
+        link = f"{base}/dags/{dag_id}/runs/{run_id}/tasks/{task_id}/required_actions"
+        subject = getattr(context.get("task"), "subject", None) or "approval requested"
+        send(Alert(summary=f"approval needed in {settings.env}: {subject}", severity="warning",
+                   source=f"dag:{dag_id}/task:{task_id}", env=settings.env,
+                   dedup_key=f"{settings.env}:approval:{dag_id}:{run_id}",
+                   details={"required_actions": link, "run_id": run_id,
+                            "timeout_hours": settings.release.approval_timeout_hours}), settings)

@@ -13,6 +13,12 @@ from tests.dags.conftest import DAGS
 
 HEAVY = ("torch", "alibi_detect", "fastdup", "great_expectations", "mlflow", "deltalake")
 DAG_FILES = sorted(p for p in DAGS.glob("*.py") if not p.name.startswith("_"))
+RELEASE_TAIL = {
+    "evaluate_gate": {"mark_challenger", "promote", "finish"},
+    "mark_challenger": {"promote"},
+    "promote": {"finish"},
+    "finish": set(),
+}
 EXPECTED = {
     "cd4ml_ingest": {"ingest": {"validate"}, "validate": set()},
     "cd4ml_curate": {"curate": set()},
@@ -23,10 +29,21 @@ EXPECTED = {
         "trial_indices": {"tune_trial"},
         "tune_trial": {"best_params"},
         "best_params": {"train"},
-        "train": {"evaluate_gate", "promote"},
-        "evaluate_gate": {"promote"},
-        "promote": set(),
+        "train": {"register"},
+        "register": {"evaluate_gate"},
+        **RELEASE_TAIL,
     },
+    "cd4ml_promote": {"copy_candidate": {"evaluate_gate"}, "test_data": {"evaluate_gate"}, **RELEASE_TAIL},
+    "cd4ml_rollback": {"rollback": set()},
+}
+# prod (release.approval: required): a person decides between the challenger and the champion.
+APPROVAL_TAIL = {
+    "evaluate_gate": {"mark_challenger", "approval_request", "promote", "finish"},
+    "mark_challenger": {"approval_request", "promote"},
+    "approval_request": {"approve"},
+    "approve": {"promote"},
+    "promote": {"finish"},
+    "finish": set(),
 }
 
 
@@ -80,11 +97,51 @@ def test_dags_chain_through_assets(dagbag):
     from cd4ml_airflow.assets import CHAMPION_MODEL, CURATED_IMAGES, RAW_IMAGES
 
     ingest, curate, train = (dagbag.dags[d] for d in ("cd4ml_ingest", "cd4ml_curate", "cd4ml_train"))
+    assert CHAMPION_MODEL in dagbag.dags["cd4ml_rollback"].get_task("rollback").outlets
+    assert CHAMPION_MODEL in dagbag.dags["cd4ml_promote"].get_task("promote").outlets
     assert RAW_IMAGES in ingest.get_task("validate").outlets
     assert CURATED_IMAGES in curate.get_task("curate").outlets
     assert CHAMPION_MODEL in train.get_task("promote").outlets
     assert list(curate.timetable.asset_condition.objects) == [RAW_IMAGES]
     assert list(train.timetable.asset_condition.objects) == [CURATED_IMAGES]
+
+
+def test_prod_waits_for_a_person_and_deploy_model_follows_the_upstream_champion(tmp_path):
+    """prod: an ApprovalOperator before promote; deploy_model: cd4ml_promote scheduled on uat's champion Asset."""
+    from tasks.settings import REPO_ROOT
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    for name in ("base.yaml", "sit.yaml", "uat.yaml"):
+        (conf / name).write_text((REPO_ROOT / "conf" / name).read_text())
+    (conf / "prod.yaml").write_text((REPO_ROOT / "conf" / "prod.yaml").read_text().replace(
+        "pattern: deploy_code", "pattern: deploy_model\n  upstream: uat").replace("approvers: []", "approvers: [alice]"))
+    code = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+assert not bag.import_errors, bag.import_errors
+out = {}
+for dag_id in ("cd4ml_train", "cd4ml_promote"):
+    dag = bag.dags[dag_id]
+    out[dag_id] = {t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks}
+approve = bag.dags["cd4ml_promote"].get_task("approve")
+out["approve"] = {"type": type(approve).__name__, "options": approve.options, "defaults": approve.defaults,
+                  "timeout_h": approve.response_timeout.total_seconds() / 3600, "notifiers": len(approve.notifiers),
+                  "params": sorted(approve.params.keys())}
+out["schedule"] = [a.name for a in bag.dags["cd4ml_promote"].timetable.asset_condition.objects]
+print(json.dumps(out))
+"""
+    env = {**os.environ, "CD4ML_ENV": "prod", "CD4ML_CONF_DIR": str(conf)}
+    proc = subprocess.run([sys.executable, "-c", code, str(DAGS)], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    for dag_id in ("cd4ml_train", "cd4ml_promote"):
+        tail = {k: sorted(v) for k, v in APPROVAL_TAIL.items()}
+        assert {k: v for k, v in info[dag_id].items() if k in tail} == tail, dag_id
+    assert info["approve"] == {"type": "ApprovalOperator", "options": ["Approve", "Reject"], "defaults": ["Reject"],
+                               "timeout_h": 72.0, "notifiers": 1, "params": ["reason"]}
+    assert info["schedule"] == ["cd4ml_uat_champion_model"]
 
 
 def test_kubernetes_launcher_runs_training_in_a_pod(tmp_path):
@@ -118,6 +175,6 @@ print(json.dumps({"type": type(train).__name__, "image": train.image, "upstream"
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info == {
         "type": "KubernetesPodOperator", "image": "registry.example/cd4ml-trainer:1.2",
-        "upstream": ["trainer_pod"], "downstream": ["evaluate_gate", "promote"], "gpus": "2",
+        "upstream": ["trainer_pod"], "downstream": ["register"], "gpus": "2",
         "mount": "/data/cd4ml", "secret": ["MLFLOW_TRACKING_URI"], "xcom": True, "native": True,
     }

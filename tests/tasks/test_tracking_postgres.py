@@ -53,7 +53,8 @@ def test_train_evaluate_and_register_with_a_postgresql_tracking_store(
     import pandas as pd
 
     from tasks.evaluate import evaluate
-    from tasks.registry import champion, register_and_promote
+    from tasks.registry import champion, register_candidate
+    from tasks.release import promote
     from tasks.train import train
     from tests.tasks.test_train import split_rows
 
@@ -67,10 +68,11 @@ def test_train_evaluate_and_register_with_a_postgresql_tracking_store(
         again = train(settings, settings.curated_table, version, "manual__pg_retry", "2026-11-21")
         assert again.reused and again.mlflow_run_id == result.mlflow_run_id  # the reuse search runs in SQL too
 
-        gate = evaluate(settings, result.mlflow_run_id, settings.curated_table, version)
-        assert gate.passed
-        registered = register_and_promote(settings, result.mlflow_run_id, gate)
-        assert registered.alias_set and registered.version == 1
+        registered = register_candidate(settings, result.mlflow_run_id)
+        assert registered == 1
+        gate = evaluate(settings, registered, settings.curated_table, version)
+        assert gate.passed, gate.reasons
+        assert promote(settings, registered, gate, run_id="manual__pg").changed
         info = champion(settings)
         assert info is not None and info.run_id == result.mlflow_run_id and info.curated_version == version
 

@@ -1,0 +1,151 @@
+"""The release tail every DAG that produces a candidate shares: gate -> challenger -> (approval) -> champion.
+
+``release_flow(candidate, test_data)`` wires, after a task that returned ``{"version": N}`` for a
+registered candidate of this environment's model and a task that returned the test data
+``{"curated_table", "curated_version"}``:
+
+    evaluate_gate -> mark_challenger -> [approval_request -> approve] -> promote -> finish
+
+``approve`` is Airflow's HITL ``ApprovalOperator`` (the Required Actions page), present only
+where ``release.approval`` is ``required`` (decided at parse time from the settings, like every
+structural choice). A reject skips ``promote``; no answer within ``release.approval_timeout_hours``
+takes the default, Reject, with no responder. ``finish`` runs whatever happened before it and
+records a rejection or a timeout (who, why) in the release ledger and alerts on-call. Logic lives
+in ``tasks.release`` and ``tasks.evaluate``; this module only wires.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Param, task
+
+from cd4ml_airflow.assets import CHAMPION_MODEL
+from cd4ml_airflow.config import SETTINGS
+from cd4ml_airflow.context import fail_fast_on_data_errors
+from cd4ml_airflow.notifier import ApprovalRequestNotifier
+
+APPROVAL_REQUIRED = SETTINGS.release.approval == "required"
+
+
+@task
+def evaluate_gate(candidate: dict, test_data: dict) -> dict:
+    """The candidate against this environment's champion on the frozen test split (tasks/evaluate.py)."""
+    from tasks.evaluate import evaluate
+    from tasks.settings import load_settings
+
+    with fail_fast_on_data_errors():
+        gate = evaluate(load_settings(), candidate["version"], test_data["curated_table"], test_data["curated_version"])
+    print(f"gate {gate.decision} for v{gate.candidate_version} vs champion v{gate.champion_version}: "
+          + " | ".join(gate.reasons) + f"  report: {gate.report_path}")
+    return gate.to_dict()
+
+
+@task
+def mark_challenger(gate: dict, **context) -> dict:
+    """A passing candidate becomes `challenger`; otherwise on-call hears why and nothing downstream runs."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from tasks.alerts import Alert, send
+    from tasks.release import mark_challenger as mark
+    from tasks.settings import load_settings
+
+    settings = load_settings()
+    if not gate["passed"]:
+        message = (f"{gate['model_name']} v{gate['candidate_version']}: gate {gate['decision']}, champion stays "
+                   f"v{gate['champion_version']}: " + "; ".join(r for r in gate["reasons"] if r.startswith("FAILED")))
+        send(Alert(summary=message, severity="warning", source=f"dag:{context['dag'].dag_id}/task:mark_challenger",
+                   env=settings.env, dedup_key=f"{settings.env}:gate:{gate['model_name']}",
+                   details={"gate_report": gate["report_path"], "decision": gate["decision"]}), settings)
+        raise AirflowSkipException(message)
+    with fail_fast_on_data_errors():
+        result = mark(settings, gate["candidate_version"], gate, run_id=context["run_id"])
+    print(result.message)
+    return result.to_dict()
+
+
+@task
+def approval_request(gate: dict, **context) -> dict:
+    """Subject and markdown body of the approval: metrics with per-class deltas, drift, data, reports."""
+    from tasks.release_notes import approval_body
+    from tasks.settings import load_settings
+
+    settings = load_settings()
+    subject = (f"Promote {gate['model_name']} v{gate['candidate_version']} to champion in {settings.env}? "
+               f"(now v{gate['champion_version']})")
+    return {"subject": subject, "body": approval_body(settings, gate)}
+
+
+@task(outlets=[CHAMPION_MODEL])
+def promote(gate: dict, challenger: dict, *, outlet_events=None, **context) -> dict:
+    """Move `champion` to the challenger (with the approval where one is required); publish the champion Asset."""
+    from tasks.release import APPROVED
+    from tasks.release import promote as move
+    from tasks.settings import load_settings
+
+    approval = None
+    if APPROVAL_REQUIRED:
+        answer = context["ti"].xcom_pull(task_ids="approve") or {}
+        approval = {"decision": APPROVED, "by": answer.get("responded_by_user", {}).get("id")
+                    if isinstance(answer.get("responded_by_user"), dict) else answer.get("responded_by_user"),
+                    "at": str(answer.get("responded_at")), "reason": (answer.get("params_input") or {}).get("reason", ""),
+                    "airflow_task": "approve"}
+    with fail_fast_on_data_errors():
+        result = move(load_settings(), gate["candidate_version"], gate, approval=approval, run_id=context["run_id"],
+                      actor=(approval or {}).get("by") or f"airflow:{context['dag'].dag_id}")
+    print(result.message)
+    outlet_events[CHAMPION_MODEL].extra = {"model_name": result.model_name, "version": result.to_version}
+    return result.to_dict()
+
+
+@task(trigger_rule="all_done")
+def finish(gate: dict, **context) -> dict:
+    """What happened to the candidate; a rejected or timed-out approval is recorded and alerted here."""
+    from tasks.release import REJECTED, TIMEOUT, record_decision
+    from tasks.settings import load_settings
+
+    ti = context["ti"]
+    promoted = ti.xcom_pull(task_ids="promote")
+    if promoted:
+        print(f"released: {promoted['message']}")
+        return {"outcome": "promoted", **promoted}
+    if not gate or not gate.get("passed"):
+        print("not released: the gate did not pass (see mark_challenger)")
+        return {"outcome": "gate_" + (gate or {}).get("decision", "missing")}
+    if not APPROVAL_REQUIRED:
+        return {"outcome": "not_promoted"}
+    answer = ti.xcom_pull(task_ids="approve") or {}
+    user = answer.get("responded_by_user")
+    by = (user.get("id") or user.get("name")) if isinstance(user, dict) else user
+    decision = REJECTED if by else TIMEOUT
+    reason = (answer.get("params_input") or {}).get("reason") or (
+        "no answer within release.approval_timeout_hours" if decision == TIMEOUT else "rejected without a reason")
+    with fail_fast_on_data_errors():
+        result = record_decision(load_settings(), gate["candidate_version"], decision, actor=by or "timeout",
+                                 reason=reason, gate_report=gate["report_path"], run_id=context["run_id"])
+    print(result.message)
+    return {"outcome": decision, **result.to_dict()}
+
+
+def release_flow(candidate, test_data) -> None:
+    """Wire the shared release tail after ``candidate`` ({"version"}) and ``test_data`` (table, version)."""
+    gate = evaluate_gate(candidate, test_data)
+    challenger = mark_challenger(gate)
+    moved = promote(gate, challenger)
+    if APPROVAL_REQUIRED:
+        from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+        request = approval_request(gate)
+        approvers = [{"id": user, "name": user} for user in SETTINGS.release.approvers] or None
+        approve = ApprovalOperator(
+            task_id="approve",
+            subject="{{ ti.xcom_pull(task_ids='approval_request')['subject'] }}",
+            body="{{ ti.xcom_pull(task_ids='approval_request')['body'] }}",
+            defaults="Reject",  # no answer in time = rejected: prod never moves without a person
+            params={"reason": Param("", type="string", description="Why (recorded in the release audit)")},
+            response_timeout=timedelta(hours=SETTINGS.release.approval_timeout_hours),
+            assigned_users=approvers,
+            notifiers=[ApprovalRequestNotifier()],
+        )
+        challenger >> request >> approve >> moved
+    moved >> finish(gate)

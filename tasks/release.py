@@ -1,0 +1,407 @@
+"""Releases: how a model version gets, keeps and loses this environment's aliases.
+
+* ``challenger``: set by ``mark_challenger`` on a candidate whose gate passed.
+* ``champion``: moved only by ``promote`` (after the gate, and after a person's approval where
+  ``release.approval`` is ``required``) and by ``rollback``.
+
+Every change is first a row of the ``release_audit`` ledger (tasks/audit.py), committed against
+the snapshot the decision was made on, then the MLflow alias, then a tag on the model version.
+So two promotions racing for one environment end with one champion and a ledger that says what
+really happened; a crash between the row and the alias is repaired by ``reconcile`` at the start
+of the next release. Nothing here touches data.
+
+Two release patterns (``release.pattern``): ``deploy_code`` trains in every environment on its
+own data (tasks/train.py, with a sample in sit); ``deploy_model`` copies the champion of
+``release.upstream`` into this environment's registered model with ``copy_from_upstream``
+(MLflow ``copy_model_version``, lineage tags kept) and gates the copy here, no retraining.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+
+from tasks import audit
+from tasks.audit import AuditRow
+from tasks.errors import DataError
+from tasks.registry import (
+    EXTRA_LINEAGE_TAGS,
+    LINEAGE_RUN_TAGS,
+    TAG_COPIED_FROM,
+    TAG_ENV,
+    TAG_ROLLED_BACK,
+    TAG_SOURCE,
+    StaleGateError,
+    alias_version,
+    get_model_version,
+    mlflow_client,
+    set_version_tags,
+)
+from tasks.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+TAG_LAST_RELEASE = "cd4ml.release.last"
+APPROVED, REJECTED, TIMEOUT = "approved", "rejected", "timeout"
+
+
+class ReleaseError(DataError, RuntimeError):
+    """A release request that cannot be carried out as asked; nothing was changed."""
+
+
+class NoChampionError(ReleaseError):
+    """The environment has no champion (to compare with, or to roll back from)."""
+
+
+class RolledBackError(ReleaseError):
+    """The version was rolled back once: it is never promoted automatically again."""
+
+
+class ApprovalRequiredError(ReleaseError):
+    """This environment needs a person's approval before the champion moves."""
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    env: str
+    model_name: str
+    action: str
+    alias: str
+    from_version: int | None
+    to_version: int | None
+    changed: bool
+    audit_seq: int | None
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def actor_default() -> str:
+    return os.environ.get("CD4ML_ACTOR") or os.environ.get("USER") or "unknown"
+
+
+def _alert(settings: Settings, severity: str, summary: str, dedup_key: str, row: AuditRow) -> None:
+    from tasks.alerts import Alert, send
+
+    send(Alert(summary=summary, severity=severity, source="release", env=settings.env, dedup_key=dedup_key,  # type: ignore[arg-type]
+               details=row.to_dict()), settings)
+
+
+# --------------------------------------------------------------------------- alias state
+
+
+def reconcile(settings: Settings, client: MlflowClient, rows: list[AuditRow] | None = None) -> None:
+    """Make MLflow's aliases say what the ledger says (repairs a crash between ledger row and alias)."""
+    rows = _mine(settings, audit.read(settings) if rows is None else rows)
+    name = settings.registry.model_name
+    for alias in (settings.registry.champion_alias, settings.release.challenger_alias):
+        known, version = audit.alias_holder(rows, alias)
+        if not known:
+            continue
+        current = alias_version(client, name, alias)
+        if current == version:
+            continue
+        log.warning("%s@%s is %s in MLflow but %s in the release ledger: restoring the ledger's", name, alias, current,
+                    version)
+        _set_alias(client, name, alias, version)
+
+
+def _set_alias(client: MlflowClient, name: str, alias: str, version: int | None) -> None:
+    if version is None:
+        try:
+            client.delete_registered_model_alias(name, alias)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+    else:
+        client.set_registered_model_alias(name, alias, str(version))
+
+
+def _mine(settings: Settings, rows: list[AuditRow]) -> list[AuditRow]:
+    return [r for r in rows if r.model_name == settings.registry.model_name]
+
+
+def holder(settings: Settings, client: MlflowClient, rows: list[AuditRow], alias: str) -> int | None:
+    """Who holds ``alias``: the ledger when it knows the alias, else MLflow (models from before the ledger)."""
+    known, version = audit.alias_holder(_mine(settings, rows), alias)
+    return version if known else alias_version(client, settings.registry.model_name, alias)
+
+
+def _tag_release(client: MlflowClient, settings: Settings, row: AuditRow) -> None:
+    summary = json.dumps({k: v for k, v in row.to_dict().items() if k not in ("model_name",)}, sort_keys=True,
+                         default=str)
+    for version in {row.to_version, row.from_version} - {None}:
+        client.set_model_version_tag(settings.registry.model_name, str(version), f"cd4ml.release.{row.seq}", summary)
+    if row.to_version is not None:
+        client.set_model_version_tag(settings.registry.model_name, str(row.to_version), TAG_LAST_RELEASE, summary)
+
+
+def _result(settings: Settings, row: AuditRow | None, committed: bool, action: str, alias: str, message: str,
+            current: int | None = None) -> ReleaseResult:
+    if row is None:
+        return ReleaseResult(settings.env, settings.registry.model_name, action, alias, current, current, False, None,
+                             message)
+    return ReleaseResult(settings.env, settings.registry.model_name, row.action, row.alias, row.from_version,
+                         row.to_version, committed, row.seq, message)
+
+
+def _gate_of(gate: Any) -> Mapping[str, Any]:
+    gate = gate.to_dict() if hasattr(gate, "to_dict") else gate
+    if not isinstance(gate, Mapping) or "decision" not in gate or "candidate_version" not in gate:
+        raise ReleaseError(f"not a gate result: {gate!r:.200}")
+    return gate
+
+
+def _check_promotable(version: ModelVersion, gate: Mapping[str, Any]) -> None:
+    if (version.tags or {}).get(TAG_ROLLED_BACK):
+        raise RolledBackError(
+            f"{version.name} v{version.version} was rolled back ({version.tags[TAG_ROLLED_BACK]}): "
+            "it is never promoted automatically again"
+        )
+    if int(gate["candidate_version"]) != int(version.version):
+        raise ReleaseError(f"the gate result is for version {gate['candidate_version']}, not {version.version}")
+    if gate["decision"] != "pass":
+        raise ReleaseError(f"{version.name} v{version.version}: the gate decided {gate['decision']!r}, not pass")
+
+
+# --------------------------------------------------------------------------- challenger and champion
+
+
+def mark_challenger(settings: Settings, version: int, gate: Any, *, run_id: str = "", actor: str = "cd4ml-gate") -> ReleaseResult:
+    """Give a candidate that passed the gate the ``challenger`` alias (idempotent)."""
+    client = mlflow_client(settings)
+    name, alias = settings.registry.model_name, settings.release.challenger_alias
+    gate = _gate_of(gate)
+    candidate = get_model_version(client, name, version)
+    _check_promotable(candidate, gate)
+    reconcile(settings, client)
+
+    def decide(rows: list[AuditRow]) -> AuditRow | None:
+        current = holder(settings, client, rows, alias)
+        if current == int(version):
+            return None
+        return AuditRow(settings.env, name, "challenger", alias, current, int(version), actor,
+                        reason=f"gate passed against champion v{gate.get('champion_version')}",
+                        gate_report=str(gate.get("report_path", "")), airflow_run_id=run_id,
+                        request_id=f"{run_id}:challenger:{version}" if run_id else "")
+
+    row, committed = audit.commit(settings, decide)
+    if row is not None:
+        _set_alias(client, name, alias, row.to_version)
+        if committed:
+            _tag_release(client, settings, row)
+    return _result(settings, row, committed, "challenger", alias, f"{name}@{alias} = v{version}", int(version))
+
+
+def promote(
+    settings: Settings,
+    version: int,
+    gate: Any,
+    *,
+    approval: Mapping[str, Any] | None = None,
+    actor: str | None = None,
+    reason: str = "",
+    run_id: str = "",
+) -> ReleaseResult:
+    """Move ``champion`` to ``version``: its gate passed against the champion that still holds the alias.
+
+    ``approval`` ({"decision": "approved", "by": ..., "at": ..., "reason": ...}) is required where
+    ``release.approval`` is ``required``. A champion that moved since the gate compared against it
+    makes this a ``StaleGateError`` (gate again); promoting the current champion is a no-op.
+    """
+    client = mlflow_client(settings)
+    name, alias = settings.registry.model_name, settings.registry.champion_alias
+    gate = _gate_of(gate)
+    candidate = get_model_version(client, name, version)
+    _check_promotable(candidate, gate)
+    if settings.release.approval == "required" and (approval or {}).get("decision") != APPROVED:
+        raise ApprovalRequiredError(
+            f"{settings.env} needs a person's approval before {name}@{alias} moves (release.approval: required); "
+            f"got {dict(approval) if approval else 'none'}"
+        )
+    actor = actor or (approval or {}).get("by") or actor_default()
+    reconcile(settings, client)
+    compared = gate.get("champion_version")
+
+    def decide(rows: list[AuditRow]) -> AuditRow | None:
+        current = holder(settings, client, rows, alias)
+        if current == int(version):
+            return None
+        if current != (int(compared) if compared is not None else None):
+            raise StaleGateError(
+                f"the gate compared {name} v{version} with champion v{compared}, but {name}@{alias} is now "
+                f"v{current}: gate again before promoting"
+            )
+        return AuditRow(settings.env, name, "promote", alias, current, int(version), actor,
+                        reason=reason or "gate passed" + (" and approved" if approval else ""),
+                        gate_report=str(gate.get("report_path", "")), approval=dict(approval or {}),
+                        airflow_run_id=run_id, request_id=f"{run_id}:promote:{version}" if run_id else "")
+
+    row, committed = audit.commit(settings, decide)
+    if row is not None:
+        _set_alias(client, name, alias, row.to_version)
+        if committed:
+            _tag_release(client, settings, row)
+        if alias_version(client, name, settings.release.challenger_alias) == int(version):
+            _set_alias(client, name, settings.release.challenger_alias, None)  # the challenger won
+    message = f"{name}@{alias}: v{row.from_version} -> v{row.to_version}" if row else f"{name}@{alias} is already v{version}"
+    return _result(settings, row, committed, "promote", alias, message, int(version))
+
+
+def record_decision(
+    settings: Settings, version: int, decision: str, *, actor: str, reason: str, gate_report: str = "", run_id: str = ""
+) -> ReleaseResult:
+    """A rejected or timed-out approval: the champion stays, the ledger and the version say who and why."""
+    if decision not in (REJECTED, TIMEOUT):
+        raise ReleaseError(f"decision must be {REJECTED!r} or {TIMEOUT!r}, got {decision!r}")
+    client = mlflow_client(settings)
+    name = settings.registry.model_name
+    get_model_version(client, name, version)
+    champion = holder(settings, client, audit.read(settings), settings.registry.champion_alias)
+    row, committed = audit.commit(
+        settings,
+        lambda rows: AuditRow(settings.env, name, REJECTED if decision == REJECTED else TIMEOUT, "", champion, int(version),
+                              actor, reason=reason, gate_report=gate_report,
+                              approval={"decision": decision, "by": actor, "reason": reason},
+                              airflow_run_id=run_id, request_id=f"{run_id}:{decision}:{version}" if run_id else ""),
+    )
+    if committed and row is not None:
+        _alert(settings, "warning", f"{name} v{version} not promoted in {settings.env}: approval {decision} "
+               f"by {actor}: {reason}", f"{settings.env}:approval:{name}:{version}", row)
+        client.set_model_version_tag(name, str(version), "cd4ml.approval", json.dumps(row.approval, sort_keys=True))
+        client.set_model_version_tag(name, str(version), f"cd4ml.release.{row.seq}",
+                                     json.dumps(row.to_dict(), sort_keys=True, default=str))
+    return _result(settings, row, committed, decision, "",
+                   f"{name} v{version} not promoted ({decision} by {actor}: {reason}); champion stays v{champion}")
+
+
+# --------------------------------------------------------------------------- rollback
+
+
+def previous_champion(rows: list[AuditRow], current: int, alias: str, skip: set[int]) -> int | None:
+    """The version that held ``alias`` before ``current`` took it, skipping rolled-back versions."""
+    holders = [r for r in rows if r.alias == alias]
+    seen = {current}
+    for row in reversed(holders):
+        if row.to_version in seen and row.from_version is not None and row.from_version not in skip | seen:
+            return row.from_version
+        if row.to_version in seen and row.from_version is not None:
+            seen.add(row.from_version)
+    return None
+
+
+def rollback(settings: Settings, *, reason: str, to_version: int | None = None, actor: str | None = None,
+             run_id: str = "") -> ReleaseResult:
+    """Move ``champion`` back to the previous champion (or ``to_version``) in one step; data is untouched.
+
+    The demoted version is tagged ``cd4ml.rolled_back`` with the reason, so no automatic release
+    ever promotes it again. Asking for the rollback that was just done is a no-op.
+    """
+    if not reason or not reason.strip():
+        raise ReleaseError("a rollback needs a reason (it is recorded and sent to on-call)")
+    client = mlflow_client(settings)
+    name, alias = settings.registry.model_name, settings.registry.champion_alias
+    if to_version is not None:
+        target = get_model_version(client, name, to_version)
+        from tasks.evaluate import trained_on
+
+        trained_on(target, client)  # a version nobody can trace is no place to roll back to
+    actor = actor or actor_default()
+    reconcile(settings, client)
+    rolled_back = {int(v.version) for v in client.search_model_versions(f"name = '{name}'")
+                   if (v.tags or {}).get(TAG_ROLLED_BACK)}
+
+    def decide(rows: list[AuditRow]) -> AuditRow | None:
+        current = holder(settings, client, rows, alias)
+        rows = _mine(settings, rows)
+        last = rows[-1] if rows else None
+        if last is not None and last.action == "rollback" and last.to_version == current and last.reason == reason.strip() \
+                and to_version in (None, current):
+            return None  # the same rollback again
+        if current is None:
+            raise NoChampionError(f"{settings.env} has no champion ({name}@{alias}): nothing to roll back")
+        if to_version is not None:
+            if int(to_version) == current:
+                return None
+            target_version = int(to_version)
+        else:
+            target_version = previous_champion(rows, current, alias, rolled_back)
+            if target_version is None:
+                raise NoChampionError(
+                    f"{name}@{alias} is v{current} and the release ledger names no earlier champion to roll back to; "
+                    "name one with --to VERSION"
+                )
+        return AuditRow(settings.env, name, "rollback", alias, current, target_version, actor, reason=reason.strip(),
+                        airflow_run_id=run_id, request_id=f"{run_id}:rollback" if run_id else "")
+
+    row, committed = audit.commit(settings, decide)
+    if row is None:
+        current = alias_version(client, name, alias)
+        return _result(settings, None, False, "rollback", alias, f"{name}@{alias} is already v{current}: nothing to do",
+                       current)
+    _set_alias(client, name, alias, row.to_version)
+    demoted = get_model_version(client, name, row.from_version)
+    set_version_tags(client, demoted, {TAG_ROLLED_BACK: f"{row.reason} (by {row.actor} at {row.at}, audit #{row.seq})"})
+    if alias_version(client, name, settings.release.challenger_alias) == row.from_version:
+        _set_alias(client, name, settings.release.challenger_alias, None)
+    if committed:
+        _tag_release(client, settings, row)
+        _alert(settings, "warning", f"{name}@{alias} rolled back: v{row.from_version} -> v{row.to_version} by "
+               f"{row.actor}: {row.reason}", f"{settings.env}:rollback:{name}", row)
+    return _result(settings, row, committed, "rollback", alias,
+                   f"{name}@{alias}: v{row.from_version} -> v{row.to_version} (rolled back: {row.reason})")
+
+
+# --------------------------------------------------------------------------- deploy model
+
+
+def copy_from_upstream(settings: Settings, source_version: int | None = None) -> dict[str, Any]:
+    """Copy the upstream environment's champion (or ``source_version``) into this environment's model.
+
+    The copy keeps the source's lineage tags and records where it came from; copying the same
+    source again reuses the earlier copy. Returns {"version", "source", "reused"}.
+    """
+    if settings.release.pattern != "deploy_model" or not settings.release.upstream:
+        raise ReleaseError(f"{settings.env} uses release pattern {settings.release.pattern!r}: nothing is copied "
+                           "into it (deploy_model with an upstream environment copies)")
+    upstream = load_settings(settings.release.upstream, home=settings.home)
+    client = mlflow_client(settings)
+    up_name, name = upstream.registry.model_name, settings.registry.model_name
+    if source_version is None:
+        source_version = alias_version(client, up_name, upstream.registry.champion_alias)
+        if source_version is None:
+            raise NoChampionError(f"upstream {upstream.env} has no champion ({up_name}@"
+                                  f"{upstream.registry.champion_alias}): nothing to copy into {settings.env}")
+    source = get_model_version(client, up_name, source_version)
+    from tasks.evaluate import trained_on
+
+    trained_on(source, client)  # missing lineage: refuse before copying anything
+    if (source.tags or {}).get(TAG_ROLLED_BACK):
+        raise RolledBackError(f"{up_name} v{source_version} was rolled back: it is not copied")
+    source_uri = f"models:/{up_name}/{source.version}"
+    for existing in client.search_model_versions(f"name = '{name}'"):
+        if (existing.tags or {}).get(TAG_COPIED_FROM) == source_uri:
+            return {"version": int(existing.version), "source": source_uri, "reused": True}
+    copied = client.copy_model_version(source_uri, name)
+    copied = client.get_model_version(name, str(copied.version))
+    keep = {k: v for k, v in (source.tags or {}).items() if k in (*LINEAGE_RUN_TAGS, *EXTRA_LINEAGE_TAGS)}
+    set_version_tags(client, copied, {**keep, "cd4ml.trained_in": source.tags.get(TAG_ENV, upstream.env),
+                                      TAG_ENV: settings.env, TAG_COPIED_FROM: source_uri, TAG_SOURCE: source_uri})
+    log.info("copied %s into %s as version %s", source_uri, name, copied.version)
+    return {"version": int(copied.version), "source": source_uri, "reused": False}
+
+
+__all__ = [
+    "APPROVED", "REJECTED", "TIMEOUT", "ApprovalRequiredError", "NoChampionError", "ReleaseError", "ReleaseResult",
+    "RolledBackError", "copy_from_upstream", "mark_challenger", "previous_champion", "promote", "reconcile",
+    "record_decision", "rollback",
+]

@@ -1,0 +1,372 @@
+"""Gate, challenger, promotion, approval, rollback, audit and lineage against a real local MLflow registry.
+
+Three real models trained on the real digits: ``base`` and ``equal`` (same data and settings,
+another seed: an equally good retrain) and ``worse`` (trained on a copy whose train and val
+labels are 60% shuffled: the candidate made worse on purpose).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.tasks.test_train import (
+    CURATED_SCHEMA,
+    curated_rows,
+    fast,
+    private_home,
+    with_model_name,
+    write_curated_digits,
+)
+
+
+@dataclass(frozen=True)
+class Models:
+    settings: Any
+    version: int  # curated version: the frozen test split
+    base: Any
+    equal: Any
+    worse: Any
+
+
+def write_shuffled_digits(uri: str, share: float = 0.6, seed: int = 3) -> int:
+    from tasks import lake
+
+    rows = [dict(r) for r in curated_rows()]
+    rng = np.random.default_rng(seed)
+    fit = [r for r in rows if r["split"] in ("train", "val")]
+    chosen = rng.choice(len(fit), size=int(share * len(fit)), replace=False)
+    labels = [fit[i]["label"] for i in chosen]
+    rng.shuffle(labels)
+    for i, label in zip(chosen, labels):
+        fit[i]["label"] = label
+    return lake.overwrite(uri, pa.Table.from_pylist(rows, schema=CURATED_SCHEMA),
+                          metadata={"run_id": "test-shuffle", "step": "curate", "raw_version": 9})
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Models]:
+    from tasks.train import train
+
+    with private_home(tmp_path_factory, "release-home") as base_settings:
+        s = fast(base_settings, epochs=4)
+        version = write_curated_digits(s.curated_table, raw_version=7)
+        shuffled = s.table_uri("curated_shuffled")
+        shuffled_version = write_shuffled_digits(shuffled)
+        base = train(s, s.curated_table, version, "manual__base", "2026-11-21")
+        equal = train(fast(s, epochs=4, seed=11), s.curated_table, version, "manual__equal", "2026-11-21")
+        worse = train(s, shuffled, shuffled_version, "manual__worse", "2026-11-21")
+        yield Models(s, version, base, equal, worse)
+
+
+def _model(models: Models, suffix: str, **gate: Any) -> Any:
+    s = with_model_name(models.settings, suffix)
+    if gate:
+        s = s.model_copy(update={"gate": s.gate.model_copy(update=gate)})
+    return s
+
+
+def _first_champion(models: Models, s: Any) -> int:
+    from tasks.evaluate import evaluate
+    from tasks.registry import register_candidate
+    from tasks.release import mark_challenger, promote
+
+    v = register_candidate(s, models.base.mlflow_run_id)
+    gate = evaluate(s, v, s.curated_table, models.version)
+    assert gate.passed, gate.reasons
+    mark_challenger(s, v, gate, run_id="r1")
+    promote(s, v, gate, run_id="r1")
+    return v
+
+
+def _alias(s: Any, alias: str) -> int | None:
+    from tasks.registry import alias_version, mlflow_client
+
+    return alias_version(mlflow_client(s), s.registry.model_name, alias)
+
+
+def test_first_candidate_becomes_challenger_then_champion_with_audit_rows(models: Models) -> None:
+    from tasks import audit
+    from tasks.evaluate import evaluate
+    from tasks.registry import mlflow_client, register_candidate
+    from tasks.release import mark_challenger, promote
+
+    s = _model(models, "first")
+    v = register_candidate(s, models.base.mlflow_run_id)
+    assert register_candidate(s, models.base.mlflow_run_id) == v  # a retry reuses the version
+    gate = evaluate(s, v, s.curated_table, models.version)
+    assert gate.decision == "pass" and gate.champion_version is None
+    names = [c.name for c in gate.checks]
+    assert names == ["not_rolled_back", "test_size", "floor", "smoke", "latency", "model_size"]
+    report = json.loads(Path(gate.report_path).read_text())
+    assert report["details"]["smoke"]["images_per_format"] > 0 and report["details"]["smoke"]["model_mb"] > 0
+    assert report["test_version"] == models.version and report["candidate_version"] == v
+
+    assert _alias(s, "challenger") is None and _alias(s, "champion") is None  # registration moves nothing
+    mark_challenger(s, v, gate, run_id="r1")
+    assert _alias(s, "challenger") == v and _alias(s, "champion") is None
+    result = promote(s, v, gate, run_id="r1", actor="ci")
+    assert result.changed and (result.from_version, result.to_version) == (None, v)
+    assert _alias(s, "champion") == v and _alias(s, "challenger") is None  # the challenger won
+    again = promote(s, v, gate, run_id="r1")  # a retried task: nothing new
+    assert not again.changed
+
+    rows = [r for r in audit.read(s) if r.model_name == s.registry.model_name]
+    assert [(r.action, r.alias, r.from_version, r.to_version) for r in rows] == [
+        ("challenger", "challenger", None, v), ("promote", "champion", None, v)]
+    assert rows[1].actor == "ci" and rows[1].gate_report == gate.report_path and rows[1].airflow_run_id == "r1"
+    tags = mlflow_client(s).get_model_version(s.registry.model_name, str(v)).tags
+    assert json.loads(tags["cd4ml.release.last"])["action"] == "promote"
+    assert tags["cd4ml.gate.decision"] == "pass" and tags["cd4ml.curated_version"] == str(models.version)
+
+
+def test_a_worse_candidate_is_never_promoted_and_an_equal_retrain_is(models: Models) -> None:
+    from tasks.evaluate import evaluate
+    from tasks.registry import register_candidate
+    from tasks.release import ReleaseError, mark_challenger, promote
+
+    s = _model(models, "worse")
+    champion = _first_champion(models, s)
+    bad = register_candidate(s, models.worse.mlflow_run_id)
+    gate = evaluate(s, bad, s.curated_table, models.version)
+    assert gate.decision == "fail" and gate.champion_version == champion
+    failed = {c.name for c in gate.checks if not c.passed}
+    assert {"non_inferiority", "mcnemar"} <= failed, gate.reasons
+    with pytest.raises(ReleaseError, match="decided 'fail'"):
+        mark_challenger(s, bad, gate)
+    with pytest.raises(ReleaseError, match="decided 'fail'"):
+        promote(s, bad, gate)
+    assert _alias(s, "champion") == champion
+
+    same = register_candidate(s, models.equal.mlflow_run_id)
+    gate = evaluate(s, same, s.curated_table, models.version)
+    assert gate.decision == "pass", gate.reasons  # a retrain of equal quality is not blocked by noise
+    report = json.loads(Path(gate.report_path).read_text())
+    paired = report["details"]["paired"]
+    assert paired["n"] == gate.test_images and len(paired["bootstrap_95"]) == 2
+    assert set(report["details"]["per_class"]) == {str(d) for d in range(10)}
+    promote(s, same, gate, run_id="r2")
+    assert _alias(s, "champion") == same
+
+
+def test_too_small_a_test_set_leaves_the_gate_undecided(models: Models) -> None:
+    from tasks.evaluate import evaluate
+    from tasks.registry import register_candidate
+    from tasks.release import ReleaseError, promote
+
+    s = _model(models, "small", min_test_images=10_000)
+    v = register_candidate(s, models.base.mlflow_run_id)
+    gate = evaluate(s, v, s.curated_table, models.version)
+    assert gate.decision == "undecided"
+    assert any("min_test_images 10000: no decision" in r for r in gate.reasons)
+    with pytest.raises(ReleaseError, match="undecided"):
+        promote(s, v, gate)
+
+
+def test_per_class_recall_floor_and_serving_limits_fail_the_gate(models: Models) -> None:
+    from tasks.evaluate import evaluate
+    from tasks.registry import register_candidate
+
+    s = _model(models, "limits")
+    _first_champion(models, s)
+    strict = s.model_copy(update={"gate": s.gate.model_copy(update={
+        "max_class_recall_drop": 0.0, "max_regression": 1.0, "alpha": 1e-12, "max_latency_p95_ms": 0.001,
+        "max_model_mb": 0.0001})})
+    v = register_candidate(strict, models.worse.mlflow_run_id)
+    gate = evaluate(strict, v, s.curated_table, models.version)
+    failed = {c.name for c in gate.checks if not c.passed}
+    assert failed == {"class_recall", "latency", "model_size"}, gate.reasons
+
+
+def test_smoke_test_fails_cleanly_for_a_model_that_cannot_load(models: Models, tmp_path: Path) -> None:
+    from tasks.evaluate import smoke_test
+    from tests.tasks.test_train import split_rows
+
+    image = split_rows("test")[0]["image"]
+    out = smoke_test(models.settings, f"models:/{models.settings.registry.model_name}-nothing/1", [image], {"0"})
+    assert out["ok"] is False and "exit" in out["error"]
+
+
+def test_two_promotions_racing_end_with_one_champion_and_a_truthful_ledger(models: Models) -> None:
+    from tasks import audit
+    from tasks.evaluate import evaluate
+    from tasks.registry import StaleGateError, register_candidate
+    from tasks.release import promote
+
+    s = _model(models, "race", max_regression=1.0, alpha=1e-12, min_value=0.0, max_class_recall_drop=1.0)
+    champion = _first_champion(models, s)
+    a = register_candidate(s, models.equal.mlflow_run_id)
+    b = register_candidate(s, models.worse.mlflow_run_id)
+    gates = {v: evaluate(s, v, s.curated_table, models.version) for v in (a, b)}
+    assert all(g.passed and g.champion_version == champion for g in gates.values())
+    outcomes: dict[int, Any] = {}
+    barrier = threading.Barrier(2)
+
+    def race(v: int) -> None:
+        barrier.wait()
+        try:
+            outcomes[v] = promote(s, v, gates[v], run_id=f"race-{v}")
+        except StaleGateError as exc:
+            outcomes[v] = exc
+
+    threads = [threading.Thread(target=race, args=(v,)) for v in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [v for v, o in outcomes.items() if not isinstance(o, Exception)]
+    assert len(winners) == 1, outcomes
+    loser = ({a, b} - set(winners)).pop()
+    assert isinstance(outcomes[loser], StaleGateError)
+    assert _alias(s, "champion") == winners[0]
+    promotions = [r for r in audit.read(s) if r.model_name == s.registry.model_name and r.action == "promote"]
+    assert [(r.from_version, r.to_version) for r in promotions] == [(None, champion), (champion, winners[0])]
+
+
+def test_rollback_restores_the_previous_champion_and_is_a_no_op_when_repeated(models: Models) -> None:
+    import mlflow
+    import pandas as pd
+
+    from tasks import audit
+    from tasks.evaluate import evaluate
+    from tasks.registry import mlflow_client, register_candidate
+    from tasks.release import RolledBackError, promote, rollback
+    from tests.tasks.test_train import split_rows
+
+    s = _model(models, "rollback")
+    first = _first_champion(models, s)
+    second = register_candidate(s, models.equal.mlflow_run_id)
+    gate = evaluate(s, second, s.curated_table, models.version)
+    promote(s, second, gate, run_id="r2")
+    assert _alias(s, "champion") == second
+
+    result = rollback(s, reason="bad predictions on the new camera", actor="oncall", run_id="rb1")
+    assert result.changed and (result.from_version, result.to_version) == (second, first)
+    assert _alias(s, "champion") == first
+    model = mlflow.pyfunc.load_model(f"models:/{s.registry.model_name}@champion")
+    assert model.metadata.run_id == models.base.mlflow_run_id  # the alias now loads the restored version
+    assert len(model.predict(pd.DataFrame({"image": [r["image"] for r in split_rows("test")[:3]]}))) == 3
+    tags = mlflow_client(s).get_model_version(s.registry.model_name, str(second)).tags
+    assert "bad predictions on the new camera" in tags["cd4ml.rolled_back"]
+
+    assert not rollback(s, reason="bad predictions on the new camera", actor="oncall").changed  # same again
+    assert not rollback(s, reason="other", to_version=first).changed  # already there
+    assert _alias(s, "champion") == first
+    with pytest.raises(RolledBackError):
+        promote(s, second, evaluate(s, second, s.curated_table, models.version))
+    gate = evaluate(s, second, s.curated_table, models.version)
+    assert gate.decision == "fail" and not gate.checks[0].passed  # not_rolled_back
+    rows = [r for r in audit.read(s) if r.model_name == s.registry.model_name]
+    assert [(r.action, r.from_version, r.to_version) for r in rows][-1] == ("rollback", second, first)
+    assert rows[-1].actor == "oncall" and rows[-1].reason == "bad predictions on the new camera"
+
+
+def test_bad_release_requests_are_clear_errors_that_change_nothing(models: Models, tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    from tasks import audit
+    from tasks.evaluate import LineageError, evaluate
+    from tasks.registry import UnknownModelVersionError, mlflow_client, register_candidate
+    from tasks.release import NoChampionError, ReleaseError, rollback
+    from tasks.settings import SettingsError, load_settings
+
+    s = _model(models, "bad")
+    with pytest.raises(NoChampionError, match="no champion"):
+        rollback(s, reason="x")
+    with pytest.raises(ReleaseError, match="needs a reason"):
+        rollback(s, reason=" ")
+    v = register_candidate(s, models.base.mlflow_run_id)
+    with pytest.raises(UnknownModelVersionError, match=f"has no version 99 \\(versions: \\[{v}\\]\\)"):
+        evaluate(s, 99, s.curated_table, models.version)
+    with pytest.raises(UnknownModelVersionError):
+        rollback(s, reason="x", to_version=99)
+    with pytest.raises(SettingsError, match="not a known environment"):
+        load_settings("staging")
+
+    # A version registered straight from the artifact, with no lineage tags and no run.
+    client: MlflowClient = mlflow_client(s)
+    source = client.get_model_version(s.registry.model_name, str(v)).source
+    orphan = client.create_model_version(s.registry.model_name, source, run_id=None)
+    with pytest.raises(LineageError, match="no cd4ml.curated_table"):
+        evaluate(s, int(orphan.version), s.curated_table, models.version)
+    assert _alias(s, "champion") is None and _alias(s, "challenger") is None
+    assert [r for r in audit.read(s) if r.model_name == s.registry.model_name] == []
+
+
+def test_prod_needs_an_approval_and_a_rejection_is_recorded(models: Models) -> None:
+    from tasks import audit
+    from tasks.evaluate import evaluate
+    from tasks.registry import mlflow_client, register_candidate
+    from tasks.release import ApprovalRequiredError, promote, record_decision
+
+    s = _model(models, "approval")
+    s = s.model_copy(update={"release": s.release.model_copy(update={"approval": "required"})})
+    v = register_candidate(s, models.base.mlflow_run_id)
+    gate = evaluate(s, v, s.curated_table, models.version)
+    with pytest.raises(ApprovalRequiredError):
+        promote(s, v, gate)
+    with pytest.raises(ApprovalRequiredError):
+        promote(s, v, gate, approval={"decision": "rejected", "by": "alice"})
+    record_decision(s, v, "rejected", actor="alice", reason="wait for the holiday freeze", run_id="p1")
+    assert _alias(s, "champion") is None
+    rows = [r for r in audit.read(s) if r.model_name == s.registry.model_name]
+    assert rows[-1].action == "rejected" and rows[-1].actor == "alice" and rows[-1].reason == "wait for the holiday freeze"
+    assert json.loads(mlflow_client(s).get_model_version(s.registry.model_name, str(v)).tags["cd4ml.approval"])[
+        "decision"] == "rejected"
+    result = promote(s, v, gate, approval={"decision": "approved", "by": "bob", "at": "2026-11-23T10:00:00Z"}, run_id="p2")
+    assert result.changed and _alias(s, "champion") == v
+    row = [r for r in audit.read(s) if r.model_name == s.registry.model_name][-1]
+    assert row.actor == "bob" and row.approval["by"] == "bob"
+
+
+def test_deploy_model_copies_the_upstream_champion_with_its_lineage(models: Models) -> None:
+    from tasks.lineage import format_lineage, lineage
+    from tasks.registry import mlflow_client
+    from tasks.release import copy_from_upstream
+    from tasks.settings import load_settings
+
+    sit = models.settings  # the real sit model name: uat's upstream
+    _first_champion(models, sit)
+    uat = load_settings("uat", home=sit.home)
+    uat = uat.model_copy(update={"release": uat.release.model_copy(update={"pattern": "deploy_model", "upstream": "sit"})})
+    copied = copy_from_upstream(uat)
+    assert not copied["reused"] and copied["source"].startswith(f"models:/{sit.registry.model_name}/")
+    assert copy_from_upstream(uat) == {**copied, "reused": True}
+    tags = mlflow_client(uat).get_model_version(uat.registry.model_name, str(copied["version"])).tags
+    assert tags["cd4ml.curated_version"] == str(models.version) and tags["cd4ml.env"] == "uat"
+    assert tags["cd4ml.trained_in"] == "sit" and tags["cd4ml.copied_from"] == copied["source"]
+
+    info = lineage(f"models:/{uat.registry.model_name}/{copied['version']}", home=sit.home)
+    assert info["copied_from"]["run"]["run_id"] == models.base.mlflow_run_id
+    assert info["copied_from"]["data"]["raw"]["version"] == 7
+    assert info["copied_from"]["run"]["requirements_hash"]
+    text = format_lineage(info)
+    assert "copied from:" in text and "raw:" in text
+
+
+def test_sit_sample_is_deterministic_named_and_a_subset(models: Models) -> None:
+    from tasks import lake
+    from tasks.sampling import training_data
+
+    s = models.settings
+    assert s.release.sample_fraction == 0.5
+    first = training_data(s, s.curated_table, models.version, "run-a")
+    again = training_data(s, s.curated_table, models.version, "run-b")
+    assert first == again and first["sample"].startswith("sample-50pct-")
+    rows = lake.read(first["table"], first["version"])
+    full = lake.read(s.curated_table, models.version)
+    assert 0.4 * full.num_rows < rows.num_rows < 0.6 * full.num_rows
+    assert set(rows["sha256"].to_pylist()) <= set(full["sha256"].to_pylist())
+    names = {t.name: t.version for t in lake.tags(first["table"])}
+    assert names[first["sample"]] == first["version"]
+    full_env = s.model_copy(update={"release": s.release.model_copy(update={"sample_fraction": 1.0})})
+    assert training_data(full_env, s.curated_table, models.version, "x") == {
+        "table": s.curated_table, "version": models.version, "sample": None}
