@@ -263,6 +263,9 @@ def model_versions(settings: Settings) -> list[dict[str, Any]]:
                 "run_id": version.run_id,
                 **_lineage(version, client),
                 "gate_passed": {"true": True, "false": False}.get(tags.get("cd4ml.gate.passed", "")),
+                "gate_decision": tags.get("cd4ml.gate.decision"),
+                "copied_from": tags.get(TAG_COPIED_FROM),
+                "rolled_back": tags.get(TAG_ROLLED_BACK),
                 "created": datetime.fromtimestamp(version.creation_timestamp / 1000, tz=UTC).isoformat(),
             }
         )

@@ -115,15 +115,28 @@ def reconcile(settings: Settings, client: MlflowClient, rows: list[AuditRow] | N
         _set_alias(client, name, alias, version)
 
 
-def _set_alias(client: MlflowClient, name: str, alias: str, version: int | None) -> None:
-    if version is None:
+def _set_alias(client: MlflowClient, name: str, alias: str, version: int | None, attempts: int = 3) -> None:
+    """Make ``name@alias`` point at ``version`` (None: no alias).
+
+    Two processes may apply the same ledger row at once (the releaser and another one reconciling);
+    MLflow's SQL store then refuses the second insert of the alias row. What counts is the end
+    state, so a refused write that left the alias where it should be is success.
+    """
+    for attempt in range(1, attempts + 1):
         try:
-            client.delete_registered_model_alias(name, alias)
+            if version is None:
+                client.delete_registered_model_alias(name, alias)
+            else:
+                client.set_registered_model_alias(name, alias, str(version))
+            return
         except MlflowException as exc:
-            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            if version is None and exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return
+            if alias_version(client, name, alias) == version:
+                return
+            if attempt == attempts:
                 raise
-    else:
-        client.set_registered_model_alias(name, alias, str(version))
+            log.warning("setting %s@%s to %s failed (%s); retrying", name, alias, version, exc)
 
 
 def _mine(settings: Settings, rows: list[AuditRow]) -> list[AuditRow]:

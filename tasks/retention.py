@@ -35,7 +35,7 @@ from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TABLES = ("raw_images", "rejects", "curated_images", "ingest_manifest", "ingest_zones", lake.TAGS_TABLE)
+TABLES = ("raw_images", "rejects", "curated_images", "training_sample", "ingest_manifest", "ingest_zones", lake.TAGS_TABLE)
 
 
 class RetentionError(RuntimeError):
@@ -71,9 +71,20 @@ def protected_versions(settings: Settings, table: str) -> set[int]:
         curated = mv.get("curated_table") or settings.curated_table
         if uri == curated and mv.get("curated_version") is not None:
             keep.add(int(mv["curated_version"]))
+        if uri == settings.curated_table and curated == settings.sample_table and mv.get("curated_version") is not None:
+            source = _sampled_from(settings.sample_table, int(mv["curated_version"]))  # the version a sample was cut from
+            if source is not None:
+                keep.add(source)
     if settings.retention.protect_tagged:
         keep |= {t.version for t in lake.tags(uri)}
     return keep
+
+
+def _sampled_from(sample_table: str, version: int) -> int | None:
+    for commit in lake.history(sample_table) if lake.exists(sample_table) else []:
+        if commit.version == version and commit.metadata.get("curated_version") not in (None, ""):
+            return int(commit.metadata["curated_version"])
+    return None
 
 
 def _keep_logs(table: DeltaTable) -> None:

@@ -20,6 +20,8 @@ TABLES = (
     "ingest_manifest",
     "ingest_zones",
     "dataset_tags",
+    "training_sample",
+    "release_audit",
 )
 
 
@@ -40,6 +42,24 @@ def _tracking_store_exists(settings: Settings) -> bool:
     return True  # a server or database: ask it
 
 
+def _champion(settings: Settings, models: list[dict]) -> dict | None:
+    """The champion with its lineage and the ledger row that made it champion."""
+    from tasks import audit
+
+    holders = [m for m in models if settings.registry.champion_alias in m["aliases"]]
+    if not holders:
+        return None
+    champion = dict(holders[0])
+    rows = [r for r in audit.read(settings) if r.model_name == settings.registry.model_name
+            and r.alias == settings.registry.champion_alias and r.to_version == champion["version"]]
+    if rows:
+        last = rows[-1]
+        champion["since"] = {"seq": last.seq, "at": last.at, "action": last.action, "by": last.actor,
+                             "from_version": last.from_version, "approval": last.approval, "reason": last.reason}
+    champion["lineage_command"] = f"cd4ml lineage models:/{settings.registry.model_name}/{champion['version']}"
+    return champion
+
+
 def environment_status(settings: Settings) -> dict:
     models: list[dict] = []
     if _tracking_store_exists(settings):
@@ -49,6 +69,10 @@ def environment_status(settings: Settings) -> dict:
     return {
         "tables": {name: table_status(settings.table_uri(name)) for name in TABLES},
         "registered_model": settings.registry.model_name,
+        "release": {"pattern": settings.release.pattern, "upstream": settings.release.upstream,
+                    "approval": settings.release.approval, "sample_fraction": settings.release.sample_fraction},
+        "champion": _champion(settings, models),
+        "challenger": next((m["version"] for m in models if settings.release.challenger_alias in m["aliases"]), None),
         "model_versions": models,
         "reports_dir": str(settings.reports_path),
     }
@@ -84,14 +108,18 @@ def summary(settings: Settings) -> str:
         version = "-" if t["version"] is None else f"v{t['version']}"
         lines.append(f"  {name:<20} {version:>4} {t['rows']:>7} rows  {t['uri']}{named}")
     lines.append("")
-    champions = [m for m in env["model_versions"] if settings.registry.champion_alias in m.get("aliases", [])]
-    if champions:
-        m = champions[0]
+    m = env["champion"]
+    if m:
+        since = m.get("since") or {}
         lines += [
             f"Model: {settings.registry.model_name} v{m['version']} holds alias '{settings.registry.champion_alias}'",
             f"  trained on {m.get('curated_table')} v{m.get('curated_version')} (raw v{m.get('raw_version')})",
             f"  MLflow run {m.get('run_id')} in {settings.tracking_uri}",
         ]
+        if since:
+            lines.append(f"  {since['action']} by {since['by']} at {since['at']} (release audit #{since['seq']}; "
+                         f"cd4ml audit --env {settings.env})")
+        lines.append(f"  lineage: {m['lineage_command']}")
     else:
         lines.append(f"Model: no version of {settings.registry.model_name} holds '{settings.registry.champion_alias}' yet")
     lines += ["", "Reports:"] + [f"  {k:<11}{v}" for k, v in newest_reports(settings).items()]

@@ -6,12 +6,13 @@ registered candidate of this environment's model and a task that returned the te
 
     evaluate_gate -> mark_challenger -> [approval_request -> approve] -> promote -> finish
 
-``approve`` is Airflow's HITL ``ApprovalOperator`` (the Required Actions page), present only
-where ``release.approval`` is ``required`` (decided at parse time from the settings, like every
-structural choice). A reject skips ``promote``; no answer within ``release.approval_timeout_hours``
-takes the default, Reject, with no responder. ``finish`` runs whatever happened before it and
-records a rejection or a timeout (who, why) in the release ledger and alerts on-call. Logic lives
-in ``tasks.release`` and ``tasks.evaluate``; this module only wires.
+``approve`` is Airflow's HITL ``ApprovalOperator`` (the Required Actions page; see
+``cd4ml_airflow.approval``), present only where ``release.approval`` is ``required`` (decided at
+parse time from the settings, like every structural choice). A reject skips ``promote``; no answer
+within ``release.approval_timeout_hours`` takes the default, Reject, with no responder; either is
+recorded (who, why) in the release ledger and alerted by the operator itself. ``finish`` runs
+whatever happened before it and prints what the run changed, read back from the ledger. Logic
+lives in ``tasks.release`` and ``tasks.evaluate``; this module only wires.
 """
 
 from __future__ import annotations
@@ -85,11 +86,11 @@ def promote(gate: dict, challenger: dict, *, outlet_events=None, **context) -> d
 
     approval = None
     if APPROVAL_REQUIRED:
+        from cd4ml_airflow.approval import responder
+
         answer = context["ti"].xcom_pull(task_ids="approve") or {}
-        approval = {"decision": APPROVED, "by": answer.get("responded_by_user", {}).get("id")
-                    if isinstance(answer.get("responded_by_user"), dict) else answer.get("responded_by_user"),
-                    "at": str(answer.get("responded_at")), "reason": (answer.get("params_input") or {}).get("reason", ""),
-                    "airflow_task": "approve"}
+        approval = {"decision": APPROVED, "by": responder(answer), "at": str(answer.get("responded_at")),
+                    "reason": (answer.get("params_input") or {}).get("reason", ""), "airflow_task": "approve"}
     with fail_fast_on_data_errors():
         result = move(load_settings(), gate["candidate_version"], gate, approval=approval, run_id=context["run_id"],
                       actor=(approval or {}).get("by") or f"airflow:{context['dag'].dag_id}")
@@ -100,31 +101,20 @@ def promote(gate: dict, challenger: dict, *, outlet_events=None, **context) -> d
 
 @task(trigger_rule="all_done")
 def finish(gate: dict, **context) -> dict:
-    """What happened to the candidate; a rejected or timed-out approval is recorded and alerted here."""
-    from tasks.release import REJECTED, TIMEOUT, record_decision
+    """What this run did to the aliases, read back from the release ledger (the truth)."""
+    from tasks import audit
     from tasks.settings import load_settings
 
-    ti = context["ti"]
-    promoted = ti.xcom_pull(task_ids="promote")
-    if promoted:
-        print(f"released: {promoted['message']}")
-        return {"outcome": "promoted", **promoted}
-    if not gate or not gate.get("passed"):
-        print("not released: the gate did not pass (see mark_challenger)")
-        return {"outcome": "gate_" + (gate or {}).get("decision", "missing")}
-    if not APPROVAL_REQUIRED:
-        return {"outcome": "not_promoted"}
-    answer = ti.xcom_pull(task_ids="approve") or {}
-    user = answer.get("responded_by_user")
-    by = (user.get("id") or user.get("name")) if isinstance(user, dict) else user
-    decision = REJECTED if by else TIMEOUT
-    reason = (answer.get("params_input") or {}).get("reason") or (
-        "no answer within release.approval_timeout_hours" if decision == TIMEOUT else "rejected without a reason")
-    with fail_fast_on_data_errors():
-        result = record_decision(load_settings(), gate["candidate_version"], decision, actor=by or "timeout",
-                                 reason=reason, gate_report=gate["report_path"], run_id=context["run_id"])
-    print(result.message)
-    return {"outcome": decision, **result.to_dict()}
+    settings = load_settings()
+    rows = [r.to_dict() for r in audit.read(settings)
+            if r.airflow_run_id == context["run_id"] and r.model_name == settings.registry.model_name]
+    for row in rows:
+        print(f"release audit #{row['seq']}: {row['action']} {row['alias']} v{row['from_version']} -> "
+              f"v{row['to_version']} by {row['actor']}: {row['reason']}")
+    outcome = rows[-1]["action"] if rows else f"gate_{(gate or {}).get('decision', 'missing')}"
+    if not rows:
+        print(f"nothing released: {outcome}")
+    return {"outcome": outcome, "audit": rows}
 
 
 def release_flow(candidate, test_data) -> None:
@@ -133,11 +123,11 @@ def release_flow(candidate, test_data) -> None:
     challenger = mark_challenger(gate)
     moved = promote(gate, challenger)
     if APPROVAL_REQUIRED:
-        from airflow.providers.standard.operators.hitl import ApprovalOperator
+        from cd4ml_airflow.approval import ReleaseApprovalOperator
 
         request = approval_request(gate)
         approvers = [{"id": user, "name": user} for user in SETTINGS.release.approvers] or None
-        approve = ApprovalOperator(
+        approve = ReleaseApprovalOperator(
             task_id="approve",
             subject="{{ ti.xcom_pull(task_ids='approval_request')['subject'] }}",
             body="{{ ti.xcom_pull(task_ids='approval_request')['body'] }}",

@@ -139,7 +139,7 @@ print(json.dumps(out))
     for dag_id in ("cd4ml_train", "cd4ml_promote"):
         tail = {k: sorted(v) for k, v in APPROVAL_TAIL.items()}
         assert {k: v for k, v in info[dag_id].items() if k in tail} == tail, dag_id
-    assert info["approve"] == {"type": "ApprovalOperator", "options": ["Approve", "Reject"], "defaults": ["Reject"],
+    assert info["approve"] == {"type": "ReleaseApprovalOperator", "options": ["Approve", "Reject"], "defaults": ["Reject"],
                                "timeout_h": 72.0, "notifiers": 1, "params": ["reason"]}
     assert info["schedule"] == ["cd4ml_uat_champion_model"]
 

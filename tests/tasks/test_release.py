@@ -370,3 +370,33 @@ def test_sit_sample_is_deterministic_named_and_a_subset(models: Models) -> None:
     full_env = s.model_copy(update={"release": s.release.model_copy(update={"sample_fraction": 1.0})})
     assert training_data(full_env, s.curated_table, models.version, "x") == {
         "table": s.curated_table, "version": models.version, "sample": None}
+
+
+def test_retention_keeps_the_sample_a_model_trained_on_and_the_curated_version_it_was_cut_from(models: Models) -> None:
+    from tasks.registry import TAG_CURATED_TABLE, TAG_CURATED_VERSION, mlflow_client, register_candidate
+    from tasks.retention import protected_versions
+    from tasks.sampling import training_data
+
+    s = _model(models, "retention")
+    sample = training_data(s, s.curated_table, models.version, "run-r")
+    v = register_candidate(s, models.base.mlflow_run_id)
+    client = mlflow_client(s)
+    client.set_model_version_tag(s.registry.model_name, str(v), TAG_CURATED_TABLE, sample["table"])
+    client.set_model_version_tag(s.registry.model_name, str(v), TAG_CURATED_VERSION, str(sample["version"]))
+    assert sample["version"] in protected_versions(s, s.sample_table)
+    assert models.version in protected_versions(s, s.curated_table)
+
+
+def test_the_approval_text_compares_class_by_class_with_names(models: Models) -> None:
+    from tasks.evaluate import evaluate
+    from tasks.registry import register_candidate
+    from tasks.release_notes import approval_body
+
+    s = _model(models, "notes")
+    _first_champion(models, s)
+    v = register_candidate(s, models.equal.mlflow_run_id)
+    gate = evaluate(s, v, s.curated_table, models.version)
+    body = approval_body(s, gate.to_dict())
+    assert f"{s.registry.model_name} v{v} vs champion v1" in body
+    assert "| 7 |" in body and "McNemar one-sided p" in body and "**Drift**" in body
+    assert f"`{s.curated_table}` v{models.version} (raw v7)" in body
