@@ -86,7 +86,7 @@ def _snapshot(uri: str) -> tuple[list[AuditRow], Any]:
     if not lake.exists(uri):
         return [], None
     table = lake.open_table(uri)
-    rows = [AuditRow.from_arrow(r) for r in table.to_pyarrow_table().to_pylist()]
+    rows = [AuditRow.from_arrow(r) for r in lake.scan(table).to_pylist()]
     return sorted(rows, key=lambda r: r.seq), table
 
 

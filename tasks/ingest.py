@@ -215,7 +215,7 @@ def _cached(manifest_uri: str, listing: pa.Table, trust: bool = True) -> pa.Tabl
     if not trust or not lake.exists(manifest_uri):
         return empty
     table = DeltaTable(manifest_uri)
-    cache = table.to_pyarrow_table(columns=["source_uri", "size", "mtime_ns", "etag", "sha256", "content_code"])
+    cache = lake.scan(table, columns=["source_uri", "size", "mtime_ns", "etag", "sha256", "content_code"])
     idx = pc.index_in(listing.column("uri"), value_set=cache.column("source_uri"))
     hit = pc.is_valid(idx)
     if not pc.any(hit).as_py():
@@ -225,7 +225,7 @@ def _cached(manifest_uri: str, listing: pa.Table, trust: bool = True) -> pa.Tabl
     if pc.all(pc.is_null(rows.column("content_code"))).as_py():  # no cached verdicts: skip the long column
         details = pa.nulls(n, pa.string())
     else:
-        verdicts = table.to_pyarrow_table(columns=["source_uri", "content_detail"])
+        verdicts = lake.scan(table, columns=["source_uri", "content_detail"])
         details = verdicts.column("content_detail").take(
             pc.index_in(listing.column("uri"), value_set=verdicts.column("source_uri")))
     same = pc.and_(pc.equal(listing.column("size"), rows.column("size")),
@@ -242,7 +242,7 @@ def _known(table: DeltaTable | None) -> pa.Table:
     """sha256 -> label of the snapshot the commit will be checked against."""
     if table is None:
         return pa.table({"sha256": pa.array([], pa.string()), "label": pa.array([], pa.string())})
-    return table.to_pyarrow_table(columns=["sha256", "label"])
+    return lake.scan(table, columns=["sha256", "label"])
 
 
 def _lookup(shas: pa.Array | pa.ChunkedArray, known: pa.Table) -> pa.Array | pa.ChunkedArray:

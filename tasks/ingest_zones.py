@@ -143,7 +143,7 @@ def recorded(zones_uri: str, key: str) -> Zone | None:
         table = DeltaTable(zones_uri)
     except TableNotFoundError:
         return None
-    zones = table.to_pyarrow_table()  # one row a zone: read whole, filtered here
+    zones = lake.scan(table)  # one row a zone: read whole, filtered here
     rows = zones.filter(pc.equal(zones.column("zone_key"), key)).to_pylist()
     if not rows:
         return None

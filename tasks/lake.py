@@ -103,10 +103,29 @@ def open_table(uri: str, version: int | None = None) -> DeltaTable:
         raise
 
 
+def scan(table: DeltaTable, columns: Iterable[str] | None = None, filters: Any = None) -> pa.Table:
+    """``table.to_pyarrow_table`` through pyarrow's own filesystem where the table is local.
+
+    delta-rs hands pyarrow a filesystem implemented in Python by default; a process that scanned
+    through it and then exits dies in arrow's thread-pool teardown about half the time ("terminate
+    called without an active exception", SIGABRT, measured with deltalake 1.6.6 and pyarrow 25), so
+    a CLI command printed its answer and still failed. pyarrow's native local filesystem avoids it.
+    """
+    from urllib.parse import unquote, urlparse
+
+    from pyarrow import fs as pafs
+
+    cols = list(columns) if columns is not None else None
+    parsed = urlparse(table.table_uri)
+    filesystem = None
+    if parsed.scheme in ("", "file"):
+        filesystem = pafs.SubTreeFileSystem(unquote(parsed.path).rstrip("/") or "/", pafs.LocalFileSystem())
+    return table.to_pyarrow_table(columns=cols, filters=filters, filesystem=filesystem)
+
+
 def read(uri: str, version: int, columns: Iterable[str] | None = None, filter: Any = None) -> pa.Table:
     """Read one explicit version (time travel); never implicitly the newest."""
-    cols = list(columns) if columns is not None else None
-    return open_table(uri, version).to_pyarrow_table(columns=cols, filters=filter)
+    return scan(open_table(uri, version), columns, filter)
 
 
 def history(uri: str) -> list[Commit]:
@@ -399,7 +418,7 @@ def upsert_batches(
 
     def attempt(_: int) -> list[int]:
         table = DeltaTable(uri) if exists(uri) else None
-        known = table.to_pyarrow_table(columns=[key]).column(key) if table is not None else None
+        known = scan(table, columns=[key]).column(key) if table is not None else None
         changed: list[pa.RecordBatch] = []
 
         def new_rows():
@@ -491,7 +510,7 @@ def tags(uri: str) -> list[Tag]:
     tags_table = tags_uri(uri)
     if not exists(tags_table):
         return []
-    rows = DeltaTable(tags_table).to_pyarrow_table(filters=[("table", "=", table_name(uri))]).to_pylist()
+    rows = scan(DeltaTable(tags_table), filters=[("table", "=", table_name(uri))]).to_pylist()
     found = [Tag(r["table"], r["name"], int(r["version"]), r["tagged_at"], r["run_id"], r["note"]) for r in rows]
     return sorted(found, key=lambda t: (t.tagged_at, t.name))
 

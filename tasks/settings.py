@@ -357,7 +357,7 @@ def resolve_env(env: str | None = None) -> str:
     name = (env if env is not None else os.environ.get("CD4ML_ENV", DEFAULT_ENV)).strip().lower()
     if name not in ENVIRONMENTS:
         raise SettingsError(
-            f"CD4ML_ENV={name!r} is not a known environment; use one of {', '.join(ENVIRONMENTS)}"
+            f"environment {name!r} (CD4ML_ENV or --env) is not a known environment; use one of {', '.join(ENVIRONMENTS)}"
         )
     return name
 

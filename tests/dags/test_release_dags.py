@@ -49,7 +49,7 @@ def _conf(target: Path, prod: str, uat: str = "") -> Path:
             text = text.replace("  pattern: deploy_code", uat or "  pattern: deploy_code")
         if name == "prod.yaml":
             text = text.replace("  pattern: deploy_code", prod).replace(
-                "  approval_timeout_hours: 72", "  approval_timeout_hours: 0.006\n  approvers: [approver]")
+                "  approval_timeout_hours: 72", "  approval_timeout_hours: 0.015\n  approvers: [approver]")
         (target / name).write_text(text)
     return target
 

@@ -28,3 +28,18 @@ def test_bad_environment_exits_2_with_the_reason(cd4ml_home, monkeypatch, capsys
 def test_sample_data(cd4ml_home, tmp_path, capsys):
     assert main(["sample-data", "--landing", str(tmp_path / "l"), "--limit", "12"]) == 0
     assert len(list((tmp_path / "l").rglob("*.png"))) == 12
+
+
+def test_release_commands_answer_bad_requests_with_one_line_and_change_nothing(cd4ml_home, capsys):
+    assert main(["rollback", "--env", "staging", "--reason", "x"]) == 1
+    assert "not a known environment" in capsys.readouterr().err
+    assert main(["rollback", "--env", "prod", "--reason", "canary errors"]) == 1
+    assert "prod has no champion" in capsys.readouterr().err
+    assert main(["audit", "--env", "prod"]) == 0
+    assert "no release audit rows yet" in capsys.readouterr().out
+    assert main(["lineage", "models:/digits-classifier-prod/7"]) == 1
+    assert "has no version 7" in capsys.readouterr().err
+    assert main(["lineage", "runs:/abc/model"]) == 1
+    assert "is not models:/<name>/<version>" in capsys.readouterr().err
+    assert main(["lineage", "models:/someone-elses-model/1"]) == 1
+    assert "not the registered model of any environment" in capsys.readouterr().err

@@ -211,3 +211,20 @@ def test_cli_tag_and_versions(tmp_path, capsys, cd4ml_home):
     assert main(["versions", uri]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("v1") and "release-1" in out[1] and "logical_date=2026-11-02" in out[1]
+
+
+def test_a_process_that_read_a_table_exits_cleanly(tmp_path) -> None:
+    """delta-rs' Python filesystem made about half of such exits die in arrow's teardown (SIGABRT)."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    from tasks import lake
+
+    uri = str(tmp_path / "t")
+    lake.overwrite(uri, pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]}), metadata={"step": "test"})
+    code = "import sys; from tasks import lake; print(lake.read(sys.argv[1], 0).num_rows)"
+    for _ in range(6):
+        proc = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, timeout=120)
+        assert (proc.returncode, proc.stdout.strip()) == (0, "3"), proc.stderr[-2000:]

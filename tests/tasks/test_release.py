@@ -146,6 +146,13 @@ def test_a_worse_candidate_is_never_promoted_and_an_equal_retrain_is(models: Mod
         promote(s, bad, gate)
     assert _alias(s, "champion") == champion
 
+    from tasks.settings import load_settings
+
+    for env in ("sit", "uat", "prod"):  # every environment's gate settings say no
+        strictness = load_settings(env, home=s.home).gate
+        verdict = evaluate(s.model_copy(update={"gate": strictness}), bad, s.curated_table, models.version)
+        assert verdict.decision == "fail", (env, verdict.reasons)
+
     same = register_candidate(s, models.equal.mlflow_run_id)
     gate = evaluate(s, same, s.curated_table, models.version)
     assert gate.decision == "pass", gate.reasons  # a retrain of equal quality is not blocked by noise
@@ -178,12 +185,30 @@ def test_per_class_recall_floor_and_serving_limits_fail_the_gate(models: Models)
     s = _model(models, "limits")
     _first_champion(models, s)
     strict = s.model_copy(update={"gate": s.gate.model_copy(update={
-        "max_class_recall_drop": 0.0, "max_regression": 1.0, "alpha": 1e-12, "max_latency_p95_ms": 0.001,
+        "max_class_recall_drop": 0.0, "max_regression": 1.0, "alpha": 0.5, "max_latency_p95_ms": 0.001,
         "max_model_mb": 0.0001})})
     v = register_candidate(strict, models.worse.mlflow_run_id)
     gate = evaluate(strict, v, s.curated_table, models.version)
     failed = {c.name for c in gate.checks if not c.passed}
-    assert failed == {"class_recall", "latency", "model_size"}, gate.reasons
+    assert failed == {"mcnemar", "class_recall", "latency", "model_size"}, gate.reasons
+
+
+def test_a_class_fails_only_for_a_drop_beyond_the_limit_that_is_not_noise(settings) -> None:
+    from tasks.evaluate import _comparison_checks
+
+    truth = ["8"] * 20 + ["1"] * 200
+    champion = list(truth)
+    three_missed = ["3"] * 3 + ["8"] * 17 + ["1"] * 200  # -0.15 exactly: the limit, and p = 0.125
+    eight_missed = ["3"] * 8 + ["8"] * 12 + ["1"] * 200  # -0.40, p = 0.004
+    gate = settings.gate
+    assert gate.max_class_recall_drop == 0.15 and gate.alpha == 0.05
+    checks, details = _comparison_checks(settings, truth, three_missed, champion, 1)
+    assert {c.name: c.passed for c in checks}["class_recall"], checks
+    assert details["per_class"]["8"]["net_losses"] == 3
+    checks, details = _comparison_checks(settings, truth, eight_missed, champion, 1)
+    by_name = {c.name: c for c in checks}
+    assert not by_name["class_recall"].passed and "8 -0.400" in by_name["class_recall"].detail
+    assert details["per_class"]["8"]["p_value_candidate_worse"] < 0.01
 
 
 def test_smoke_test_fails_cleanly_for_a_model_that_cannot_load(models: Models, tmp_path: Path) -> None:
@@ -299,6 +324,37 @@ def test_bad_release_requests_are_clear_errors_that_change_nothing(models: Model
         evaluate(s, int(orphan.version), s.curated_table, models.version)
     assert _alias(s, "champion") is None and _alias(s, "challenger") is None
     assert [r for r in audit.read(s) if r.model_name == s.registry.model_name] == []
+
+
+def test_deploy_model_with_no_upstream_champion_or_a_rolled_back_one_copies_nothing(
+    models: Models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tasks.release as release
+    from tasks.evaluate import evaluate
+    from tasks.registry import mlflow_client, register_candidate
+    from tasks.release import NoChampionError, ReleaseError, RolledBackError, copy_from_upstream, promote, rollback
+    from tasks.settings import load_settings
+
+    sit = _model(models, "upstream")
+    uat = load_settings("uat", home=sit.home)
+    with pytest.raises(ReleaseError, match="deploy_code"):
+        copy_from_upstream(uat)  # uat deploys code by default: nothing to copy
+    uat = uat.model_copy(update={
+        "release": uat.release.model_copy(update={"pattern": "deploy_model", "upstream": "sit"}),
+        "registry": uat.registry.model_copy(update={"model_name": "digits-classifier-uat-upstream"}),
+    })
+    monkeypatch.setattr(release, "load_settings", lambda env, home=None: sit)  # sit = this test's upstream model
+    with pytest.raises(NoChampionError, match="upstream sit has no champion"):
+        copy_from_upstream(uat)
+    assert not mlflow_client(uat).search_model_versions(f"name = '{uat.registry.model_name}'")
+
+    first = _first_champion(models, sit)
+    second = register_candidate(sit, models.equal.mlflow_run_id)
+    promote(sit, second, evaluate(sit, second, sit.curated_table, models.version), run_id="up2")
+    rollback(sit, reason="broken upstream")
+    with pytest.raises(RolledBackError):
+        copy_from_upstream(uat, source_version=second)
+    assert copy_from_upstream(uat)["source"] == f"models:/{sit.registry.model_name}/{first}"
 
 
 def test_prod_needs_an_approval_and_a_rejection_is_recorded(models: Models) -> None:
