@@ -200,8 +200,8 @@ def mark_challenger(settings: Settings, version: int, gate: Any, *, run_id: str 
 
     def decide(rows: list[AuditRow]) -> AuditRow | None:
         current = holder(settings, client, rows, alias)
-        if current == int(version):
-            return None
+        if int(version) in (current, holder(settings, client, rows, settings.registry.champion_alias)):
+            return None  # already challenger, or already champion (a re-run of the release that made it so)
         return AuditRow(settings.env, name, "challenger", alias, current, int(version), actor,
                         reason=f"gate passed against champion v{gate.get('champion_version')}",
                         gate_report=str(gate.get("report_path", "")), airflow_run_id=run_id,
@@ -212,7 +212,9 @@ def mark_challenger(settings: Settings, version: int, gate: Any, *, run_id: str 
         _set_alias(client, name, alias, row.to_version)
         if committed:
             _tag_release(client, settings, row)
-    return _result(settings, row, committed, "challenger", alias, f"{name}@{alias} = v{version}", int(version))
+    return _result(settings, row, committed, "challenger", alias,
+                   f"{name}@{alias} = v{version}" if row else f"{name} v{version} already holds {alias} or champion",
+                   int(version))
 
 
 def promote(

@@ -118,6 +118,10 @@ def test_first_candidate_becomes_challenger_then_champion_with_audit_rows(models
     assert _alias(s, "champion") == v and _alias(s, "challenger") is None  # the challenger won
     again = promote(s, v, gate, run_id="r1")  # a retried task: nothing new
     assert not again.changed
+    rerun = evaluate(s, v, s.curated_table, models.version)  # the whole release again (a re-run DAG)
+    assert rerun.passed and rerun.champion_version is None  # the champion is not compared with itself
+    assert not mark_challenger(s, v, rerun, run_id="r9").changed
+    assert not promote(s, v, rerun, run_id="r9").changed
 
     rows = [r for r in audit.read(s) if r.model_name == s.registry.model_name]
     assert [(r.action, r.alias, r.from_version, r.to_version) for r in rows] == [
