@@ -21,6 +21,9 @@ Everything runs through the product's own steps in a private ``CD4ML_HOME`` (tem
   version. So the gate settings are the real ones of conf/<env>.yaml (sit = base but
   ``min_test_images: 60``; uat = base but ``min_value: 0.90``; prod: ``min_value 0.92``,
   ``max_regression 0.02``, tighter latency and size).
+* One champion is one draw (a weak one makes every retrain look good), so the gate's own rules
+  (``score`` for the floor and ``_comparison_checks``) are also applied to every ordered pair of
+  the equal-quality models, and to every worse model against each of them (``all_pairs``).
 
 Usage: python bench/gate.py [--retrains 20] [--shuffle 0.2 0.4 0.6 0.8] [--one-epoch-lr 2e-3 2e-4 2e-5]
        [--envs sit uat prod]
@@ -317,6 +320,12 @@ def all_pairs(envs: dict[str, Any], champion: dict[str, Any], rows: list[dict[st
     def failed_checks(s: Any, cand: str, champ: str) -> list[str]:
         return judged(s, cand, champ)[0]
 
+    def only_at_limit(s: Any, failed: list[str], compared: dict[str, Any]) -> bool:
+        """Rejected by class_recall alone, and every offending drop equals the limit (k/n rounding, module doc)."""
+        limit = s.gate.max_class_recall_drop
+        drops = [v["delta"] for v in compared["per_class"].values() if v["judged"] and v["delta"] < -limit]
+        return failed == ["class_recall"] and all(abs(d + limit) < 1e-9 for d in drops)
+
     by_env: dict[str, Any] = {}
     mismatches = []
     for env, s in envs.items():
@@ -340,6 +349,7 @@ def all_pairs(envs: dict[str, Any], champion: dict[str, Any], rows: list[dict[st
                         "mcnemar_p": paired["p_value_candidate_worse"],
                         "class_drops": {k: v["delta"] for k, v in compared["per_class"].items()
                                         if v["judged"] and v["delta"] < -s.gate.max_class_recall_drop},
+                        "only_a_class_drop_equal_to_the_limit": only_at_limit(s, failed, compared),
                     })
         for row in rows:  # the pairs with the real champion: the gate's own verdicts
             here = failed_checks(s, row["name"], "champion")
@@ -349,8 +359,11 @@ def all_pairs(envs: dict[str, Any], champion: dict[str, Any], rows: list[dict[st
                 mismatches.append({"env": env, "candidate": row["name"], "gate": gate_failed, "here": here})
         worse_passed = {}
         for cand_label, _ in worse:  # every worse model against every equal model as champion
+            verdicts = {c: judged(s, cand_label, c) for c, _ in equal}
             worse_passed[cand_label] = {
                 "passed_against": [c for c, _ in equal if not failed_checks(s, cand_label, c)],
+                "passed_against_if_a_drop_equal_to_the_limit_passed": [
+                    c for c, (f, comp) in verdicts.items() if not f or only_at_limit(s, f, comp)],
                 "champions": len(equal),
                 "passed_paired_checks_against": [
                     c for c, _ in equal
@@ -360,6 +373,8 @@ def all_pairs(envs: dict[str, Any], champion: dict[str, Any], rows: list[dict[st
         by_env[env] = {"pairs": pairs, "rejected": rejected, "rate": rejected / pairs if pairs else None,
                        "failed_checks": reasons,
                        "rejected_only_by_class_recall": sum(r["failed_checks"] == ["class_recall"] for r in rejected_pairs),
+                       "rejected_only_by_a_class_drop_equal_to_the_limit": sum(
+                           r["only_a_class_drop_equal_to_the_limit"] for r in rejected_pairs),
                        "rejected_within_margin": sum(d >= -s.gate.max_regression for d in diffs),
                        "rejected_accuracy_difference_range": [min(diffs), max(diffs)] if diffs else None,
                        "rejected_by_candidate": {c: sum(r["candidate"] == c for r in rejected_pairs)
@@ -423,8 +438,9 @@ def markdown(result: dict[str, Any], envs: list[str]) -> str:
               f"champion/candidate, gate floor and paired checks only (pairs with the real champion match the gate: "
               f"{'yes' if pw['matches_gate'] else 'NO'}):", "",
               "| gate setting | rejected pairs | share | failed check (a pair can fail several) | only class_recall failed "
-              "| difference within the margin | difference of rejected pairs pp | rejected pairs by candidate |",
-              "|---|---:|---:|---|---:|---:|---|---|"]
+              "| ... by a drop of exactly the limit | difference within the margin | difference of rejected pairs pp "
+              "| rejected pairs by candidate |",
+              "|---|---:|---:|---|---:|---:|---:|---|---|"]
     for e in envs:
         v = pw["by_env"][e]
         span = v["rejected_accuracy_difference_range"]
@@ -432,20 +448,23 @@ def markdown(result: dict[str, Any], envs: list[str]) -> str:
         who = ", ".join(f"{c} ({_pct(pw['accuracy'][c])}%) {n}" for c, n in by_cand)
         lines.append(f"| {e} | {v['rejected']} / {v['pairs']} | {_pct(v['rate'])}% | "
                      f"{', '.join(f'{k} {n}' for k, n in sorted(v['failed_checks'].items())) or '-'} | "
-                     f"{v['rejected_only_by_class_recall']} | {v['rejected_within_margin']} | "
+                     f"{v['rejected_only_by_class_recall']} | {v['rejected_only_by_a_class_drop_equal_to_the_limit']} | "
+                     f"{v['rejected_within_margin']} | "
                      f"{f'{_pct(span[0], True)}..{_pct(span[1], True)}' if span else '-'} | "
                      f"{who or '-'} |")
     worse = [r for r in result["candidates"] if r["kind"] == "worse"]
     if worse:
         lines += ["", f"Each worse candidate against each of the {pw['models']} equal-quality models as champion "
-                  "(gate floor and paired checks; in brackets: passed the paired checks, floor aside):", "",
+                  "(gate floor and paired checks; in brackets: passed the paired checks, floor aside; then: passed "
+                  "if a class drop of exactly the limit were allowed):", "",
                   "| candidate | test acc % | " + " | ".join(f"{e}: passed against" for e in envs) + " |",
                   "|---|---:|" + "---|" * len(envs)]
         for r in worse:
             cells = []
             for e in envs:
                 w = pw["by_env"][e]["worse_vs_every_equal_champion"][r["name"]]
-                cells.append(f"{len(w['passed_against'])} / {w['champions']} ({len(w['passed_paired_checks_against'])})")
+                cells.append(f"{len(w['passed_against'])} / {w['champions']} ({len(w['passed_paired_checks_against'])}); "
+                             f"{len(w['passed_against_if_a_drop_equal_to_the_limit_passed'])}")
             lines.append(f"| {r['name']} | {_pct(pw['accuracy'][r['name']])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

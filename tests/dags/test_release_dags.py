@@ -167,6 +167,8 @@ def test_deploy_model_sit_to_uat_to_prod_with_reject_timeout_and_approve(world, 
     detail = h.hitl_detail("cd4ml_promote", run, "approve")
     assert detail["subject"].startswith(f"Promote {prod.registry.model_name} v")
     assert "| class |" in detail["body"] and "**Drift**" in detail["body"] and "McNemar" not in detail["body"]
+    logs = "".join(p.read_text() for p in Path(h.home, "logs").rglob("*.log") if "task_id=approve" in str(p))
+    assert "approval needed in prod" in logs and "/required_actions" in logs  # on-call hears it is waiting
     status, _ = answer_hitl(h, "cd4ml_promote", run, "approve", "Approve", user="other", expect=None)
     assert status == 403
     answer_hitl(h, "cd4ml_promote", run, "approve", "Reject", user="approver",
