@@ -90,12 +90,20 @@ def _snapshot(uri: str) -> tuple[list[AuditRow], Any]:
     return sorted(rows, key=lambda r: r.seq), table
 
 
-def alias_holder(rows: list[AuditRow], alias: str) -> tuple[bool, int | None]:
-    """(the ledger knows this alias, the version it last moved it to)."""
-    for row in reversed(rows):
+def alias_holder(rows: list[AuditRow], alias: str, cleared_by: tuple[tuple[str, str], ...] = ()) -> tuple[bool, int | None]:
+    """(the ledger knows this alias, the version holding it now), replaying the rows in order.
+
+    ``cleared_by`` lists (action, field) pairs that take the alias away from the version they
+    name, e.g. ("promote", "to_version"): a challenger that became champion is no longer challenger.
+    """
+    known, holder = False, None
+    for row in rows:
         if row.alias == alias:
-            return True, row.to_version
-    return False, None
+            known, holder = True, row.to_version
+        elif holder is not None and any(row.action == action and getattr(row, field) == holder
+                                        for action, field in cleared_by):
+            holder = None
+    return known, holder
 
 
 def commit(settings: Settings, decide: Callable[[list[AuditRow]], AuditRow | None]) -> tuple[AuditRow | None, bool]:

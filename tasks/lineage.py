@@ -143,11 +143,14 @@ def format_lineage(info: dict[str, Any], indent: str = "") -> str:
         lines.append(f"{indent}  ROLLED BACK: {info['rolled_back']}")
     gate = info.get("gate") or {}
     if gate:
-        lines.append(f"{indent}  gate: {gate.get('decision', gate.get('passed'))} vs champion v{gate.get('champion_version')} "
+        against = gate.get("champion_version")
+        against = f"champion v{against}" if against not in (None, "None") else "no champion"
+        lines.append(f"{indent}  gate: {gate.get('decision', gate.get('passed'))} vs {against} "
                      f"on {gate.get('test')}  report {gate.get('report')}")
     for r in info.get("releases", []):
         approval = f" approval {r['approval'].get('decision')} by {r['approval'].get('by')}" if r["approval"] else ""
-        lines.append(f"{indent}  release #{r['seq']} {r['at']} {r['action']} {r['alias'] or ''} v{r['from_version']} -> "
+        before = "-" if r["from_version"] is None else f"v{r['from_version']}"
+        lines.append(f"{indent}  release #{r['seq']} {r['at']} {r['action']} {r['alias'] or ''} {before} -> "
                      f"v{r['to_version']} by {r['actor']}{approval}: {r['reason']}")
     if "copied_from" in info:
         lines.append(f"{indent}  copied from:")

@@ -101,10 +101,10 @@ def _alert(settings: Settings, severity: str, summary: str, dedup_key: str, row:
 
 def reconcile(settings: Settings, client: MlflowClient, rows: list[AuditRow] | None = None) -> None:
     """Make MLflow's aliases say what the ledger says (repairs a crash between ledger row and alias)."""
-    rows = _mine(settings, audit.read(settings) if rows is None else rows)
+    rows = audit.read(settings) if rows is None else rows
     name = settings.registry.model_name
     for alias in (settings.registry.champion_alias, settings.release.challenger_alias):
-        known, version = audit.alias_holder(rows, alias)
+        known, version = _ledger_holder(settings, rows, alias)
         if not known:
             continue
         current = alias_version(client, name, alias)
@@ -143,9 +143,18 @@ def _mine(settings: Settings, rows: list[AuditRow]) -> list[AuditRow]:
     return [r for r in rows if r.model_name == settings.registry.model_name]
 
 
+# The challenger loses its alias when it becomes champion, or when it is the version rolled back.
+CHALLENGER_CLEARED_BY = (("promote", "to_version"), ("rollback", "from_version"))
+
+
+def _ledger_holder(settings: Settings, rows: list[AuditRow], alias: str) -> tuple[bool, int | None]:
+    cleared = CHALLENGER_CLEARED_BY if alias == settings.release.challenger_alias else ()
+    return audit.alias_holder(_mine(settings, rows), alias, cleared)
+
+
 def holder(settings: Settings, client: MlflowClient, rows: list[AuditRow], alias: str) -> int | None:
     """Who holds ``alias``: the ledger when it knows the alias, else MLflow (models from before the ledger)."""
-    known, version = audit.alias_holder(_mine(settings, rows), alias)
+    known, version = _ledger_holder(settings, rows, alias)
     return version if known else alias_version(client, settings.registry.model_name, alias)
 
 
@@ -203,7 +212,8 @@ def mark_challenger(settings: Settings, version: int, gate: Any, *, run_id: str 
         if int(version) in (current, holder(settings, client, rows, settings.registry.champion_alias)):
             return None  # already challenger, or already champion (a re-run of the release that made it so)
         return AuditRow(settings.env, name, "challenger", alias, current, int(version), actor,
-                        reason=f"gate passed against champion v{gate.get('champion_version')}",
+                        reason=(f"gate passed against champion v{gate['champion_version']}"
+                                if gate.get("champion_version") is not None else "gate passed; no champion yet"),
                         gate_report=str(gate.get("report_path", "")), airflow_run_id=run_id,
                         request_id=f"{run_id}:challenger:{version}" if run_id else "")
 

@@ -122,6 +122,7 @@ def test_first_candidate_becomes_challenger_then_champion_with_audit_rows(models
     assert rerun.passed and rerun.champion_version is None  # the champion is not compared with itself
     assert not mark_challenger(s, v, rerun, run_id="r9").changed
     assert not promote(s, v, rerun, run_id="r9").changed
+    assert _alias(s, "challenger") is None and _alias(s, "champion") == v  # reconciling keeps it so
 
     rows = [r for r in audit.read(s) if r.model_name == s.registry.model_name]
     assert [(r.action, r.alias, r.from_version, r.to_version) for r in rows] == [
