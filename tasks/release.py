@@ -99,20 +99,32 @@ def _alert(settings: Settings, severity: str, summary: str, dedup_key: str, row:
 # --------------------------------------------------------------------------- alias state
 
 
-def reconcile(settings: Settings, client: MlflowClient, rows: list[AuditRow] | None = None) -> None:
-    """Make MLflow's aliases say what the ledger says (repairs a crash between ledger row and alias)."""
-    rows = audit.read(settings) if rows is None else rows
+def reconcile(settings: Settings, client: MlflowClient, attempts: int = 10) -> None:
+    """Make MLflow's aliases say what the ledger says now; repairs a crash between ledger row and alias.
+
+    Every process that changes the ledger ends here too. Each round reads the ledger, then
+    MLflow, and writes the ledger's value; it stops only when a fresh read of the ledger still
+    agrees with MLflow. A process whose write was based on a ledger read that another release
+    has since overtaken therefore corrects itself in its next round, and the other process
+    verifies after its own write: whatever the interleaving, the aliases end as the ledger says.
+    """
     name = settings.registry.model_name
-    for alias in (settings.registry.champion_alias, settings.release.challenger_alias):
-        known, version = _ledger_holder(settings, rows, alias)
-        if not known:
-            continue
-        current = alias_version(client, name, alias)
-        if current == version:
-            continue
-        log.warning("%s@%s is %s in MLflow but %s in the release ledger: restoring the ledger's", name, alias, current,
-                    version)
-        _set_alias(client, name, alias, version)
+    aliases = (settings.registry.champion_alias, settings.release.challenger_alias)
+    for _ in range(attempts):
+        rows = audit.read(settings)
+        wanted = {alias: _ledger_holder(settings, rows, alias) for alias in aliases}
+        wrote = False
+        for alias, (known, version) in wanted.items():
+            current = alias_version(client, name, alias)
+            if not known or current == version:
+                continue
+            log.info("%s@%s is %s in MLflow and %s in the release ledger: setting the ledger's", name, alias, current,
+                     version)
+            _set_alias(client, name, alias, version)
+            wrote = True
+        if not wrote:
+            return
+    raise ReleaseError(f"{name}: aliases did not settle on the release ledger after {attempts} rounds")
 
 
 def _set_alias(client: MlflowClient, name: str, alias: str, version: int | None, attempts: int = 3) -> None:
@@ -218,10 +230,9 @@ def mark_challenger(settings: Settings, version: int, gate: Any, *, run_id: str 
                         request_id=f"{run_id}:challenger:{version}" if run_id else "")
 
     row, committed = audit.commit(settings, decide)
-    if row is not None:
-        _set_alias(client, name, alias, row.to_version)
-        if committed:
-            _tag_release(client, settings, row)
+    reconcile(settings, client)
+    if row is not None and committed:
+        _tag_release(client, settings, row)
     return _result(settings, row, committed, "challenger", alias,
                    f"{name}@{alias} = v{version}" if row else f"{name} v{version} already holds {alias} or champion",
                    int(version))
@@ -272,12 +283,9 @@ def promote(
                         airflow_run_id=run_id, request_id=f"{run_id}:promote:{version}" if run_id else "")
 
     row, committed = audit.commit(settings, decide)
-    if row is not None:
-        _set_alias(client, name, alias, row.to_version)
-        if committed:
-            _tag_release(client, settings, row)
-        if alias_version(client, name, settings.release.challenger_alias) == int(version):
-            _set_alias(client, name, settings.release.challenger_alias, None)  # the challenger won
+    reconcile(settings, client)  # champion -> version; the challenger that won loses that alias (ledger replay)
+    if row is not None and committed:
+        _tag_release(client, settings, row)
     message = f"{name}@{alias}: v{row.from_version} -> v{row.to_version}" if row else f"{name}@{alias} is already v{version}"
     return _result(settings, row, committed, "promote", alias, message, int(version))
 
@@ -373,11 +381,9 @@ def rollback(settings: Settings, *, reason: str, to_version: int | None = None, 
         current = alias_version(client, name, alias)
         return _result(settings, None, False, "rollback", alias, f"{name}@{alias} is already v{current}: nothing to do",
                        current)
-    _set_alias(client, name, alias, row.to_version)
     demoted = get_model_version(client, name, row.from_version)
     set_version_tags(client, demoted, {TAG_ROLLED_BACK: f"{row.reason} (by {row.actor} at {row.at}, audit #{row.seq})"})
-    if alias_version(client, name, settings.release.challenger_alias) == row.from_version:
-        _set_alias(client, name, settings.release.challenger_alias, None)
+    reconcile(settings, client)
     if committed:
         _tag_release(client, settings, row)
         _alert(settings, "warning", f"{name}@{alias} rolled back: v{row.from_version} -> v{row.to_version} by "

@@ -261,6 +261,54 @@ def test_two_promotions_racing_end_with_one_champion_and_a_truthful_ledger(model
     assert [(r.from_version, r.to_version) for r in promotions] == [(None, champion), (champion, winners[0])]
 
 
+_RACER = """
+import json, os, sys, time
+from tasks.registry import StaleGateError
+from tasks.release import promote
+from tasks.settings import Settings
+settings = Settings.model_validate_json(open(sys.argv[1]).read())
+gate = json.load(open(sys.argv[2]))
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.005)
+try:
+    print("WON", promote(settings, gate["candidate_version"], gate, run_id=sys.argv[4]).to_version)
+except StaleGateError:
+    print("STALE")
+"""
+
+
+def test_two_promotions_racing_in_two_processes(models: Models, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from tasks import audit
+    from tasks.evaluate import evaluate
+    from tasks.registry import register_candidate
+
+    s = _model(models, "race-proc", max_regression=1.0, alpha=1e-12, min_value=0.0, max_class_recall_drop=1.0,
+               smoke_test=False)
+    champion = _first_champion(models, s)
+    versions = [register_candidate(s, run.mlflow_run_id) for run in (models.equal, models.worse)]
+    (tmp_path / "settings.json").write_text(s.model_dump_json())
+    go = tmp_path / "go"
+    racers = []
+    for v in versions:
+        (tmp_path / f"gate{v}.json").write_text(json.dumps(evaluate(s, v, s.curated_table, models.version).to_dict()))
+        racers.append(subprocess.Popen(
+            [sys.executable, "-c", _RACER, str(tmp_path / "settings.json"), str(tmp_path / f"gate{v}.json"), str(go),
+             f"proc-{v}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    time.sleep(8)  # both processes imported everything and wait at the line
+    go.touch()
+    outcomes = [r.communicate(timeout=120) for r in racers]
+    said = sorted(out.strip().splitlines()[-1] for out, _ in outcomes)
+    assert said[0] == "STALE" and said[1].startswith("WON "), outcomes
+    winner = int(said[1].split()[1])
+    assert _alias(s, "champion") == winner
+    promotions = [r for r in audit.read(s) if r.model_name == s.registry.model_name and r.action == "promote"]
+    assert [(r.from_version, r.to_version) for r in promotions] == [(None, champion), (champion, winner)]
+
+
 def test_rollback_restores_the_previous_champion_and_is_a_no_op_when_repeated(models: Models) -> None:
     import mlflow
     import pandas as pd
