@@ -127,7 +127,8 @@ def cd4ml_train():
         if result.status == "drift":
             send(Alert(summary=f"data drift against champion v{result.champion_version}: {result.reason}",
                        severity="warning", source="dag:cd4ml_train/task:drift_check", env=settings.env,
-                       dedup_key=f"{settings.env}:drift:{data['curated_table']}", details=result.to_dict()), settings)
+                       dedup_key=f"{settings.env}:drift:{data['curated_table']}", details=result.to_dict(),
+                       kind="drift"), settings)
         return result.to_dict()
 
     @task

@@ -17,6 +17,19 @@ from typing import Literal
 from tasks.settings import Settings
 
 Severity = Literal["info", "warning", "critical"]
+
+# Every kind of alert the project raises, each with a runbook at docs/runbooks/<kind>.md saying
+# what it means and what to do (a test checks that each one exists).
+ALERT_KINDS = (
+    "task_failed",  # a task or DAG run failed (the callback of every DAG)
+    "drift",  # the new training data drifted from the champion's
+    "gate_failed",  # a candidate did not pass the gate (or the gate could not decide)
+    "approval_pending",  # prod waits for a person in the Required Actions page
+    "approval_rejected",  # a person said no: the champion stays
+    "approval_timeout",  # nobody answered in time: the champion stays
+    "rollback",  # the champion was moved back
+)
+RUNBOOKS = "docs/runbooks"
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 ALERT_MARKER = "CD4ML_ALERT"
 
@@ -31,9 +44,18 @@ class Alert:
     env: str
     dedup_key: str  # the same problem keeps the same key, so on-call tools can group it
     details: dict = field(default_factory=dict)
+    kind: str = "task_failed"  # one of ALERT_KINDS
+
+    def __post_init__(self) -> None:
+        if self.kind not in ALERT_KINDS:
+            raise ValueError(f"unknown alert kind {self.kind!r}; known: {', '.join(ALERT_KINDS)}")
+
+    @property
+    def runbook(self) -> str:
+        return f"{RUNBOOKS}/{self.kind}.md"
 
     def to_json(self) -> str:
-        return json.dumps({"marker": ALERT_MARKER, **asdict(self)}, sort_keys=True, default=str)
+        return json.dumps({"marker": ALERT_MARKER, **asdict(self), "runbook": self.runbook}, sort_keys=True, default=str)
 
 
 def _log_channel(alert: Alert) -> None:

@@ -89,11 +89,11 @@ def actor_default() -> str:
     return os.environ.get("CD4ML_ACTOR") or os.environ.get("USER") or "unknown"
 
 
-def _alert(settings: Settings, severity: str, summary: str, dedup_key: str, row: AuditRow) -> None:
+def _alert(settings: Settings, kind: str, summary: str, dedup_key: str, row: AuditRow) -> None:
     from tasks.alerts import Alert, send
 
-    send(Alert(summary=summary, severity=severity, source="release", env=settings.env, dedup_key=dedup_key,  # type: ignore[arg-type]
-               details=row.to_dict()), settings)
+    send(Alert(summary=summary, severity="warning", source="release", env=settings.env, dedup_key=dedup_key,
+               details=row.to_dict(), kind=kind), settings)
 
 
 # --------------------------------------------------------------------------- alias state
@@ -308,7 +308,7 @@ def record_decision(
                               airflow_run_id=run_id, request_id=f"{run_id}:{decision}:{version}" if run_id else ""),
     )
     if committed and row is not None:
-        _alert(settings, "warning", f"{name} v{version} not promoted in {settings.env}: approval {decision} "
+        _alert(settings, f"approval_{decision}", f"{name} v{version} not promoted in {settings.env}: approval {decision} "
                f"by {actor}: {reason}", f"{settings.env}:approval:{name}:{version}", row)
         client.set_model_version_tag(name, str(version), "cd4ml.approval", json.dumps(row.approval, sort_keys=True))
         client.set_model_version_tag(name, str(version), f"cd4ml.release.{row.seq}",
@@ -386,7 +386,7 @@ def rollback(settings: Settings, *, reason: str, to_version: int | None = None, 
     reconcile(settings, client)
     if committed:
         _tag_release(client, settings, row)
-        _alert(settings, "warning", f"{name}@{alias} rolled back: v{row.from_version} -> v{row.to_version} by "
+        _alert(settings, "rollback", f"{name}@{alias} rolled back: v{row.from_version} -> v{row.to_version} by "
                f"{row.actor}: {row.reason}", f"{settings.env}:rollback:{name}", row)
     return _result(settings, row, committed, "rollback", alias,
                    f"{name}@{alias}: v{row.from_version} -> v{row.to_version} (rolled back: {row.reason})")

@@ -85,4 +85,4 @@ class ApprovalRequestNotifier(BaseNotifier):
                    source=f"dag:{dag_id}/task:{task_id}", env=settings.env,
                    dedup_key=f"{settings.env}:approval:{dag_id}:{run_id}",
                    details={"required_actions": link, "run_id": run_id,
-                            "timeout_hours": settings.release.approval_timeout_hours}), settings)
+                            "timeout_hours": settings.release.approval_timeout_hours}, kind="approval_pending"), settings)

@@ -57,7 +57,8 @@ def mark_challenger(gate: dict, **context) -> dict:
                    f"v{gate['champion_version']}: " + "; ".join(r for r in gate["reasons"] if r.startswith("FAILED")))
         send(Alert(summary=message, severity="warning", source=f"dag:{context['dag'].dag_id}/task:mark_challenger",
                    env=settings.env, dedup_key=f"{settings.env}:gate:{gate['model_name']}",
-                   details={"gate_report": gate["report_path"], "decision": gate["decision"]}), settings)
+                   details={"gate_report": gate["report_path"], "decision": gate["decision"]}, kind="gate_failed"),
+             settings)
         raise AirflowSkipException(message)
     with fail_fast_on_data_errors():
         result = mark(settings, gate["candidate_version"], gate, run_id=context["run_id"])

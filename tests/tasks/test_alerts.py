@@ -1,6 +1,8 @@
 import json
 import logging
 
+import pytest
+
 from tasks.alerts import ALERT_MARKER, Alert, send
 
 
@@ -24,3 +26,26 @@ def test_below_min_severity_is_not_sent(settings, caplog):
     with caplog.at_level(logging.INFO, logger="cd4ml.alerts"):
         assert send(_alert("info"), settings) == []
     assert caplog.records == []
+
+
+def test_every_alert_kind_has_a_runbook_and_every_raised_kind_is_known():
+    import re
+
+    from tasks.alerts import ALERT_KINDS, Alert
+    from tasks.settings import REPO_ROOT
+
+    for kind in ALERT_KINDS:
+        text = (REPO_ROOT / "docs" / "runbooks" / f"{kind}.md").read_text()
+        assert "## What it means" in text and "## What to do" in text, kind
+    raised = set()
+    for folder in ("tasks", "dags", "plugins"):
+        for path in (REPO_ROOT / folder).rglob("*.py"):
+            code = path.read_text()
+            if "Alert(" in code:  # files that raise alerts (kind= elsewhere is e.g. a sort kind)
+                raised |= set(re.findall(r'kind="([a-z_]+)"', code))
+    raised |= {f"approval_{d}" for d in ("rejected", "timeout")}  # built from the decision in tasks/release.py
+    assert raised <= set(ALERT_KINDS), raised - set(ALERT_KINDS)
+    assert json.loads(Alert("s", "warning", "x", "sit", "k", kind="rollback").to_json())["runbook"] == \
+        "docs/runbooks/rollback.md"
+    with pytest.raises(ValueError, match="unknown alert kind"):
+        Alert("s", "warning", "x", "sit", "k", kind="nope")
