@@ -63,12 +63,13 @@ from sklearn.metrics import accuracy_score, f1_score
 from tasks import lake
 from tasks.errors import DataError
 from tasks.registry import (
-    TAG_CURATED_TABLE,
-    TAG_CURATED_VERSION,
     TAG_ROLLED_BACK,
+    LineageError,
     champion_model_version,
     get_model_version,
     mlflow_client,
+    set_version_tags,
+    trained_on,
 )
 from tasks.reports import write_json
 from tasks.settings import Settings
@@ -82,10 +83,6 @@ BOOTSTRAP_RESAMPLES = 2000
 
 class NoTestDataError(DataError, ValueError):
     """The curated version has no test rows: there is nothing to gate on."""
-
-
-class LineageError(DataError, ValueError):
-    """A model version lacks the lineage tags the gate needs (which data it was trained on)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +140,12 @@ def per_class_recall(y_true: list[str], y_pred: list[str]) -> dict[str, dict[str
     return out
 
 
+def _p_worse(only_champion_right: int, only_candidate_right: int) -> float:
+    """Exact one-sided test on the discordant images: how likely this many or more go the champion's way by chance."""
+    n = only_champion_right + only_candidate_right
+    return float(binomtest(only_champion_right, n, 0.5, alternative="greater").pvalue) if n else 1.0
+
+
 def class_comparison(y_true: list[str], candidate: list[str], champion: list[str]) -> dict[str, dict[str, Any]]:
     """Per true class: recalls, delta, net images lost and the exact one-sided test on that class's discordant images."""
     truth = np.asarray(y_true)
@@ -160,7 +163,7 @@ def class_comparison(y_true: list[str], candidate: list[str], champion: list[str
             "champion": float(champ_ok[mask].mean()),
             "delta": (c - b) / support,
             "net_losses": b - c,
-            "p_value_candidate_worse": float(binomtest(b, b + c, 0.5, alternative="greater").pvalue) if b + c else 1.0,
+            "p_value_candidate_worse": _p_worse(b, c),
         }
     return out
 
@@ -172,7 +175,6 @@ def paired_comparison(y_true: list[str], candidate: list[str], champion: list[st
     champ_ok = np.asarray(champion) == truth
     b = int((champ_ok & ~cand_ok).sum())  # only the champion right
     c = int((cand_ok & ~champ_ok).sum())  # only the candidate right
-    p_worse = float(binomtest(b, b + c, 0.5, alternative="greater").pvalue) if b + c else 1.0
     diff = cand_ok.astype(np.int8) - champ_ok.astype(np.int8)
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, len(diff), size=(BOOTSTRAP_RESAMPLES, len(diff)))
@@ -182,28 +184,12 @@ def paired_comparison(y_true: list[str], candidate: list[str], champion: list[st
         "only_champion_right": b,
         "only_candidate_right": c,
         "accuracy_difference": float(diff.mean()),
-        "p_value_candidate_worse": p_worse,
+        "p_value_candidate_worse": _p_worse(b, c),
         "bootstrap_95": [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))],
     }
 
 
 # --------------------------------------------------------------------------- the test set
-
-
-def trained_on(version: ModelVersion, client: MlflowClient | None = None) -> tuple[str, int]:
-    """(curated table, version) a model version was trained on, from the version's own tags; else LineageError.
-
-    ``register_candidate`` and ``copy_from_upstream`` always write them; a version registered by
-    hand (MLflow UI, another tool) has none and is refused rather than guessed from a run.
-    """
-    tags = dict(version.tags or {})
-    table, number = tags.get(TAG_CURATED_TABLE), tags.get(TAG_CURATED_VERSION)
-    if not table or number in (None, "", "None"):
-        raise LineageError(
-            f"{version.name} version {version.version} has no {TAG_CURATED_TABLE}/{TAG_CURATED_VERSION} lineage tags: "
-            "nobody can tell which images it saw, so it cannot be gated or promoted"
-        )
-    return table, int(number)
 
 
 def frozen_test_set(test_table: str, test_version: int, trained: list[tuple[str, int]]) -> tuple[pa.Table, int]:
@@ -382,7 +368,7 @@ def evaluate(settings: Settings, candidate_version: int, test_table: str, test_v
     if champion is not None and int(champion.version) == int(candidate.version):
         champion = None  # re-gating the champion itself: nothing to compare with
     champion_version = int(champion.version) if champion is not None else None
-    trained = [trained_on(candidate, client)] + ([trained_on(champion, client)] if champion is not None else [])
+    trained = [trained_on(candidate)] + ([trained_on(champion)] if champion is not None else [])
 
     rows, removed = frozen_test_set(test_table, int(test_version), trained)
     images = rows["image"].to_pylist()
@@ -419,8 +405,8 @@ def evaluate(settings: Settings, candidate_version: int, test_table: str, test_v
         serving, details["smoke"] = _serving_checks(settings, candidate_uri, images, set(truth))
         checks += serving
         decision = PASS if all(c.passed for c in checks) else FAIL
-    if not checks[0].passed:
-        decision = FAIL
+    if rolled_back:
+        decision = FAIL  # decided even when the test set is too small to decide anything else
 
     path = report_path(settings, int(candidate.version), champion_version, test_table, int(test_version))
     result = GateResult(
@@ -449,10 +435,7 @@ def _record(client: MlflowClient, candidate: ModelVersion, result: GateResult, p
         "cd4ml.gate.test": f"{result.test_table}@v{result.test_version}",
         "cd4ml.gate.report": str(path),
     }
-    current = dict(candidate.tags or {})
-    for key, value in tags.items():
-        if current.get(key) != value:
-            client.set_model_version_tag(candidate.name, str(candidate.version), key, value)
+    set_version_tags(client, candidate, tags)
     if not candidate.run_id:
         return
     data = client.get_run(candidate.run_id).data

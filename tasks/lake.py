@@ -154,6 +154,13 @@ def _user_metadata(value: Any) -> dict[str, str]:
     return {k[len(META_PREFIX):]: str(v) for k, v in data.items() if isinstance(k, str) and k.startswith(META_PREFIX)}
 
 
+def commit_at(uri: str, version: int) -> Commit | None:
+    """The commit that made ``version`` of ``uri``; None when the table or the version's log is gone."""
+    if not exists(uri):
+        return None
+    return next((c for c in history(uri) if c.version == int(version)), None)
+
+
 def find_commit(uri: str, **match: str) -> Commit | None:
     """Newest commit whose metadata has all of ``match`` (used to make steps idempotent)."""
     if not exists(uri):

@@ -42,14 +42,12 @@ def _settings_for_model(name: str, home: str | None) -> Settings:
 
 
 def _commit(uri: str, version: int) -> dict[str, Any]:
-    try:
-        history = lake.history(uri)
-    except lake.VersionNotFoundError:
+    if not lake.exists(uri):
         return {"version": version, "missing": f"no Delta table at {uri}"}
-    for commit in history:
-        if commit.version == version:
-            return {"version": version, **commit.metadata}
-    return {"version": version, "missing": "no such commit (vacuumed or never written)"}
+    commit = lake.commit_at(uri, version)
+    if commit is None:
+        return {"version": version, "missing": "no such commit (vacuumed or never written)"}
+    return {"version": version, **commit.metadata}
 
 
 def _data_chain(table: str, version: int) -> dict[str, Any]:

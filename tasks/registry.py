@@ -63,6 +63,10 @@ class StaleGateError(DataError, RuntimeError):
     """The champion moved after the gate compared against it: evaluate again before promoting."""
 
 
+class LineageError(DataError, ValueError):
+    """A model version lacks the lineage tags the gate needs (which data it was trained on)."""
+
+
 class UnknownModelVersionError(DataError, LookupError):
     """The model version asked for does not exist; the message lists what does."""
 
@@ -170,6 +174,22 @@ def get_model_version(client: MlflowClient, name: str, version: int | str) -> Mo
         ) from exc
 
 
+def trained_on(version: ModelVersion) -> tuple[str, int]:
+    """(curated table, version) a model version was trained on, from the version's own tags; else LineageError.
+
+    ``register_candidate`` and ``copy_from_upstream`` always write them; a version registered by
+    hand (MLflow UI, another tool) has none and is refused rather than guessed from a run.
+    """
+    tags = dict(version.tags or {})
+    table, number = tags.get(TAG_CURATED_TABLE), tags.get(TAG_CURATED_VERSION)
+    if not table or number in (None, "", "None"):
+        raise LineageError(
+            f"{version.name} version {version.version} has no {TAG_CURATED_TABLE}/{TAG_CURATED_VERSION} lineage tags: "
+            "nobody can tell which images it saw, so it cannot be gated or promoted"
+        )
+    return table, int(number)
+
+
 def alias_version(client: MlflowClient, name: str, alias: str) -> int | None:
     """The version number an alias points at, None when the model or the alias does not exist."""
     try:
@@ -274,6 +294,7 @@ def model_versions(settings: Settings) -> list[dict[str, Any]]:
 
 __all__ = [
     "ChampionInfo",
+    "LineageError",
     "StaleGateError",
     "UnknownModelVersionError",
     "alias_version",
@@ -285,4 +306,5 @@ __all__ = [
     "model_versions",
     "register_candidate",
     "set_version_tags",
+    "trained_on",
 ]

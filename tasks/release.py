@@ -44,6 +44,7 @@ from tasks.registry import (
     get_model_version,
     mlflow_client,
     set_version_tags,
+    trained_on,
 )
 from tasks.settings import Settings, load_settings
 
@@ -302,7 +303,7 @@ def record_decision(
     champion = holder(settings, client, audit.read(settings), settings.registry.champion_alias)
     row, committed = audit.commit(
         settings,
-        lambda rows: AuditRow(settings.env, name, REJECTED if decision == REJECTED else TIMEOUT, "", champion, int(version),
+        lambda rows: AuditRow(settings.env, name, decision, "", champion, int(version),
                               actor, reason=reason, gate_report=gate_report,
                               approval={"decision": decision, "by": actor, "reason": reason},
                               airflow_run_id=run_id, request_id=f"{run_id}:{decision}:{version}" if run_id else ""),
@@ -344,10 +345,7 @@ def rollback(settings: Settings, *, reason: str, to_version: int | None = None, 
     client = mlflow_client(settings)
     name, alias = settings.registry.model_name, settings.registry.champion_alias
     if to_version is not None:
-        target = get_model_version(client, name, to_version)
-        from tasks.evaluate import trained_on
-
-        trained_on(target, client)  # a version nobody can trace is no place to roll back to
+        trained_on(get_model_version(client, name, to_version))  # a version nobody can trace is no place to roll back to
     actor = actor or actor_default()
     reconcile(settings, client)
     rolled_back = {int(v.version) for v in client.search_model_versions(f"name = '{name}'")
@@ -413,9 +411,7 @@ def copy_from_upstream(settings: Settings, source_version: int | None = None) ->
             raise NoChampionError(f"upstream {upstream.env} has no champion ({up_name}@"
                                   f"{upstream.registry.champion_alias}): nothing to copy into {settings.env}")
     source = get_model_version(client, up_name, source_version)
-    from tasks.evaluate import trained_on
-
-    trained_on(source, client)  # missing lineage: refuse before copying anything
+    trained_on(source)  # missing lineage: refuse before copying anything
     if (source.tags or {}).get(TAG_ROLLED_BACK):
         raise RolledBackError(f"{up_name} v{source_version} was rolled back: it is not copied")
     source_uri = f"models:/{up_name}/{source.version}"

@@ -81,10 +81,9 @@ def protected_versions(settings: Settings, table: str) -> set[int]:
 
 
 def _sampled_from(sample_table: str, version: int) -> int | None:
-    for commit in lake.history(sample_table) if lake.exists(sample_table) else []:
-        if commit.version == version and commit.metadata.get("curated_version") not in (None, ""):
-            return int(commit.metadata["curated_version"])
-    return None
+    commit = lake.commit_at(sample_table, version)
+    source = commit.metadata.get("curated_version") if commit is not None else None
+    return int(source) if source not in (None, "") else None
 
 
 def _keep_logs(table: DeltaTable) -> None:

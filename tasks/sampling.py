@@ -49,11 +49,12 @@ def training_data(settings: Settings, curated_table: str, curated_version: int, 
     rows = lake.read(curated_table, int(curated_version))
     keep = pa.array([in_sample(k, release.sample_fraction, release.sample_salt) for k in rows["sha256"].to_pylist()])
     sample = rows.filter(keep)
+    source = lake.commit_at(curated_table, curated_version)
     metadata = {
         "step": "sample",
         "curated_table": curated_table,
         "curated_version": int(curated_version),
-        "raw_version": _raw_version(curated_table, int(curated_version)),
+        "raw_version": source.metadata.get("raw_version", "") if source is not None else "",
         "fraction": release.sample_fraction,
         "salt": release.sample_salt,
         "run_id": run_id,
@@ -68,9 +69,3 @@ def training_data(settings: Settings, curated_table: str, curated_version: int, 
              curated_version, uri, tag.version)
     return {"table": uri, "version": tag.version, "sample": name}
 
-
-def _raw_version(curated_table: str, curated_version: int) -> str:
-    for commit in lake.history(curated_table):
-        if commit.version == curated_version:
-            return str(commit.metadata.get("raw_version", ""))
-    return ""

@@ -136,8 +136,6 @@ def git_commit(timeout_s: float = 5.0) -> str | None:
 
 def requirements_hash() -> str:
     """sha256 (12 hex) of the pinned requirements and constraints this process was installed from."""
-    from tasks.settings import REPO_ROOT
-
     digest = hashlib.sha256()
     for name in ("requirements.txt", "constraints.txt"):
         path = REPO_ROOT / name
