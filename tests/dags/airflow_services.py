@@ -160,51 +160,15 @@ class AirflowHandle:
     def unpause(self, dag_id: str) -> dict:
         return self.request("PATCH", f"/api/v2/dags/{q(dag_id)}", {"is_paused": False})
 
-    def task_instance(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict:
-        suffix = "" if map_index == -1 else f"/{map_index}"
-        return self.request(
-            "GET", f"/api/v2/dags/{q(dag_id)}/dagRuns/{q(run_id)}/taskInstances/{q(task_id)}{suffix}"
-        )
-
     def task_states(self, dag_id: str, run_id: str) -> dict:
         body = self.request("GET", f"/api/v2/dags/{q(dag_id)}/dagRuns/{q(run_id)}/taskInstances")
         return {t["task_id"]: t["state"] for t in body["task_instances"]}
-
-    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
-        status, body = self.raw(
-            "GET",
-            f"/api/v2/dags/{q(dag_id)}/dagRuns/{q(run_id)}/taskInstances/{q(task_id)}/xcomEntries/{q(key)}",
-        )
-        return body.get("value") if status == 200 else None
 
     def hitl_detail(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict:
         return self.request(
             "GET",
             f"/api/v2/dags/{q(dag_id)}/dagRuns/{q(run_id)}/taskInstances/{q(task_id)}/{map_index}/hitlDetails",
         )
-
-    def rss_mb(self) -> dict:
-        """RSS (MB) per component, summed over the whole process group (incl. children).
-
-        Over-counts memory shared between forked children; see pss_mb() for a fairer number.
-        """
-        return {name: round(_group_rss_kb(p.pid) / 1024, 1) for name, p in self.procs.items()}
-
-    def pss_mb(self) -> dict:
-        """PSS (MB) per component process group (shared pages split fairly between processes)."""
-        return {name: round(_group_rss_kb(p.pid, "Pss:") / 1024, 1) for name, p in self.procs.items()}
-
-    def process_table(self) -> list[tuple]:
-        """[(component, pid, rss_mb, cmdline)] for every process in every component's group."""
-        rows = []
-        for name, p in self.procs.items():
-            for pid in _group_pids(p.pid):
-                try:
-                    cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()[:100]
-                except FileNotFoundError:
-                    continue
-                rows.append((name, pid, round(_pid_mem_kb(pid) / 1024, 1), cmd))
-        return rows
 
     # ---------------------------------------------------------- shutdown
     def stop(self, timeout: float = 30) -> None:
@@ -278,22 +242,6 @@ def _group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def _pid_mem_kb(pid: int, field: str = "VmRSS:") -> int:
-    src = f"/proc/{pid}/status" if field.startswith("Vm") else f"/proc/{pid}/smaps_rollup"
-    try:
-        with open(src) as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1])
-    except (FileNotFoundError, PermissionError, ProcessLookupError):
-        pass
-    return 0
-
-
-def _group_rss_kb(pgid: int, field: str = "VmRSS:") -> int:
-    return sum(_pid_mem_kb(pid, field) for pid in _group_pids(pgid))
-
-
 def _seed_passwords(path: str, users: dict) -> None:
     existing = {}
     if os.path.exists(path):
@@ -311,7 +259,6 @@ def start_airflow(
     env_extra: dict | None = None,
     port: int | None = None,
     users: dict = DEFAULT_USERS,
-    with_triggerer: bool = False,
     ready_timeout: float = 180,
     components: tuple = ("api-server", "scheduler", "dag-processor"),
 ) -> AirflowHandle:
@@ -340,9 +287,7 @@ def start_airflow(
         "scheduler": [AIRFLOW, "scheduler"],
         "dag-processor": [AIRFLOW, "dag-processor"],
     }
-    if with_triggerer:
-        cmds["triggerer"] = [AIRFLOW, "triggerer"]
-    cmds = {k: v for k, v in cmds.items() if k in components or k == "triggerer"}
+    cmds = {k: v for k, v in cmds.items() if k in components}
     try:
         for name, cmd in cmds.items():
             lf = open(logdir / f"{name}.log", "ab")
