@@ -30,7 +30,7 @@ from cd4ml_airflow.defaults import dag_kwargs
             "(or, for a manual run, the one ingested for this logical date).",
         ),
     },
-    **dag_kwargs(["curation", "fastdup"], __doc__),
+    **dag_kwargs("cd4ml_curate", ["curation", "fastdup"], __doc__),
 )
 def cd4ml_curate():
     @task(outlets=[CURATED_IMAGES])

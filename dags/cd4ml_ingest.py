@@ -20,6 +20,7 @@ from airflow.sdk import Param, dag, task
 from cd4ml_airflow.assets import RAW_IMAGES
 from cd4ml_airflow.context import fail_fast_on_data_errors, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
+from cd4ml_airflow.notifier import alert_from_context
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
@@ -55,7 +56,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
             description="Name the validated raw version (e.g. release-3); names are immutable.",
         ),
     },
-    **dag_kwargs(["ingest", "validation"], __doc__),
+    **dag_kwargs("cd4ml_ingest", ["ingest", "validation"], __doc__),
 )
 def cd4ml_ingest():
     @task
@@ -89,19 +90,28 @@ def cd4ml_ingest():
     def validate(batch: dict, *, outlet_events=None, **context) -> dict:
         """great-expectations suite on the raw version; publishes (and names) it only when it passes."""
         from tasks import lake
+        from tasks.alerts import first_line, send
         from tasks.settings import load_settings
-        from tasks.validate import validate_batch
+        from tasks.validate import ValidationFailedError, validate_batch
 
         settings = load_settings()
         name = context["params"]["dataset_version_name"]
         with fail_fast_on_data_errors():
-            result = validate_batch(
-                settings,
-                raw_version=batch["raw_version"],
-                files_seen=batch["files_seen"],
-                rejected=batch["rejected"],
-                run_id=context["run_id"],
-            )
+            try:
+                result = validate_batch(
+                    settings,
+                    raw_version=batch["raw_version"],
+                    files_seen=batch["files_seen"],
+                    rejected=batch["rejected"],
+                    run_id=context["run_id"],
+                )
+            except ValidationFailedError as exc:  # the run's incident, with the failed checks and report
+                send(alert_from_context(
+                    context, settings, settings.env, kind="validation_failed", severity="critical",
+                    summary=f"raw_images v{batch['raw_version']} failed validation: {len(exc.failures)} check(s)",
+                    error=first_line(exc), details={"report": exc.report_path, "failures": exc.failures[:10]}),
+                    settings)
+                raise
             if name:
                 lake.tag_version(settings.raw_table, batch["raw_version"], name, run_id=context["run_id"])
         print(f"validation report: {result.report_path}  data docs: {result.docs_path}")

@@ -48,7 +48,7 @@ DEPLOY_MODEL = SETTINGS.release.pattern == "deploy_model"
             "for this logical date.",
         ),
     },
-    **dag_kwargs(["release", "gate", "registry"], __doc__),
+    **dag_kwargs("cd4ml_promote", ["release", "gate", "registry"], __doc__),
 )
 def cd4ml_promote():
     @task

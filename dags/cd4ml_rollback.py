@@ -29,7 +29,7 @@ from cd4ml_airflow.defaults import dag_kwargs
             description="Roll back to this version; empty = the champion before the current one.",
         ),
     },
-    **dag_kwargs(["release", "rollback", "registry"], __doc__),
+    **dag_kwargs("cd4ml_rollback", ["release", "rollback", "registry"], __doc__),
 )
 def cd4ml_rollback():
     @task(outlets=[CHAMPION_MODEL])

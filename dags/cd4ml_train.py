@@ -34,6 +34,7 @@ from cd4ml_airflow.assets import CURATED_IMAGES
 from cd4ml_airflow.config import SETTINGS
 from cd4ml_airflow.context import fail_fast_on_data_errors, input_version, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
+from cd4ml_airflow.notifier import alert_from_context
 from cd4ml_airflow.release import release_flow
 
 ON_KUBERNETES = SETTINGS.training.launcher == "kubernetes"
@@ -81,7 +82,7 @@ def _overrides(params, best: dict) -> dict:
         "force_retrain": Param(False, type="boolean", description="Train again even if a finished run exists."),
     },
     render_template_as_native_obj=ON_KUBERNETES,  # the pod's arguments render as a list
-    **dag_kwargs(["training", "drift", "tuning", "gate", "registry", "release"], __doc__),
+    **dag_kwargs("cd4ml_train", ["training", "drift", "tuning", "gate", "registry", "release"], __doc__),
 )
 def cd4ml_train():
     @task
@@ -111,7 +112,7 @@ def cd4ml_train():
     @task
     def drift_check(data: dict, **context) -> dict:
         """New training data against the champion's training data."""
-        from tasks.alerts import Alert, send
+        from tasks.alerts import send
         from tasks.drift import DriftReference, check_drift
         from tasks.registry import champion
         from tasks.settings import load_settings
@@ -125,10 +126,12 @@ def cd4ml_train():
             result = check_drift(settings, data["curated_table"], data["curated_version"], reference, context["run_id"])
         print(f"drift: {result.status} ({result.reason}); report: {result.report_path}")
         if result.status == "drift":
-            send(Alert(summary=f"data drift against champion v{result.champion_version}: {result.reason}",
-                       severity="warning", source="dag:cd4ml_train/task:drift_check", env=settings.env,
-                       dedup_key=f"{settings.env}:drift:{data['curated_table']}", details=result.to_dict(),
-                       kind="drift"), settings)
+            send(alert_from_context(
+                context, settings, settings.env, kind="drift", severity="warning",
+                summary=f"data drift against champion v{result.champion_version}: {result.reason}",
+                error=result.reason, details=result.to_dict(),
+                dedup_key=f"{settings.env}:drift:{data['curated_table']}:v{data['curated_version']}"
+                          f":champion-v{result.champion_version}"), settings)
         return result.to_dict()
 
     @task

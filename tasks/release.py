@@ -94,7 +94,9 @@ def _alert(settings: Settings, kind: str, summary: str, dedup_key: str, row: Aud
     from tasks.alerts import Alert, send
 
     send(Alert(summary=summary, severity="warning", source="release", env=settings.env, dedup_key=dedup_key,
-               details=row.to_dict(), kind=kind), settings)
+               details=row.to_dict(), kind=kind, run_id=row.airflow_run_id, error=row.reason,
+               versions={"model_name": row.model_name, "from_version": row.from_version,
+                         "to_version": row.to_version}), settings)
 
 
 # --------------------------------------------------------------------------- alias state
@@ -310,7 +312,7 @@ def record_decision(
     )
     if committed and row is not None:
         _alert(settings, f"approval_{decision}", f"{name} v{version} not promoted in {settings.env}: approval {decision} "
-               f"by {actor}: {reason}", f"{settings.env}:approval:{name}:{version}", row)
+               f"by {actor}: {reason}", f"{settings.env}:approval-{decision}:{name}:v{version}", row)
         client.set_model_version_tag(name, str(version), "cd4ml.approval", json.dumps(row.approval, sort_keys=True))
         client.set_model_version_tag(name, str(version), f"cd4ml.release.{row.seq}",
                                      json.dumps(row.to_dict(), sort_keys=True, default=str))
@@ -385,7 +387,7 @@ def rollback(settings: Settings, *, reason: str, to_version: int | None = None, 
     if committed:
         _tag_release(client, settings, row)
         _alert(settings, "rollback", f"{name}@{alias} rolled back: v{row.from_version} -> v{row.to_version} by "
-               f"{row.actor}: {row.reason}", f"{settings.env}:rollback:{name}", row)
+               f"{row.actor}: {row.reason}", f"{settings.env}:rollback:{name}:{row.seq}", row)
     return _result(settings, row, committed, "rollback", alias,
                    f"{name}@{alias}: v{row.from_version} -> v{row.to_version} (rolled back: {row.reason})")
 

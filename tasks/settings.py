@@ -261,7 +261,6 @@ class ReleaseSettings(_Section):
     sample_fraction: float = Field(default=1.0, gt=0.0, le=1.0)  # < 1: train on a hash sample of image keys
     sample_salt: str = "cd4ml-sample-v1"
     challenger_alias: str = "challenger"
-    ui_base_url: str = "http://localhost:8080"  # links in approval requests and alerts
 
     @model_validator(mode="after")
     def _pattern(self) -> "ReleaseSettings":
@@ -270,9 +269,50 @@ class ReleaseSettings(_Section):
         return self
 
 
+Channel = Literal["log", "slack", "pagerduty", "email"]
+
+
+class AlertRetrySettings(_Section):
+    """Each channel's send is tried ``attempts`` times, waiting backoff_s, 2*backoff_s, ... (capped)."""
+
+    attempts: int = Field(default=3, ge=1)
+    backoff_s: float = Field(default=2.0, ge=0.0)
+    max_backoff_s: float = Field(default=30.0, ge=0.0)
+    timeout_s: int = Field(default=10, gt=0)  # per HTTP request (Slack, PagerDuty)
+
+
+class DeadlineSettings(_Section):
+    """A DAG run must finish within ``minutes`` of its logical date or of being queued (Airflow DeadlineAlert)."""
+
+    reference: Literal["logical_date", "queued_at"]
+    minutes: float = Field(gt=0.0)
+
+
 class AlertSettings(_Section):
-    channels: tuple[Literal["log"], ...]
-    min_severity: Literal["info", "warning", "critical"]
+    """Where alerts go (tasks/alerts.py): channels per severity, the Airflow Connections behind them."""
+
+    # severity -> channels. "log" is in every route: the log line is the record of every alert.
+    routes: dict[Literal["info", "warning", "critical"], tuple[Channel, ...]]
+    ui_base_url: str = "http://localhost:8080"  # Airflow UI: task-log and Required Actions links
+    runbook_base_url: str | None = None  # e.g. https://git.example.com/ml/cd4ml/-/blob/main; None = repo path
+    slack_conn_id: str = "cd4ml_slack"  # conn type slackwebhook: password = webhook token or URL
+    pagerduty_conn_id: str = "cd4ml_pagerduty"  # conn type pagerduty_events: password = routing key
+    smtp_conn_id: str = "cd4ml_smtp"  # conn type smtp: host, port, login, password, extra from_email
+    email_to: tuple[str, ...] = ()
+    retry: AlertRetrySettings = AlertRetrySettings()
+    deadlines: dict[str, DeadlineSettings] = {}  # dag_id -> deadline; DAGs not listed have none
+
+    @model_validator(mode="after")
+    def _routes(self) -> "AlertSettings":
+        missing = {"info", "warning", "critical"} - set(self.routes)
+        if missing:
+            raise ValueError(f"alerts.routes needs every severity; missing: {', '.join(sorted(missing))}")
+        for severity, channels in self.routes.items():
+            if "log" not in channels:
+                raise ValueError(f"alerts.routes.{severity} must include log (the record of every alert)")
+        if any("email" in c for c in self.routes.values()) and not self.email_to:
+            raise ValueError("alerts.routes sends email but alerts.email_to is empty")
+        return self
 
 
 class Settings(_Section):

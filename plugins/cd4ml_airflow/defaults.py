@@ -6,10 +6,12 @@ from datetime import timedelta
 
 import pendulum
 
-from cd4ml_airflow.notifier import OnCallNotifier
+from cd4ml_airflow.deadlines import deadline_for
+from cd4ml_airflow.notifier import OnCallNotifier, ResolveNotifier
 
 START_DATE = pendulum.datetime(2026, 11, 1, tz="UTC")
 on_failure = OnCallNotifier(severity="critical")
+on_success = ResolveNotifier()
 
 DEFAULT_ARGS = {
     "owner": "ml-platform",
@@ -21,14 +23,17 @@ DEFAULT_ARGS = {
 }
 
 
-def dag_kwargs(tags: list[str], doc_md: str | None) -> dict:
-    """Keyword arguments every cd4ml ``@dag`` takes."""
+def dag_kwargs(dag_id: str, tags: list[str], doc_md: str | None) -> dict:
+    """Keyword arguments every cd4ml ``@dag`` takes: retries, alert callbacks, the deadline from settings."""
     return {
+        "dag_id": dag_id,
         "start_date": START_DATE,
         "catchup": False,
         "max_active_runs": 1,
         "default_args": DEFAULT_ARGS,
         "on_failure_callback": [on_failure],
+        "on_success_callback": [on_success],  # resolves the incidents earlier runs left open
+        "deadline": deadline_for(dag_id),
         "tags": ["cd4ml", *tags],
         "doc_md": doc_md,
     }

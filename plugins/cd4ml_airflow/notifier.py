@@ -1,88 +1,144 @@
-"""The on-call notifier every DAG uses as its failure callback (task level and DAG level)."""
+"""The on-call notifiers every DAG uses: failure (task and DAG level), success (resolves), approval pending.
+
+Each turns an Airflow callback context into a ``tasks.alerts.Alert`` carrying the environment,
+DAG, task, run, a link to the task log in the Airflow UI, the first line of the error and the
+data and model versions involved, then hands it to ``tasks.alerts.send``, which routes it by
+severity, de-duplicates it and never raises.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from airflow.sdk import BaseNotifier
 
+# XCom keys (of the failed task's upstream results) and Params that name what data or model a run used.
+VERSION_KEYS = ("_version", "_table", "sample", "model_name", "version", "to")
 
-class OnCallNotifier(BaseNotifier):
-    """Turn an Airflow callback context into an ``tasks.alerts.Alert`` and send it.
 
-    The task-level and DAG-level callbacks of one failed run share a dedup key, so an
-    on-call tool that groups by key (PagerDuty, Opsgenie) opens one incident, not two.
-    """
+def run_dedup_key(env: str, dag_id: str, run_id: str | None) -> str:
+    """One incident per DAG run: the task- and DAG-level callbacks and the run's own alerts share it."""
+    return f"{env}:{dag_id}:{run_id}"
 
+
+def involved_versions(context) -> dict[str, Any]:
+    """The data and model versions a run used: its version Params and its upstream tasks' results."""
+    found: dict[str, Any] = {}
+
+    def keep(key: str, value: Any) -> None:
+        if value is not None and not isinstance(value, (dict, list)) and (
+                key in VERSION_KEYS or key.endswith(VERSION_KEYS)):
+            found[key] = value
+
+    for key, value in (context.get("params") or {}).items():
+        keep(key, value)
+    ti, task = context.get("ti") or context.get("task_instance"), context.get("task")
+    for upstream in sorted(getattr(task, "upstream_task_ids", None) or ()):
+        try:
+            value = ti.xcom_pull(task_ids=upstream)
+        except Exception:  # noqa: BLE001 - versions enrich an alert; they must never stop it
+            continue
+        if isinstance(value, dict):
+            for key, item in value.items():
+                keep(key, item)
+    return found
+
+
+def settings_or_none():
+    """(settings, env): settings None when they cannot be loaded, which on-call must still hear about."""
+    from tasks.settings import SettingsError, load_settings, resolve_env
+
+    try:
+        settings = load_settings()
+        return settings, settings.env
+    except SettingsError as exc:
+        try:
+            return None, resolve_env()
+        except SettingsError:
+            return None, f"unresolved ({exc})"
+
+
+def alert_from_context(context, settings, env: str, *, kind: str, severity: str, summary: str,
+                       error: str = "", details: dict | None = None, dedup_key: str | None = None):
+    """An Alert about the run in ``context``: DAG, task, run, log link, versions; keyed to the run by default."""
+    from tasks.alerts import Alert, ui_link
+
+    dag = context.get("dag")
+    ti = context.get("ti") or context.get("task_instance")
+    dag_id = getattr(dag, "dag_id", None) or getattr(ti, "dag_id", None) or "unknown"
+    task_id = getattr(ti, "task_id", None) or ""
+    run_id = context.get("run_id") or getattr(context.get("dag_run"), "run_id", None) or ""
+    log_url = ui_link(settings, dag_id, run_id, task_id, getattr(ti, "try_number", None)) if settings else ""
+    return Alert(
+        summary=summary, severity=severity, source=f"dag:{dag_id}" + (f"/task:{task_id}" if task_id else ""),  # type: ignore[arg-type]
+        env=env, dedup_key=dedup_key or run_dedup_key(env, dag_id, run_id), kind=kind, dag_id=dag_id,
+        task_id=task_id, run_id=run_id, log_url=log_url, error=error, versions=involved_versions(context),
+        details={k: v for k, v in (("logical_date", context.get("logical_date")),
+                                   ("try_number", getattr(ti, "try_number", None))) if v is not None}
+        | (details or {}),
+    )
+
+
+class _ContextNotifier(BaseNotifier):
     template_fields = ()  # nothing to render: the alert is built from the context in notify()
-
-    def __init__(self, severity: str = "critical"):
-        super().__init__()
-        self.severity = severity
 
     def render_template_fields(self, context, jinja_env=None) -> None:
         # DAG-level callbacks get a SerializedDAG, which cannot build a Jinja environment.
         return None
 
-    def notify(self, context) -> None:
-        from tasks.alerts import Alert, send
-        from tasks.settings import SettingsError, load_settings, resolve_env
 
-        try:
-            settings = load_settings()
-            env = settings.env
-        except SettingsError as exc:  # a broken config must still reach on-call
-            settings, env = None, f"unresolved ({exc})"
-            try:
-                env = resolve_env()
-            except SettingsError:
-                pass
+class OnCallNotifier(_ContextNotifier):
+    """Failure callback (task level and DAG level): one alert per failed run, shared dedup key."""
+
+    def __init__(self, severity: str = "critical"):
+        super().__init__()
+        self.severity = severity
+
+    def notify(self, context) -> None:
+        from tasks.alerts import first_line, send
+
+        settings, env = settings_or_none()
         dag = context.get("dag")
         ti = context.get("ti") or context.get("task_instance")
         dag_id = getattr(dag, "dag_id", None) or getattr(ti, "dag_id", "unknown")
         task_id = getattr(ti, "task_id", None)
-        run_id = context.get("run_id") or getattr(context.get("dag_run"), "run_id", None)
         exc = context.get("exception")
-        source = f"dag:{dag_id}" + (f"/task:{task_id}" if task_id else "")
-        alert = Alert(
-            summary=f"{dag_id} failed" + (f" in task {task_id}" if task_id else f": {context.get('reason', 'run failed')}"),
-            severity=self.severity,  # type: ignore[arg-type]
-            source=source,
-            env=env,
-            dedup_key=f"{env}:{dag_id}:{run_id}",
-            details={
-                "run_id": run_id,
-                "logical_date": str(context.get("logical_date")),
-                "try_number": getattr(ti, "try_number", None),
-                "error": f"{type(exc).__name__}: {exc}" if exc else None,
-                "log_url": getattr(ti, "log_url", None),
-            },
-        )
-        send(alert, settings)
+        summary = f"{dag_id} failed" + (f" in task {task_id}" if task_id else f": {context.get('reason', 'run failed')}")
+        send(alert_from_context(context, settings, env, kind="task_failed", severity=self.severity, summary=summary,
+                                error=first_line(exc) if exc else str(context.get("reason") or "")), settings)
 
 
-class ApprovalRequestNotifier(BaseNotifier):
-    """Announce a pending approval through the on-call channels, with the Required Actions link.
+class ResolveNotifier(_ContextNotifier):
+    """DAG-level success callback: the run succeeded, so the incidents this DAG left open are resolved."""
+
+    def notify(self, context) -> None:
+        from tasks.alerts import resolve
+        from tasks.settings import load_settings
+
+        dag_id = getattr(context.get("dag"), "dag_id", None)
+        run_id = context.get("run_id") or getattr(context.get("dag_run"), "run_id", None) or ""
+        if dag_id:
+            resolve(load_settings(), dag_id, run_id)
+
+
+class ApprovalRequestNotifier(_ContextNotifier):
+    """Announce a pending approval through the on-call routing, with the Required Actions link.
 
     HITL operators call their notifiers when the task starts waiting, so nobody has to watch
     the UI to learn that prod is waiting for a person.
     """
 
-    template_fields = ()
-
-    def render_template_fields(self, context, jinja_env=None) -> None:
-        return None
-
     def notify(self, context) -> None:
-        from tasks.alerts import Alert, send
+        from tasks.alerts import send, ui_link
         from tasks.settings import load_settings
 
         settings = load_settings()
         ti = context.get("ti") or context.get("task_instance")
-        dag_id, run_id, task_id = ti.dag_id, ti.run_id, ti.task_id
-        base = settings.release.ui_base_url.rstrip("/")
-        link = f"{base}/dags/{dag_id}/runs/{run_id}/tasks/{task_id}/required_actions"
+        link = ui_link(settings, ti.dag_id, ti.run_id, ti.task_id).split("?")[0] + "/required_actions"
         subject = getattr(context.get("task"), "subject", None) or "approval requested"
-        send(Alert(summary=f"approval needed in {settings.env}: {subject}", severity="warning",
-                   source=f"dag:{dag_id}/task:{task_id}", env=settings.env,
-                   dedup_key=f"{settings.env}:approval:{dag_id}:{run_id}",
-                   details={"required_actions": link, "run_id": run_id,
-                            "timeout_hours": settings.release.approval_timeout_hours}, kind="approval_pending"), settings)
+        alert = alert_from_context(
+            context, settings, settings.env, kind="approval_pending", severity="warning",
+            summary=f"approval needed in {settings.env}: {subject}",
+            dedup_key=f"{settings.env}:approval:{ti.dag_id}:{ti.run_id}",
+            details={"required_actions": link, "timeout_hours": settings.release.approval_timeout_hours})
+        send(alert, settings)

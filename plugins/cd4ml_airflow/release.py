@@ -24,7 +24,7 @@ from airflow.sdk import Param, task
 from cd4ml_airflow.assets import CHAMPION_MODEL
 from cd4ml_airflow.config import SETTINGS
 from cd4ml_airflow.context import fail_fast_on_data_errors
-from cd4ml_airflow.notifier import ApprovalRequestNotifier
+from cd4ml_airflow.notifier import ApprovalRequestNotifier, alert_from_context
 
 APPROVAL_REQUIRED = SETTINGS.release.approval == "required"
 
@@ -47,7 +47,7 @@ def mark_challenger(gate: dict, **context) -> dict:
     """A passing candidate becomes `challenger`; otherwise on-call hears why and nothing downstream runs."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from tasks.alerts import Alert, send
+    from tasks.alerts import send
     from tasks.release import mark_challenger as mark
     from tasks.settings import load_settings
 
@@ -55,10 +55,10 @@ def mark_challenger(gate: dict, **context) -> dict:
     if not gate["passed"]:
         message = (f"{gate['model_name']} v{gate['candidate_version']}: gate {gate['decision']}, champion stays "
                    f"v{gate['champion_version']}: " + "; ".join(r for r in gate["reasons"] if r.startswith("FAILED")))
-        send(Alert(summary=message, severity="warning", source=f"dag:{context['dag'].dag_id}/task:mark_challenger",
-                   env=settings.env, dedup_key=f"{settings.env}:gate:{gate['model_name']}",
-                   details={"gate_report": gate["report_path"], "decision": gate["decision"]}, kind="gate_failed"),
-             settings)
+        send(alert_from_context(
+            context, settings, settings.env, kind="gate_failed", severity="warning", summary=message,
+            error=f"gate {gate['decision']}", details={"gate_report": gate["report_path"], "decision": gate["decision"]},
+            dedup_key=f"{settings.env}:gate:{gate['model_name']}:v{gate['candidate_version']}"), settings)
         raise AirflowSkipException(message)
     with fail_fast_on_data_errors():
         result = mark(settings, gate["candidate_version"], gate, run_id=context["run_id"])

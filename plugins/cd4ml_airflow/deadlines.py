@@ -1,0 +1,57 @@
+"""Deadlines: every DAG named in ``alerts.deadlines`` gets an Airflow ``DeadlineAlert``.
+
+The scheduler checks deadlines; when a run has not finished by its logical date (or the time
+it was queued) plus the configured minutes, the triggerer awaits ``deadline_missed``, which
+raises a ``deadline_missed`` alert through the same routing as every other alert. A later
+successful run of the DAG resolves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+
+def deadline_for(dag_id: str) -> list:
+    """The DAG's DeadlineAlert from this environment's settings (none if not configured), at parse time."""
+    from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference
+
+    from cd4ml_airflow.config import SETTINGS
+
+    deadline = SETTINGS.alerts.deadlines.get(dag_id)
+    if deadline is None:
+        return []
+    reference = (DeadlineReference.DAGRUN_LOGICAL_DATE if deadline.reference == "logical_date"
+                 else DeadlineReference.DAGRUN_QUEUED_AT)
+    return [DeadlineAlert(
+        reference=reference, interval=timedelta(minutes=deadline.minutes),
+        callback=AsyncCallback(deadline_missed, kwargs={
+            "dag_id": dag_id, "minutes": deadline.minutes, "reference": deadline.reference}),
+        name=f"{dag_id}-{deadline.reference}-{deadline.minutes:g}min",
+    )]
+
+
+async def deadline_missed(dag_id: str, minutes: float, reference: str, context: dict[str, Any] | None = None,
+                          **_: Any) -> None:
+    """Triggerer callback: the run is late. Delivery (blocking I/O, retries) runs in a thread."""
+    await asyncio.to_thread(send_deadline_alert, dag_id, minutes, reference, context or {})
+
+
+def send_deadline_alert(dag_id: str, minutes: float, reference: str, context: dict[str, Any]) -> None:
+    from cd4ml_airflow.notifier import run_dedup_key, settings_or_none
+    from tasks.alerts import Alert, send, ui_link
+
+    settings, env = settings_or_none()
+    run = context.get("dag_run") or {}
+    run_id = run.get("dag_run_id") or run.get("run_id") or ""
+    due = (context.get("deadline") or {}).get("deadline_time")
+    send(Alert(
+        summary=f"{dag_id} run {run_id} not finished {minutes:g} min after its {reference.replace('_', ' ')}",
+        severity="critical", source=f"dag:{dag_id}", env=env, kind="deadline_missed",
+        dedup_key=run_dedup_key(env, dag_id, run_id) + ":deadline", dag_id=dag_id, run_id=run_id,
+        log_url=ui_link(settings, dag_id, run_id) if settings else "",
+        error=f"deadline {due} passed with the run {run.get('state', 'unfinished')}",
+        details={"deadline": str(due), "reference": reference, "minutes": minutes,
+                 "queued_at": run.get("queued_at"), "logical_date": run.get("logical_date")},
+    ), settings)
