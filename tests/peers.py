@@ -12,6 +12,7 @@ import json
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from email import message_from_bytes
 from email.message import Message
@@ -68,13 +69,14 @@ class HttpRecorder:
     """Answers POSTs like Slack (200 "ok") and PagerDuty (202 + dedup_key); records each one.
 
     ``fail`` maps a path prefix to the status it answers instead (e.g. {"/slack": 500}), or to
-    the number of failures before it recovers when given as (status, times).
+    (status, times) to recover after that many failures; status "hang" answers after ``hang_s``.
     """
 
     port: int = field(default_factory=free_port)
     posts: list[Post] = field(default_factory=list)
     fail: dict = field(default_factory=dict)
     tls_dir: Path | None = None  # serve HTTPS with a self-signed certificate written here (ca.pem)
+    hang_s: float = 3.0
     _server: ThreadingHTTPServer | None = None
 
     @property
@@ -104,7 +106,10 @@ class HttpRecorder:
                             recorder.fail[prefix] = (status, times - 1) if times > 1 else None
                             if recorder.fail[prefix] is None:
                                 del recorder.fail[prefix]
-                        self._answer(status, b"server error")
+                        if status == "hang":  # accept, read, then answer too late for the client's timeout
+                            time.sleep(recorder.hang_s)
+                            status = 200
+                        self._answer(status, b"server error" if status != 200 else b"ok")
                         return
                 body = json.loads(raw or b"{}")
                 recorder.posts.append(Post(self.path, body))
