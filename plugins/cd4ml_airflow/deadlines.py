@@ -9,7 +9,9 @@ successful run of the DAG resolves it.
 from __future__ import annotations
 
 import asyncio
+import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 
@@ -20,7 +22,7 @@ def deadline_for(dag_id: str) -> list:
     from cd4ml_airflow.config import SETTINGS
 
     deadline = SETTINGS.alerts.deadlines.get(dag_id)
-    if deadline is None:
+    if deadline is None or under_dags_test():
         return []
     reference = (DeadlineReference.DAGRUN_LOGICAL_DATE if deadline.reference == "logical_date"
                  else DeadlineReference.DAGRUN_QUEUED_AT)
@@ -30,6 +32,17 @@ def deadline_for(dag_id: str) -> list:
             "dag_id": dag_id, "minutes": deadline.minutes, "reference": deadline.reference}),
         name=f"{dag_id}-{deadline.reference}-{deadline.minutes:g}min",
     )]
+
+
+def under_dags_test() -> bool:
+    """True in ``airflow dags test``, which runs no scheduler and so checks no deadline anyway.
+
+    Airflow 3.3.2's ``dags test`` cannot finish a *successful* run of a DAG that has a
+    DeadlineAlert: ``DagRun.update_state`` looks each deadline up by id, but the DAG that
+    ``dag.test`` hands it holds the serialized alerts (AttributeError: 'dict' object has no
+    attribute 'hex'). Parsed by the DAG processor (scheduler, standalone, Celery), DAGs get theirs.
+    """
+    return len(sys.argv) >= 3 and Path(sys.argv[0]).name == "airflow" and sys.argv[1:3] == ["dags", "test"]
 
 
 async def deadline_missed(dag_id: str, minutes: float, reference: str, context: dict[str, Any] | None = None,

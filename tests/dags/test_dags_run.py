@@ -94,21 +94,69 @@ def test_empty_landing_ends_the_run_with_a_message_and_no_version(private_env, t
     assert _status(env)["tables"]["raw_images"]["version"] is None
 
 
-def test_failed_validation_fails_the_task_and_alerts_on_call(private_env, tmp_path):
-    env = private_env
-    landing = tmp_path / "landing"
-    _cd4ml(["sample-data", "--landing", str(landing), "--limit", "30", "--with-bad-files"], env)
-    out = _dag_test("cd4ml_ingest", env, conf={"source_uri": str(landing)}, expect_rc=1)
-    assert "validation of" in out and "min_images_per_class(label=" in out  # one line per failed expectation
+def _alert_lines(out: str) -> list[dict]:
     decoder = json.JSONDecoder()
-    alerts = [decoder.raw_decode(line[line.index('{"'):])[0] for line in out.splitlines() if "CD4ML_ALERT" in line]
-    # The task's callback and the DAG run's callback both fire, name the task, and share a key.
-    assert [a["source"] for a in alerts] == ["dag:cd4ml_ingest/task:validate"] * 2, out[-4000:]
-    assert {a["severity"] for a in alerts} == {"critical"}
-    assert "ValidationFailedError" in alerts[0]["details"]["error"] or "validation of" in alerts[0]["details"]["error"]
-    assert len({a["dedup_key"] for a in alerts}) == 1  # one incident for on-call
-    assert "Callback failed" not in out
-    assert _status(env)["tables"]["raw_images"]["version"] == 0  # ingested, but never published
+    return [decoder.raw_decode(line[line.index('{"'):])[0] for line in out.splitlines() if "CD4ML_ALERT" in line]
+
+
+@pytest.fixture
+def peers(tmp_path):
+    from tests.peers import HttpRecorder, SmtpPeer
+
+    slack, pd, smtp = HttpRecorder().start(), HttpRecorder(tls_dir=tmp_path / "tls").start(), SmtpPeer().start()
+    yield slack, pd, smtp
+    slack.stop(), pd.stop(), smtp.stop()
+
+
+def test_a_failed_run_pages_once_in_prod_only_logs_in_sit_and_a_success_resolves(private_env, tmp_path, peers):
+    """Validation fails on purpose (30 images a class): prod gets exactly one PagerDuty trigger, one
+    Slack post and one email (the validate task's alert; the task- and DAG-level failure callbacks of
+    the same run are de-duplicated), sit only the log line. A later good run resolves the incident."""
+    from tests.peers import SECRETS, connection_env
+
+    slack, pd, smtp = peers
+    conns = connection_env(slack, pd, smtp.port)
+    small = tmp_path / "small"
+    _cd4ml(["sample-data", "--landing", str(small), "--limit", "30", "--with-bad-files"], private_env)
+    outputs = []
+    for env_name in ("sit", "prod"):
+        env = {**private_env, **conns, "CD4ML_ENV": env_name, "CD4ML_HOME": str(tmp_path / env_name)}
+        out = _dag_test("cd4ml_ingest", env, conf={"source_uri": str(small)}, expect_rc=1)
+        outputs.append(out)
+        assert "min_images_per_class(label=" in out  # one line per failed expectation
+        [alert] = _alert_lines(out)  # one alert line: the callbacks found the run's incident open
+        assert (alert["kind"], alert["severity"], alert["env"]) == ("validation_failed", "critical", env_name)
+        assert alert["task_id"] == "validate" and alert["error"].startswith("ValidationFailedError")
+        assert alert["versions"]["raw_version"] == 0 and alert["details"]["report"].endswith(".json")
+        assert out.count("already delivered and not resolved") == 2, out[-4000:]
+        assert "Callback failed" not in out
+        if env_name == "sit":
+            assert (slack.posts, pd.posts, smtp.messages) == ([], [], [])  # sit: the log line only
+
+    [trigger] = pd.pd_events()
+    assert trigger.body["event_action"] == "trigger" and trigger.body["payload"]["class"] == "validation_failed"
+    assert trigger.body["dedup_key"].startswith("prod:cd4ml_ingest:")
+    [post] = slack.slack_posts()
+    assert "validation_failed" in post.body["text"] and "/dags/cd4ml_ingest/runs/" in post.body["text"]
+    [mail] = smtp.messages
+    assert "validation_failed" in mail["Subject"]
+
+    # The data owner fixes the delivery; the next run of the same DAG in prod succeeds and resolves.
+    good = tmp_path / "good"
+    _cd4ml(["sample-data", "--landing", str(good)], private_env)
+    env = {**private_env, **conns, "CD4ML_ENV": "prod", "CD4ML_HOME": str(tmp_path / "prod")}
+    outputs.append(_dag_test("cd4ml_ingest", env, conf={"source_uri": str(good)}))
+    assert [e.body["event_action"] for e in pd.pd_events()] == ["trigger", "resolve"]
+    assert pd.pd_events()[1].body["dedup_key"] == trigger.body["dedup_key"]
+    assert len(slack.slack_posts()) == 2 and slack.slack_posts()[1].body["text"].startswith("*RESOLVED [prod]")
+    assert len(smtp.messages) == 1
+
+    # No planted secret in anything the runs printed or wrote (task logs, reports, tables, ledger).
+    written = [p.read_bytes() for root in (tmp_path / "sit", tmp_path / "prod", Path(private_env["AIRFLOW_HOME"]))
+               for p in root.rglob("*") if p.is_file()]
+    for secret in SECRETS:
+        assert not any(secret in out for out in outputs), secret
+        assert not any(secret.encode() in blob for blob in written), secret
 
 
 def test_tuning_runs_trials_as_mapped_tasks_and_trains_the_best(private_env, tmp_path):
