@@ -60,7 +60,7 @@ def send_deadline_alert(dag_id: str, minutes: float, reference: str, context: di
     run_id = run.get("dag_run_id") or run.get("run_id") or ""
     due = (context.get("deadline") or {}).get("deadline_time")
     send(Alert(
-        summary=f"{dag_id} run {run_id} not finished {minutes:g} min after its {reference.replace('_', ' ')}",
+        summary=f"{dag_id} run {run_id} not finished {_span(minutes)} after its {reference.replace('_', ' ')}",
         severity="critical", source=f"dag:{dag_id}", env=env, kind="deadline_missed",
         dedup_key=run_dedup_key(env, dag_id, run_id) + ":deadline", dag_id=dag_id, run_id=run_id,
         log_url=ui_link(settings, dag_id, run_id) if settings else "",
@@ -68,3 +68,7 @@ def send_deadline_alert(dag_id: str, minutes: float, reference: str, context: di
         details={"deadline": str(due), "reference": reference, "minutes": minutes,
                  "queued_at": run.get("queued_at"), "logical_date": run.get("logical_date")},
     ), settings)
+
+
+def _span(minutes: float) -> str:
+    return f"{minutes * 60:.3g} s" if minutes < 1 else f"{minutes:.3g} min" if minutes < 120 else f"{minutes / 60:.3g} h"

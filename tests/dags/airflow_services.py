@@ -4,7 +4,8 @@ Used where ``airflow dags test`` cannot go: Human-in-the-loop tasks (``dags test
 a response timeout and cannot be answered without an API server).
 
 Real processes, no mocks: `airflow db migrate`, then scheduler, dag-processor and api-server
-(no triggerer: in 3.3 HITL tasks park in AWAITING_INPUT and the scheduler resolves timeouts).
+(the triggerer only where asked: it runs deadline callbacks; in 3.3 HITL tasks park in
+AWAITING_INPUT and the scheduler resolves their timeouts).
 
 Dependency-free beyond the Airflow venv (stdlib urllib only).
 
@@ -286,6 +287,7 @@ def start_airflow(
         "api-server": [AIRFLOW, "api-server", "--port", str(port), "--host", "127.0.0.1", "--workers", "1"],
         "scheduler": [AIRFLOW, "scheduler"],
         "dag-processor": [AIRFLOW, "dag-processor"],
+        "triggerer": [AIRFLOW, "triggerer"],  # deadline callbacks (AsyncCallback) run here
     }
     cmds = {k: v for k, v in cmds.items() if k in components}
     try:
