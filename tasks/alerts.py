@@ -261,20 +261,22 @@ def resolve(settings: Settings, dag_id: str, run_id: str) -> list[Delivery]:
     """
     from tasks import incidents
 
-    deliveries: list[Delivery] = []
     try:
         opened = incidents.open_incidents(settings, dag_id=dag_id, kinds=INCIDENT_KINDS)
     except Exception as exc:  # noqa: BLE001
         log.error("alert ledger unavailable (%s); open incidents of %s not resolved", first_line(exc), dag_id)
-        return deliveries
-    for incident in opened:
-        if not incidents.close(settings, incident.dedup_key, run_id):
-            continue  # another process resolved it first
-        alert = replace(incident.alert, details={**incident.alert.details,
-                                                 "resolved_by": f"run {run_id} of {dag_id} succeeded"})
-        _log_line(alert, "resolve")
-        deliveries.append(Delivery("log", True, 1))
-        for name in incident.channels:
-            if name in ("pagerduty", "slack"):
-                deliveries.append(_deliver(name, alert, settings, "resolve"))
-    return deliveries
+        return []
+    return [d for incident in opened
+            for d in resolve_incident(settings, incident, run_id, f"run {run_id} of {dag_id} succeeded")]
+
+
+def resolve_incident(settings: Settings, incident, resolver: str, reason: str) -> list[Delivery]:
+    """Close one open incident in the ledger (once, whoever races), then tell the channels it went to."""
+    from tasks import incidents
+
+    if not incidents.close(settings, incident.dedup_key, resolver):
+        return []  # another process resolved it first
+    alert = replace(incident.alert, details={**incident.alert.details, "resolved_by": reason})
+    _log_line(alert, "resolve")
+    return [Delivery("log", True, 1), *(_deliver(name, alert, settings, "resolve") for name in incident.channels
+                                        if name in ("pagerduty", "slack"))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from tasks.settings import ENVIRONMENTS, SettingsError, load_settings
@@ -176,6 +177,29 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 @_data_plane_errors
+def _cmd_alerts(args: argparse.Namespace) -> int:
+    from tasks import incidents
+    from tasks.alerts import INCIDENT_KINDS, resolve_incident
+
+    settings = load_settings(args.env)
+    found = incidents.open_incidents(settings, kinds=None if args.all else INCIDENT_KINDS)
+    if args.resolve:
+        match = [i for i in found if i.dedup_key == args.resolve]
+        if not match:
+            print(f"cd4ml: no open alert with dedup key {args.resolve!r} in {settings.env}", file=sys.stderr)
+            return 1
+        by = args.by or os.environ.get("CD4ML_ACTOR") or os.environ.get("USER") or "unknown"
+        resolve_incident(settings, match[0], f"cli:{by}", f"resolved by {by}: {args.reason}")
+        print(f"resolved {args.resolve}")
+        return 0
+    if args.json:
+        print(json.dumps([{**i.__dict__, "alert": i.alert.__dict__} for i in found], indent=2, default=str))
+    else:
+        print(incidents.format_incidents(found))
+    return 0
+
+
+@_data_plane_errors
 def _cmd_lineage(args: argparse.Namespace) -> int:
     from tasks.lineage import format_lineage, lineage
 
@@ -243,6 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", required=True, help="sit | uat | prod")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_audit)
+    p = sub.add_parser("alerts", help="open incidents (failed runs, failed validation, missed deadlines); --resolve KEY")
+    p.add_argument("--env", required=True, help="sit | uat | prod")
+    p.add_argument("--all", action="store_true", help="also events (drift, gate, approvals, rollbacks) ever sent")
+    p.add_argument("--resolve", metavar="DEDUP_KEY", help="close this incident (PagerDuty and Slack are told)")
+    p.add_argument("--reason", default="resolved by hand", help="with --resolve: why")
+    p.add_argument("--by", help="with --resolve: who (default: CD4ML_ACTOR or USER)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_alerts)
     p = sub.add_parser("lineage", help="the whole chain behind models:/<name>/<version> or models:/<name>@<alias>")
     p.add_argument("model_uri")
     p.add_argument("--json", action="store_true")

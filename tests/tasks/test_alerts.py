@@ -134,3 +134,20 @@ def test_every_alert_kind_has_a_runbook_and_every_raised_kind_is_known():
     assert set(ALERT_KINDS) <= raised | {"task_failed"}, set(ALERT_KINDS) - raised  # every kind is raised somewhere
     with pytest.raises(ValueError, match="unknown alert kind"):
         Alert("s", "warning", "x", "sit", "k", kind="nope")
+
+
+def test_cli_lists_open_incidents_and_resolves_one_by_hand(settings, capsys):
+    from tasks.cli import main
+    from tasks.incidents import open_incidents
+
+    send(_alert(), settings)
+    send(_alert(kind="gate_failed", run_id="r9"), settings)
+    assert main(["alerts", "--env", "sit"]) == 0
+    out = capsys.readouterr().out
+    assert "sit:cd4ml_ingest:r1" in out and "r9" not in out  # events only with --all
+    assert main(["alerts", "--env", "sit", "--all"]) == 0
+    assert "sit:cd4ml_ingest:r9" in capsys.readouterr().out
+    assert main(["alerts", "--env", "sit", "--resolve", "sit:cd4ml_ingest:r1", "--reason", "source fixed",
+                 "--by", "alice"]) == 0
+    assert open_incidents(settings, kinds=frozenset({"task_failed"})) == []
+    assert main(["alerts", "--env", "sit", "--resolve", "sit:cd4ml_ingest:r1"]) == 1  # nothing open by that key
