@@ -194,7 +194,7 @@ def connection_env(slack: HttpRecorder, pd: HttpRecorder, smtp_port: int, slack_
         f"AIRFLOW_CONN_{smtp_id.upper()}": json.dumps(
             {"conn_type": "smtp", "host": "127.0.0.1", "port": smtp_port, "login": SMTP_USER, "password": password,
              "extra": {"disable_ssl": True, "disable_tls": True, "from_email": "cd4ml@example.org",
-                       "timeout": 5, "retry_limit": 0}}),
+                       "timeout": 2, "retry_limit": 0}}),
     }
 
 

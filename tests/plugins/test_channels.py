@@ -24,6 +24,29 @@ from tests.peers import (
 )
 
 
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(r.getMessage() for r in self.records)
+
+
+@pytest.fixture
+def alert_log():
+    """What the cd4ml.alerts logger said, captured on the logger itself (Airflow's first import
+    reconfigures the root logger's handlers, which would lose records for caplog)."""
+    handler, logger = _Records(), logging.getLogger("cd4ml.alerts")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
 @pytest.fixture
 def peers(tmp_path, monkeypatch):
     slack, pd, smtp = HttpRecorder().start(), HttpRecorder(tls_dir=tmp_path / "tls").start(), SmtpPeer().start()
@@ -146,18 +169,17 @@ def _failure_case(peers, case: str, monkeypatch) -> str:
 
 @pytest.mark.parametrize("case", ["slack answers 500", "slack times out", "pagerduty is down",
                                   "smtp rejects the password"])
-def test_a_failing_channel_never_raises_and_the_others_still_fire(cd4ml_home, peers, monkeypatch, caplog, case):
+def test_a_failing_channel_never_raises_and_the_others_still_fire(cd4ml_home, peers, monkeypatch, alert_log, case):
     slack, pd, smtp = peers
     broken = _failure_case(peers, case, monkeypatch)
-    with caplog.at_level(logging.INFO):
-        delivered = _by_channel(send(_alert(), _settings("prod")))
+    delivered = _by_channel(send(_alert(), _settings("prod")))
     assert not delivered[broken].ok and delivered[broken].attempts == 3  # retried with back-off
     assert all(d.ok for name, d in delivered.items() if name != broken)
     hits = {"slack": slack.slack_posts(), "pagerduty": pd.pd_events(), "email": smtp.messages}
     assert {name for name, got in hits.items() if got} == {"slack", "pagerduty", "email"} - {broken}
-    assert f"NOT delivered to {broken} after 3 attempts" in caplog.text
-    assert "retrying in 0.1 s" in caplog.text  # back-off doubles: 0.05, 0.1
-    assert not any(secret in caplog.text for secret in SECRETS)
+    assert f"NOT delivered to {broken} after 3 attempts" in alert_log.text
+    assert "retrying in 0.1 s" in alert_log.text  # back-off doubles: 0.05, 0.1
+    assert not any(secret in alert_log.text for secret in SECRETS)
 
 
 def test_a_channel_that_recovers_delivers_once(cd4ml_home, peers):
@@ -168,30 +190,36 @@ def test_a_channel_that_recovers_delivers_once(cd4ml_home, peers):
     assert len(slack.slack_posts()) == 1
 
 
-def test_a_missing_connection_is_reported_not_retried(cd4ml_home, peers, monkeypatch, caplog):
+def test_a_missing_connection_is_reported_not_retried(cd4ml_home, peers, monkeypatch, alert_log):
     slack, pd, smtp = peers
     monkeypatch.delenv("AIRFLOW_CONN_CD4ML_PAGERDUTY")
-    with caplog.at_level(logging.INFO):
-        delivered = _by_channel(send(_alert(), _settings("prod")))
+    delivered = _by_channel(send(_alert(), _settings("prod")))
     assert not delivered["pagerduty"].ok and delivered["pagerduty"].attempts == 1
-    assert "Airflow connection 'cd4ml_pagerduty' is not defined" in caplog.text
+    assert "Airflow connection 'cd4ml_pagerduty' is not defined" in alert_log.text
     assert delivered["slack"].ok and delivered["email"].ok
 
 
-def test_planted_secrets_never_reach_a_log_or_a_report(cd4ml_home, peers, monkeypatch, capfd, caplog):
+def test_planted_secrets_never_reach_a_log_or_a_report(cd4ml_home, peers, monkeypatch, capfd, caplog, alert_log):
     slack, pd, smtp = peers
     settings = _settings("prod")
-    with caplog.at_level(logging.DEBUG):
-        send(_alert(), settings)  # every channel delivers
-        slack.fail["/slack"] = 500  # every channel fails, each its own way
-        pd.stop()
-        for key, value in connection_env(slack, pd, smtp.port, password="another-wrong-secret").items():
-            monkeypatch.setenv(key, value)
-        send(_alert(run_id="r2"), settings)
-        resolve(settings, "cd4ml_train", "r3")
+    root = _Records()
+    logging.getLogger().addHandler(root)  # every logger that propagates, the providers' included
+    try:
+        with caplog.at_level(logging.DEBUG):
+            send(_alert(), settings)  # every channel delivers
+            slack.fail["/slack"] = 500  # every channel fails, each its own way
+            pd.stop()
+            for key, value in connection_env(slack, pd, smtp.port, password="another-wrong-secret").items():
+                monkeypatch.setenv(key, value)
+            send(_alert(run_id="r2"), settings)
+            resolve(settings, "cd4ml_train", "r3")
+    finally:
+        logging.getLogger().removeHandler(root)
+    assert "NOT delivered to email" in alert_log.text and "NOT delivered to slack" in alert_log.text
     written = [p.read_bytes() for p in Path(cd4ml_home).rglob("*") if p.is_file()]
     assert written  # the alert ledger is there to be searched
     out, err = capfd.readouterr()
     for secret in (*SECRETS, "another-wrong-secret"):
         assert secret not in caplog.text and secret not in out + err, secret
+        assert secret not in alert_log.text and secret not in root.text, secret
         assert not any(secret.encode() in blob for blob in written), secret
