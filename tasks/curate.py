@@ -9,17 +9,21 @@ What happens to each image of the raw version, in order (the first rule that app
    ``min_mean``), ``too_bright`` (mean above ``max_mean``), ``blurry`` (variance of the
    Laplacian below ``min_blur``). Bad images are left out of the duplicate graph: a black
    frame is "similar" to every other black frame whatever its label.
-3. Components: exact duplicates (same decoded pixels, ``pixel_digest``) and near-duplicates
-   (cosine of the embeddings at or above ``near_duplicate_threshold``) are edges; connected
-   components are built with union-find. Features are computed once per image and kept in
-   ``curation_embeddings`` (``tasks.curation_features``); only images that have no component
-   yet are compared, against all eligible images of the raw version.
-4. Inside a component: if the members disagree on the label, all of them are quarantined
-   (``label_conflict``): nobody can tell which label is right. Otherwise one representative is
-   kept: the member first assigned to the component (lowest ``first_raw_version``), ties broken
-   by the smallest sha256. A new near-copy therefore never displaces an image that is already
-   kept. The others are dropped as ``exact_duplicate`` (same pixels as the representative) or
-   ``near_duplicate``.
+3. Components (grouping, generous): exact duplicates (same decoded pixels, ``pixel_digest``)
+   and near-duplicates (cosine of the embeddings at or above ``near_duplicate_threshold``) are
+   edges; connected components are built with union-find. A component decides a split, so
+   near-copies never straddle splits; it drops nothing by itself. Features are computed once
+   per image and kept in ``curation_embeddings`` (``tasks.curation_features``); only images
+   that have no component yet are compared, against all eligible images of the raw version.
+4. Inside a component (dropping, precise: ``dedupe_component``): members are walked first
+   assigned first (lowest ``first_raw_version``, then smallest sha256), so a new copy never
+   displaces an image that is already kept. A member is dropped only when it is a copy of an
+   image already KEPT (same pixels: ``exact_duplicate``; cosine at or above
+   ``drop_similarity``: ``near_duplicate``, the detail giving that cosine), never through a
+   chain A~B~C. A member that is a copy of a member with another label is quarantined with
+   it (``label_conflict``): nobody can tell which label is right. Everything else is kept,
+   in the component's split. ``drop_similarity`` (0.989) is calibrated on planted copies
+   against the most similar distinct image of the same class (``bench/dedup_calibration.py``).
 
 Stable component keys and splits (the ``curation_components`` table, the assignment record):
 every image that ever got a component keeps a row (sha256, component, split,
@@ -78,6 +82,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -351,21 +356,15 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
 
     kept_rows: list[dict[str, Any]] = []
     for key in sorted(groups):
-        group = sorted(groups[key])
-        labels = {by_sha[s]["label"] for s in group}
-        if len(labels) > 1:
-            detail = f"labels {sorted(labels)} in one component of {len(group)}"
-            dropped.extend(_drop(by_sha[s], "label_conflict", key, None, detail) for s in group)
-            continue
-        rep = min(group, key=lambda s: (assignments[s].first_raw_version, s))
-        for s in group:
-            if s == rep:
-                continue
-            same = features.by_sha[s].pixel_digest == features.by_sha[rep].pixel_digest
-            dropped.append(_drop(by_sha[s], "exact_duplicate" if same else "near_duplicate", key, rep, None))
-        r = by_sha[rep]
-        kept_rows.append({"sha256": rep, "image": r["image"], "label": r["label"], "split": assignments[rep].split,
-                          "component": key, "width": int(r["width"]), "height": int(r["height"])})
+        order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
+        kept, removed = dedupe_component(order, features, {s: by_sha[s]["label"] for s in order},
+                                         cfg.drop_similarity)
+        dropped.extend(_drop(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
+        for sha in kept:
+            r = by_sha[sha]
+            kept_rows.append({"sha256": sha, "image": r["image"], "label": r["label"],
+                              "split": assignments[sha].split, "component": key, "width": int(r["width"]),
+                              "height": int(r["height"])})
 
     kept_rows.sort(key=lambda r: r["sha256"])
     dropped.sort(key=lambda d: (d["component"], d["sha256"]))
@@ -389,6 +388,55 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         outliers=outliers,
         info=info,
     )
+
+
+def dedupe_component(order: list[str], features: Features, labels: dict[str, str],
+                     threshold: float) -> tuple[list[str], list[tuple[str, str, str | None, str]]]:
+    """Which members of one component are kept: drop precisely, never through a chain.
+
+    ``order`` is the component's members, first assigned first. A member is a copy of another
+    when their pixels are identical or the cosine of their embeddings is at least ``threshold``
+    (``curation.drop_similarity``, calibrated on planted copies against distinct images). Walking
+    in order, a member is dropped only when it is a copy of a member already KEPT (not of
+    something that was itself dropped, nor of a chain A~B~C), as ``exact_duplicate`` or
+    ``near_duplicate`` of that image, with the similarity in the detail; otherwise it is kept.
+    A member that is a copy of a member with another label is quarantined (``label_conflict``)
+    with that member: nobody can tell which label is right. Members that are only linked through
+    the component (grouped generously for split assignment) are all kept.
+
+    Returns (kept shas, [(sha, reason, kept sha or None, detail)]).
+    """
+    if len(order) == 1:
+        return list(order), []
+    vectors = features.matrix[[features.row_of[s] for s in order]]
+    sims = vectors @ vectors.T
+    digests = [features.by_sha[s].pixel_digest or s for s in order]
+    same_pixels = np.array([[a == b for b in digests] for a in digests])
+    copies = (sims >= threshold) | same_pixels
+    np.fill_diagonal(copies, False)
+    label = np.array([labels[s] for s in order])
+    clash = copies & (label[:, None] != label[None, :])
+
+    kept: list[int] = []
+    removed: list[tuple[str, str, str | None, str]] = []
+    for i, sha in enumerate(order):
+        if clash[i].any():
+            j = int(np.flatnonzero(clash[i])[0])
+            how = "same pixels" if same_pixels[i, j] else f"cosine {sims[i, j]:.4f}"
+            removed.append((sha, "label_conflict", None,
+                            f"copy ({how}) of {order[j][:12]} labelled {label[j]!r}, this one {label[i]!r}"))
+            continue
+        originals = [k for k in kept if copies[i, k]]
+        if not originals:
+            kept.append(i)
+            continue
+        k = max(originals, key=lambda k: (same_pixels[i, k], sims[i, k]))
+        if same_pixels[i, k]:
+            removed.append((sha, "exact_duplicate", order[k], "same decoded pixels as the kept image"))
+        else:
+            removed.append((sha, "near_duplicate", order[k],
+                            f"cosine {sims[i, k]:.4f} to the kept image (drop at >= {threshold})"))
+    return [order[i] for i in kept], removed
 
 
 # ---------------------------------------------------------------- counts and report

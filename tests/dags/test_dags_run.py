@@ -66,7 +66,7 @@ def test_pipeline_end_to_end_and_idempotent(private_env):
     tables = first["tables"]
     assert tables["raw_images"]["rows"] == 1797 and tables["rejects"]["rows"] == 2
     assert tables["raw_images"]["names"] == {"digits-1": tables["raw_images"]["version"]}
-    assert 0 < tables["curated_images"]["rows"] <= 1797
+    assert 0.99 * 1797 <= tables["curated_images"]["rows"] <= 1797  # distinct digits are kept, not deduplicated away
     champions = [m for m in first["model_versions"] if "champion" in m["aliases"]]
     assert len(champions) == 1
     assert str(champions[0]["curated_version"]) == str(tables["curated_images"]["version"])

@@ -5,6 +5,7 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from PIL import Image, ImageEnhance, ImageFilter
@@ -74,12 +75,27 @@ def outcome(settings, result) -> dict[str, dict]:
     out = {r["sha256"]: {"kept": True, "component": r["component"], "split": r["split"], "reason": None,
                          "kept_sha256": None} for r in table}
     uri = settings.table_uri(REPORT_TABLE)
+    if not lake.exists(uri):  # nothing was ever dropped
+        return out
     rows = lake.read(uri, lake.current_version(uri), filter=[("curated_version", "=", result.curated_version)])
     for d in rows.to_pylist():
         assert d["sha256"] not in out, d
         out[d["sha256"]] = {"kept": False, "component": d["component"], "split": None, "reason": d["reason"],
                             "kept_sha256": d["kept_sha256"]}
     return out
+
+
+def report_details(settings, result) -> dict[str, str]:
+    uri = settings.table_uri(REPORT_TABLE)
+    rows = lake.read(uri, lake.current_version(uri), filter=[("curated_version", "=", result.curated_version)])
+    return {d["sha256"]: d["detail"] for d in rows.to_pylist()}
+
+
+def cosine(settings, result, a: str, b: str) -> float:
+    table = lake.read(result.embeddings_table, lake.current_version(result.embeddings_table))
+    vectors = {r["sha256"]: np.asarray(r["embedding"], dtype=np.float32) for r in table.to_pylist()
+               if r["sha256"] in (a, b)}
+    return float(vectors[a] @ vectors[b])
 
 
 def versions(settings) -> dict[str, int | None]:
@@ -128,14 +144,21 @@ def test_planted_duplicates_conflicts_and_bad_images(settings, tmp_path):
     assert len(out) == total and result.kept + sum(result.dropped_by_reason.values()) == total
 
     record = components(settings, result.components_version)
+    details = report_details(settings, result)
     for family in families:
         members = [out[s] for s in family]
         assert len({o["component"] for o in members}) == 1, members
         assert len({record[s]["split"] for s in family}) == 1  # one split for the whole group
-        kept = [s for s in family if out[s]["kept"]]
-        assert kept == [min(family)]  # all first seen together: the smallest sha256 represents them
-        assert {out[s]["reason"] for s in family - set(kept)} == {"near_duplicate"}
-        assert {out[s]["kept_sha256"] for s in family - set(kept)} == set(kept)
+        rep = min(family)  # all first seen together: the smallest sha256 represents them
+        assert out[rep]["kept"]
+        for s in family - {rep}:
+            if out[s]["kept"]:  # grouped with the original, but not close enough to be called its copy
+                assert cosine(settings, result, s, rep) < cfg.drop_similarity
+                continue
+            # dropped only as a copy of the kept image itself, and the report says how close it is
+            assert (out[s]["reason"], out[s]["kept_sha256"]) == ("near_duplicate", rep)
+            assert float(details[s].split()[1]) >= cfg.drop_similarity, details[s]
+        assert sum(not out[s]["kept"] for s in family) >= 2  # the JPEG and the brighter copy at least
 
     pair = [out[exact], out[sha(original(landing, 11))]]
     assert pair[0]["component"] == pair[1]["component"]
@@ -255,3 +278,31 @@ def test_empty_raw_version_is_a_clear_error(settings):
     with pytest.raises(CurationError, match="no rows"):
         curate(settings, version, run_id="c", logical_date="2026-11-21")
     assert lake.current_version(settings.curated_table) is None
+
+
+def test_a_chain_drops_only_copies_of_kept_images_and_conflicts_only_between_copies():
+    from tasks.curate import dedupe_component
+    from tasks.curation_features import Features
+
+    def unit(angle_deg: float) -> np.ndarray:
+        a = np.deg2rad(angle_deg)
+        return np.array([np.cos(a), np.sin(a), 0.0], dtype=np.float32)
+
+    # A, B, C on a line: A~B and B~C are copies (cosine 0.99), A and C are not (cosine 0.96).
+    # D is another label, a copy of nobody but in the same component (grouped generously).
+    angles = {"a": 0.0, "b": 8.1, "c": 16.2, "d": 40.0}
+    shas = list(angles)
+    features = Features(by_sha={s: ImageFeatures(s, 1.0, 1.0, 0, 1, None) for s in shas},
+                        row_of={s: i for i, s in enumerate(shas)},
+                        matrix=np.stack([unit(angles[s]) for s in shas]))
+    labels = {"a": "1", "b": "1", "c": "1", "d": "7"}
+    kept, removed = dedupe_component(shas, features, labels, threshold=0.985)
+    assert kept == ["a", "c", "d"]  # c is a copy only of b, which was itself dropped: not through a chain
+    [(sha, reason, rep, detail)] = removed
+    assert (sha, reason, rep) == ("b", "near_duplicate", "a") and detail.startswith("cosine 0.99")
+
+    # The same component where C carries another label: C is a copy of B, so both are quarantined;
+    # A keeps its label, D (a copy of nobody) stays.
+    kept, removed = dedupe_component(shas, features, {**labels, "c": "7"}, threshold=0.985)
+    assert kept == ["a", "d"]
+    assert sorted((s, r) for s, r, _, _ in removed) == [("b", "label_conflict"), ("c", "label_conflict")]
