@@ -4,8 +4,10 @@
 Triggered by the `curated_images` Asset, or by hand with an explicit `curated_version` or a
 `dataset_version` (a version number, a name such as `release-3`, or a timestamp).
 
-1. **drift_check**: alibi-detect MMD test of the new training data against the data the
-   current `champion` was trained on (first run: no champion, skipped and said so).
+1. **drift_check**: the images added since the champion's training data against that data, on
+   the champion's own softmax (KS) and embedding (MMD) plus a label chi-square (tasks/drift.py);
+   `drift.policy` `warn` alerts and trains, `block` (prod) stops here with one alert. First run:
+   no champion, skipped and said so.
 2. **tuning** (Param `tune`): an Optuna study (SQLite locally, PostgreSQL in production)
    whose trials run as mapped tasks, on as many workers as are free; each trial is a nested
    MLflow run and bad trials are pruned early. The best trial's parameters train the candidate.
@@ -113,7 +115,7 @@ def cd4ml_train():
     def drift_check(data: dict, **context) -> dict:
         """New training data against the champion's training data."""
         from tasks.alerts import send
-        from tasks.drift import DriftReference, check_drift
+        from tasks.drift import DriftReference, check_drift, enforce_policy
         from tasks.registry import champion
         from tasks.settings import load_settings
 
@@ -124,14 +126,20 @@ def cd4ml_train():
         )
         with fail_fast_on_data_errors():
             result = check_drift(settings, data["curated_table"], data["curated_version"], reference, context["run_id"])
-        print(f"drift: {result.status} ({result.reason}); report: {result.report_path}")
+        print(f"drift: {result.status} ({result.reason}); report: {result.report_path} {result.html_path or ''}")
         if result.status == "drift":
+            block = settings.drift.policy == "block"
             send(alert_from_context(
-                context, settings, settings.env, kind="drift", severity="warning",
-                summary=f"data drift against champion v{result.champion_version}: {result.reason}",
-                error=result.reason, details=result.to_dict(),
-                dedup_key=f"{settings.env}:drift:{data['curated_table']}:v{data['curated_version']}"
-                          f":champion-v{result.champion_version}"), settings)
+                context, settings, settings.env, kind="drift", severity="critical" if block else "warning",
+                summary=("training blocked: " if block else "") + f"data drift against champion "
+                        f"v{result.champion_version}: {result.reason}",
+                error=result.reason, details={"report": result.report_path, "html": result.html_path,
+                                              "tests": result.tests, "severity": result.severity},
+                # block: the run's own incident, so the task's failure callback does not page again
+                dedup_key=None if block else f"{settings.env}:drift:{data['curated_table']}:v{data['curated_version']}"
+                                             f":champion-v{result.champion_version}"), settings)
+            with fail_fast_on_data_errors():
+                enforce_policy(settings, result)
         return result.to_dict()
 
     @task
@@ -226,17 +234,20 @@ def cd4ml_train():
         trained = train(data, drift, best)
 
     @task
-    def register(trained: dict) -> dict:
-        """Register the candidate in this environment's model with its lineage; no alias moves here."""
+    def register(trained: dict, drift: dict) -> dict:
+        """Register the candidate with its lineage (the drift report among its run's artifacts); no alias moves."""
+        from tasks.drift import log_report
         from tasks.registry import register_candidate
         from tasks.settings import load_settings
 
+        settings = load_settings()
+        log_report(settings, trained["mlflow_run_id"], drift)
         with fail_fast_on_data_errors():
-            version = register_candidate(load_settings(), trained["mlflow_run_id"])
+            version = register_candidate(settings, trained["mlflow_run_id"])
         print(f"candidate: {SETTINGS.registry.model_name} v{version} (run {trained['mlflow_run_id']})")
         return {"version": version, "run_id": trained["mlflow_run_id"]}
 
-    release_flow(register(trained), data)
+    release_flow(register(trained, drift), data)
 
 
 cd4ml_train()

@@ -1,29 +1,51 @@
-"""Data drift: has the training data moved away from what the current champion learned on?
+"""Data drift: is the NEW data something the champion has not learned? A gate with a policy per environment.
 
-The reference sample is the ``split == "train"`` rows of the curated table version the
-champion was trained on; the current sample is the ``split == "train"`` rows of the version
-about to be trained on. Both are sampled deterministically (a salted hash of ``sha256``,
-no RNG state), decoded to ``drift.image_size`` grey squares, turned into feature vectors by
-``features`` (the seam: pixels today, champion embeddings later), reduced with a PCA fitted
-on the reference, and compared with alibi-detect's MMD permutation test (pytorch backend,
-fixed torch seed, CPU), so the same inputs always give the same answer.
+What is compared
+- ``new``: the curated images that the champion's training version did not have (added since,
+  any split), up to ``drift.max_samples`` chosen by a salted hash of sha256 (no RNG state). A
+  small drifted batch is therefore not diluted by the old data. This decides.
+- ``whole``: the current version's held-out splits against the champion's; reported, not decided on.
+- ``reference``: the held-out (val and test) images of the curated version the champion was
+  trained on, up to ``drift.max_reference``. Not its train split: on the images it fitted, a
+  model is more confident than on any unseen image, so every new batch would look drifted.
 
-Every call writes one JSON report under ``<reports>/drift/``. With no champion yet (first
-run) the check is skipped, still reported, and nothing heavy (torch, alibi-detect) is imported.
+Features from the champion itself (black-box shift detection, Rabanser et al., "Failing
+Loudly", 2019): its softmax outputs, tested class by class with Kolmogorov-Smirnov (Bonferroni
+across classes), and its penultimate-layer embedding projected on the reference's top principal
+components, tested with MMD (alibi-detect, permutation test, fixed seed). Where labels exist, a
+chi-square test of the new class counts against the reference's proportions. The three tests
+share ``drift.p_value`` (Bonferroni: each at p_value / 3), so a check on data from the same
+distribution raises a false alarm with probability at most p_value. A model that is not a cd4ml
+image classifier falls back to grey pixels for the MMD test (no softmax test).
+
+Severity: the champion's accuracy on the new labelled sample against its accuracy on the
+reference version's test split.
+
+The detectors (KS with its reference, MMD with a ``drift.mmd_reference`` subsample: its cost
+grows with the square of the sample, PCA basis, class proportions, the champion's test
+accuracy) are fitted once per champion version and settings, saved with alibi-detect's
+``save_detector`` under ``<reports>/drift/detectors/`` and loaded by later checks.
+
+Policy (``drift.policy`` per environment): ``warn`` alerts and trains; ``block`` stops training
+(``DriftBlockedError``) and alerts on-call. With no champion, or no new image, the check is
+skipped cheaply (no torch or alibi-detect import). Every check writes a JSON report and an HTML
+page with plots (p-values per test, the embedding projection of both samples, class counts).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks import lake
+from tasks.errors import DataError
 from tasks.reports import write_json
 from tasks.settings import Settings
 
@@ -35,17 +57,22 @@ log = logging.getLogger(__name__)
 SAMPLE_SALT = "cd4ml-drift-v1"  # changing it changes which rows are sampled
 PERMUTATION_SEED = 20_261_121  # torch seed for the permutation test
 PCA_COMPONENTS = 32  # upper bound; also limited by the reference size and feature width
-FEATURE_METHOD = "pixels+pca"
-MIN_SAMPLES = 2  # the unbiased MMD^2 estimate needs at least two rows per side
+MIN_SAMPLES = 10  # fewer new images: reported, not tested (no power, and the MMD estimate needs >= 2)
+TESTS = ("softmax_ks", "embedding_mmd", "label_chi2")
+REFERENCE_SPLITS = ("val", "test")  # the champion's data it did not fit on
+
+
+class DriftBlockedError(DataError, RuntimeError):
+    """The new data drifted and this environment's policy is ``block``: training stops."""
 
 
 @dataclass(frozen=True)
 class DriftReference:
-    """The data the current champion was trained on."""
+    """The data the current champion was trained on, and the champion."""
 
     table: str
     version: int
-    model_version: str | None
+    model_version: str | int | None
 
 
 @dataclass(frozen=True)
@@ -57,14 +84,18 @@ class DriftResult:
     champion_version: str | None
     current_table: str
     current_version: int
-    p_value: float | None  # permutation-test p-value
-    distance: float | None  # MMD^2 between the two samples (in feature space)
-    threshold: float | None  # p-value below which drift is flagged (settings.drift.p_value)
+    p_value: float | None  # the smallest Bonferroni-adjusted p-value of the decisive tests
+    threshold: float | None  # the family-wise level (settings.drift.p_value)
     n_reference: int
-    n_current: int
+    n_current: int  # new images tested (the decision's sample)
     report_path: str
-    distance_threshold: float | None = None  # MMD^2 above which drift would be flagged
-    n_overlap: int = 0  # rows (by sha256) present in both samples
+    n_new: int = 0  # new images in the current version (before sampling)
+    tests: list[dict] = field(default_factory=list)  # per test: name, p_value, threshold, drift, statistic
+    severity: dict = field(default_factory=dict)  # champion accuracy: test split, new data, drop
+    whole: dict = field(default_factory=dict)  # the whole train split against the reference
+    feature_method: str | None = None  # champion | pixels
+    policy: str = "warn"
+    html_path: str | None = None
     run_id: str = ""
 
     @property
@@ -86,9 +117,8 @@ def sample_rows(shas: list[str], max_samples: int, side: str) -> list[int]:
     """Indices of at most ``max_samples`` rows, chosen by a salted hash of their sha256.
 
     Independent of the table's row order and of any RNG state; duplicate sha256 values are
-    kept once. The side name is part of the salt, so the reference and current samples are
-    drawn independently even when one table version contains the other. The result is
-    ordered by sha256.
+    kept once. The side name is part of the salt, so samples of different roles are drawn
+    independently. The result is ordered by sha256.
     """
     first: dict[str, int] = {}
     for i, sha in enumerate(shas):
@@ -97,200 +127,341 @@ def sample_rows(shas: list[str], max_samples: int, side: str) -> list[int]:
     return [first[s] for s in sorted(chosen)]
 
 
-def _train_sample(settings: Settings, uri: str, version: int, side: str) -> tuple[list[str], list[bytes], Counter[str]]:
-    table = lake.read(uri, version, columns=["sha256", "label", "split"], filter=[("split", "=", "train")])
+@dataclass(frozen=True)
+class Sample:
+    shas: list[str]
+    images: list[bytes]
+    labels: list[str]
+
+
+def _read_sample(uri: str, version: int, limit: int, side: str, splits: tuple[str, ...] | None = ("train",),
+                 only: set[str] | None = None) -> tuple[Sample, int]:
+    """(a hash sample of at most ``limit`` rows, optionally among ``only``; how many rows were eligible)."""
+    filters = [("split", "in", list(splits))] if splits else None
+    table = lake.read(uri, version, columns=["sha256"], filter=filters)
     shas = [str(s) for s in table.column("sha256").to_pylist()]
-    picked = sample_rows(shas, settings.drift.max_samples, side)
-    if not picked:
-        return [], [], Counter()
-    wanted = [shas[i] for i in picked]
-    # Second read fetches image bytes for the sampled rows only.
-    rows = lake.read(
-        uri,
-        version,
-        columns=["sha256", "image", "label"],
-        filter=[("split", "=", "train"), ("sha256", "in", wanted)],
-    )
-    by_sha: dict[str, tuple[bytes, str]] = {}
-    for sha, image, label in zip(
-        rows.column("sha256").to_pylist(), rows.column("image").to_pylist(), rows.column("label").to_pylist()
-    ):
+    if only is not None:
+        shas = [s for s in shas if s in only]
+    eligible = len(set(shas))
+    wanted = [shas[i] for i in sample_rows(shas, limit, side)]
+    if not wanted:
+        return Sample([], [], []), eligible
+    rows = lake.read(uri, version, columns=["sha256", "image", "label"],
+                     filter=[*(filters or []), ("sha256", "in", wanted)])
+    by_sha = {}
+    for sha, image, label in zip(rows.column("sha256").to_pylist(), rows.column("image").to_pylist(),
+                                 rows.column("label").to_pylist()):
         by_sha.setdefault(str(sha), (bytes(image), str(label)))
-    images = [by_sha[s][0] for s in wanted]
-    labels = Counter(by_sha[s][1] for s in wanted)
-    return wanted, images, labels
+    return Sample(wanted, [by_sha[s][0] for s in wanted], [by_sha[s][1] for s in wanted]), eligible
 
 
-def _count_train_rows(uri: str, version: int) -> int:
-    return lake.read(uri, version, columns=["split"], filter=[("split", "=", "train")]).num_rows
+def new_images(current_table: str, current_version: int, reference: DriftReference) -> set[str]:
+    """sha256 of the current version's images that the reference version does not have."""
+    current = set(lake.read(current_table, current_version, columns=["sha256"]).column("sha256").to_pylist())
+    known = set(lake.read(reference.table, reference.version, columns=["sha256"]).column("sha256").to_pylist())
+    return {str(s) for s in current - known}
 
 
 # --------------------------------------------------------------------------- features
 
 
-def features(images: "np.ndarray") -> "np.ndarray":
-    """Feature vectors for a batch of decoded images (N, 1, S, S) -> (N, D) float32.
+class Featurizer:
+    """The champion's softmax and penultimate embedding for image bytes; pixels when it has none."""
 
-    The seam for a better representation: today the flattened pixels; later the champion
-    model's embeddings. Whatever it returns is reduced by a PCA fitted on the reference.
-    """
+    def __init__(self, settings: Settings, model_uri: str | None) -> None:
+        self.model = None
+        self.classes: list[str] = []
+        self.image_size = settings.drift.image_size
+        self.method = "pixels"
+        if model_uri is None:
+            return
+        import torch
+
+        from tasks.model import build_model, load_logged_weights
+        from tasks.registry import mlflow_client
+
+        mlflow_client(settings)
+        try:
+            state, meta = load_logged_weights(model_uri)
+        except ValueError as exc:  # not a cd4ml image classifier: no softmax or embedding to read
+            log.warning("drift: %s; falling back to pixels", exc)
+            return
+        self.classes = [str(c) for c in meta["classes"]]
+        self.image_size = int(meta["image_size"])
+        model = build_model(meta["architecture"], len(self.classes), self.image_size)
+        model.load_state_dict(state)
+        self.model = model.eval()
+        self.method = "champion"
+        self._torch = torch
+
+    def __call__(self, images: list[bytes]) -> tuple["np.ndarray | None", "np.ndarray"]:
+        """(softmax (N, K) or None, embedding (N, D)) as float32."""
+        import numpy as np
+
+        from tasks.images import decode_batch
+
+        x = decode_batch(images, self.image_size)
+        if self.model is None:
+            return None, x.reshape(len(x), -1).astype(np.float32)
+        torch = self._torch
+        probs, embeds = [], []
+        with torch.no_grad():
+            for i in range(0, len(x), 512):
+                h = torch.flatten(self.model.features(torch.as_tensor(x[i:i + 512])), 1)
+                embeds.append(h.numpy())
+                probs.append(torch.softmax(self.model.classifier(h), dim=1).numpy())
+        return np.concatenate(probs).astype(np.float32), np.concatenate(embeds).astype(np.float32)
+
+    def accuracy(self, probs: "np.ndarray | None", labels: list[str]) -> float | None:
+        if probs is None or not labels:
+            return None
+        predicted = probs.argmax(axis=1)
+        return float(sum(self.classes[p] == y for p, y in zip(predicted, labels)) / len(labels))
+
+
+# --------------------------------------------------------------------------- detectors
+
+
+@dataclass
+class Detectors:
+    folder: Path
+    ks: Any  # alibi-detect KSDrift on the softmax, or None (pixels)
+    mmd: Any  # alibi-detect MMDDrift on the projected embedding
+    mean: "np.ndarray"
+    basis: "np.ndarray"
+    meta: dict  # classes, class proportions, test accuracy, sizes, method
+
+    def project(self, embedding: "np.ndarray") -> "np.ndarray":
+        import numpy as np
+
+        return ((embedding.astype(np.float64) - self.mean) @ self.basis).astype(np.float32)
+
+
+def _pca(x: "np.ndarray", k: int) -> tuple["np.ndarray", "np.ndarray"]:
     import numpy as np
 
-    return np.ascontiguousarray(images.reshape(len(images), -1), dtype=np.float32)
-
-
-def pca_reduce(x_ref: "np.ndarray", x_cur: "np.ndarray", n_components: int = PCA_COMPONENTS) -> tuple["np.ndarray", "np.ndarray"]:
-    """Project both samples on the top principal components of the reference (numpy SVD)."""
-    import numpy as np
-
-    k = min(n_components, x_ref.shape[0] - 1, x_ref.shape[1])
-    if k < 1 or k >= x_ref.shape[1]:
-        return x_ref.astype(np.float32), x_cur.astype(np.float32)
-    ref = x_ref.astype(np.float64)
+    ref = x.astype(np.float64)
     mean = ref.mean(axis=0)
+    k = max(1, min(k, ref.shape[0] - 1, ref.shape[1]))
     _, _, vt = np.linalg.svd(ref - mean, full_matrices=False)
-    basis = vt[:k].T
-    project = lambda x: ((x.astype(np.float64) - mean) @ basis).astype(np.float32)  # noqa: E731
-    return project(x_ref), project(x_cur)
+    return mean, vt[:k].T
 
 
-# --------------------------------------------------------------------------- the test
+def detector_folder(settings: Settings, reference: DriftReference, method_key: str) -> Path:
+    cfg = settings.drift
+    key = hashlib.sha256(json.dumps({
+        "table": reference.table, "version": reference.version, "model": str(reference.model_version),
+        "max_reference": cfg.max_reference, "mmd_reference": cfg.mmd_reference, "p": cfg.p_value,
+        "perm": cfg.n_permutations, "size": cfg.image_size, "method": method_key, "salt": SAMPLE_SALT,
+    }, sort_keys=True).encode()).hexdigest()[:12]
+    name = f"{settings.registry.model_name}-v{reference.model_version}-{key}"
+    return settings.reports_path / "drift" / "detectors" / name
 
 
-def _mmd_test(x_ref: "np.ndarray", x_cur: "np.ndarray", settings: Settings) -> tuple[bool, float, float, float]:
-    """alibi-detect MMD permutation test; returns (is_drift, p_value, distance, distance_threshold)."""
-    import torch
-    from alibi_detect.cd import MMDDrift
+def load_or_fit(settings: Settings, reference: DriftReference, featurizer: Featurizer) -> Detectors:
+    """The champion's detectors: loaded when fitted before for this champion and settings, else fitted and saved."""
+    import numpy as np
+    from alibi_detect.saving import load_detector, save_detector
 
-    # fork_rng: seed the permutations without disturbing the caller's torch RNG state.
-    with torch.random.fork_rng(devices=[]):
+    folder = detector_folder(settings, reference, featurizer.method)
+    meta_file = folder / "meta.json"
+    if meta_file.exists():
+        meta = json.loads(meta_file.read_text())
+        basis = np.load(folder / "pca.npz")
+        return Detectors(folder, load_detector(folder / "ks") if meta["has_ks"] else None,
+                         load_detector(folder / "mmd"), basis["mean"], basis["basis"], meta)
+
+    from alibi_detect.cd import KSDrift, MMDDrift
+
+    cfg = settings.drift
+    alpha = cfg.p_value / len(TESTS)
+    # Held out from fitting: on its own training images a model is more confident than on any unseen
+    # image, so a train-split reference would call every new batch "drift" (measured: p = 0).
+    sample, _ = _read_sample(reference.table, reference.version, cfg.max_reference, "reference",
+                             splits=REFERENCE_SPLITS)
+    if len(sample.shas) < MIN_SAMPLES:
+        raise DriftBlockedError(f"the champion's data {reference.table} v{reference.version} has {len(sample.shas)} "
+                                f"held-out ({'/'.join(REFERENCE_SPLITS)}) images; the drift reference needs {MIN_SAMPLES}")
+    probs, embedding = featurizer(sample.images)
+    mean, basis = _pca(embedding, PCA_COMPONENTS)
+    projected = ((embedding.astype(np.float64) - mean) @ basis).astype(np.float32)
+    mmd_rows = sample_rows(sample.shas, cfg.mmd_reference, "mmd-reference")
+    with _seeded():
+        mmd = MMDDrift(projected[mmd_rows], backend="pytorch", p_val=alpha, n_permutations=cfg.n_permutations,
+                       device="cpu")
+    ks = KSDrift(probs, p_val=alpha, correction="bonferroni") if probs is not None else None
+    test, _ = _read_sample(reference.table, reference.version, cfg.max_reference, "reference-test", splits=("test",))
+    test_probs = featurizer(test.images)[0] if test.images else None
+    counts = Counter(sample.labels)
+    meta = {
+        "has_ks": ks is not None, "method": featurizer.method, "classes": featurizer.classes,
+        "class_counts": dict(sorted(counts.items())),
+        "class_proportions": {c: n / len(sample.labels) for c, n in sorted(counts.items())},
+        "n_reference": len(sample.shas), "n_mmd_reference": len(mmd_rows), "n_test": len(test.shas),
+        "test_accuracy": featurizer.accuracy(test_probs, test.labels),
+        "reference_projection": projected[:, :2][sample_rows(sample.shas, 1000, "plot")].tolist(),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    save_detector(mmd, folder / "mmd")
+    if ks is not None:
+        save_detector(ks, folder / "ks")
+    np.savez(folder / "pca.npz", mean=mean, basis=basis)
+    write_json(meta_file, meta)  # last: a folder without meta.json is refitted
+    return Detectors(folder, ks, mmd, mean, basis, meta)
+
+
+class _seeded:
+    """Seed torch for the permutation test without disturbing the caller's RNG state."""
+
+    def __enter__(self):
+        import torch
+
+        self._fork = torch.random.fork_rng(devices=[])
+        self._fork.__enter__()
         torch.manual_seed(PERMUTATION_SEED)
-        detector = MMDDrift(
-            x_ref,
-            backend="pytorch",
-            p_val=settings.drift.p_value,
-            n_permutations=settings.drift.n_permutations,
-            device="cpu",  # same answer on any machine; a few hundred rows need no GPU
-        )
-        prediction = detector.predict(x_cur, return_p_val=True, return_distance=True)
-    data = prediction["data"]
-    return (
-        bool(data["is_drift"]),
-        float(data["p_val"]),
-        float(data["distance"]),
-        float(data["distance_threshold"]),
-    )
+
+    def __exit__(self, *exc):
+        return self._fork.__exit__(*exc)
+
+
+# --------------------------------------------------------------------------- the tests
+
+
+def run_tests(detectors: Detectors, featurizer: Featurizer, sample: Sample, alpha: float) -> tuple[list[dict], dict]:
+    """The three tests on one sample; (tests, extra: accuracy, projection, class counts)."""
+    from scipy import stats
+
+    probs, embedding = featurizer(sample.images)
+    projected = detectors.project(embedding)
+    tests: list[dict] = []
+    if detectors.ks is not None:
+        data = detectors.ks.predict(probs, return_p_val=True, return_distance=True)["data"]
+        p_values = [float(p) for p in data["p_val"]]
+        k = len(p_values)
+        tests.append({"name": "softmax_ks", "p_value": min(1.0, min(p_values) * k), "threshold": alpha,
+                      "drift": bool(data["is_drift"]), "statistic": float(max(data["distance"])),
+                      "per_class_p": dict(zip(detectors.meta["classes"], p_values))})
+    with _seeded():
+        data = detectors.mmd.predict(projected, return_p_val=True, return_distance=True)["data"]
+    tests.append({"name": "embedding_mmd", "p_value": float(data["p_val"]), "threshold": alpha,
+                  "drift": bool(data["is_drift"]), "statistic": float(data["distance"])})
+    # Two samples, both counted: a contingency test, since the reference's proportions are estimates too.
+    reference = detectors.meta["class_counts"]
+    counts = Counter(sample.labels)
+    classes = sorted(set(reference) | set(counts))
+    chi = stats.chi2_contingency([[reference.get(c, 0) for c in classes], [counts.get(c, 0) for c in classes]])
+    tests.append({"name": "label_chi2", "p_value": float(chi.pvalue), "threshold": alpha,
+                  "drift": bool(chi.pvalue < alpha), "statistic": float(chi.statistic),
+                  "unseen_classes": sorted(set(counts) - set(reference))})
+    extra = {"accuracy": featurizer.accuracy(probs, sample.labels), "class_counts": dict(sorted(counts.items())),
+             "projection": projected[:, :2][:1000].tolist()}
+    return tests, extra
 
 
 # --------------------------------------------------------------------------- report
 
 
 def report_file(settings: Settings, current_version: int, reference_version: int | None) -> Path:
-    name = (
-        f"current_v{current_version}_skipped.json"
-        if reference_version is None
-        else f"current_v{current_version}_ref_v{reference_version}.json"
-    )
+    name = (f"current_v{current_version}_skipped.json" if reference_version is None
+            else f"current_v{current_version}_ref_v{reference_version}.json")
     return settings.reports_path / "drift" / name
 
 
 def _finish(result: DriftResult, settings: Settings, extra: dict[str, Any]) -> DriftResult:
-    payload = {
-        **result.to_dict(),
-        "is_drift": result.is_drift,
-        "settings": settings.drift.model_dump(mode="json"),
-        **extra,
-    }
-    write_json(Path(result.report_path), payload)
+    path = Path(result.report_path)
+    if extra.get("plots"):
+        from tasks.drift_report import write_html
+
+        result = dataclasses.replace(result, html_path=str(write_html(path.with_suffix(".html"), result, extra)))
+    write_json(path, {**result.to_dict(), "is_drift": result.is_drift,
+                      "settings": settings.drift.model_dump(mode="json"),
+                      **{k: v for k, v in extra.items() if k != "plots"}})
     log.info("drift %s: %s (report %s)", result.status, result.reason, result.report_path)
     return result
 
 
-def check_drift(
-    settings: Settings,
-    current_table: str,
-    current_version: int,
-    reference: DriftReference | None,
-    run_id: str,
-) -> DriftResult:
-    """Compare the current training data with the champion's; always writes a JSON report."""
-    threshold = settings.drift.p_value
+def _skip(settings: Settings, template: DriftResult, reason: str) -> DriftResult:
+    return _finish(dataclasses.replace(template, status="skipped", reason=reason), settings, {})
+
+
+# --------------------------------------------------------------------------- the check
+
+
+def check_drift(settings: Settings, current_table: str, current_version: int, reference: DriftReference | None,
+                run_id: str) -> DriftResult:
+    """Compare the new data with the champion's training data; always writes a report. Never raises on drift."""
+    cfg = settings.drift
+    template = DriftResult(
+        status="skipped", reason="", reference_table=reference.table if reference else None,
+        reference_version=reference.version if reference else None,
+        champion_version=str(reference.model_version) if reference else None, current_table=current_table,
+        current_version=current_version, p_value=None, threshold=cfg.p_value, n_reference=0, n_current=0,
+        report_path=str(report_file(settings, current_version, reference.version if reference else None)),
+        policy=cfg.policy, run_id=run_id,
+    )
     if reference is None:
-        path = report_file(settings, current_version, None)
-        result = DriftResult(
-            status="skipped",
-            reason=f"no champion in {settings.env}: first run, nothing to compare against",
-            reference_table=None,
-            reference_version=None,
-            champion_version=None,
-            current_table=current_table,
-            current_version=current_version,
-            p_value=None,
-            distance=None,
-            threshold=threshold,
-            n_reference=0,
-            n_current=_count_train_rows(current_table, current_version),
-            report_path=str(path),
-            run_id=run_id,
-        )
-        return _finish(result, settings, {"feature_method": None})
+        return _skip(settings, template, f"no champion in {settings.env}: first run, nothing to compare against")
+    fresh = new_images(current_table, current_version, reference)
+    template = dataclasses.replace(template, n_new=len(fresh))
+    if len(fresh) < MIN_SAMPLES:
+        return _skip(settings, template, f"{len(fresh)} new image(s) since the champion's training data "
+                                         f"{reference.table} v{reference.version}: nothing to test (need {MIN_SAMPLES})")
 
     started = time.perf_counter()
-    path = report_file(settings, current_version, reference.version)
-    ref_shas, ref_images, ref_labels = _train_sample(settings, reference.table, reference.version, "reference")
-    cur_shas, cur_images, cur_labels = _train_sample(settings, current_table, current_version, "current")
-    template = DriftResult(
-        status="skipped",
-        reason="",
-        reference_table=reference.table,
-        reference_version=reference.version,
-        champion_version=reference.model_version,
-        current_table=current_table,
-        current_version=current_version,
-        p_value=None,
-        distance=None,
-        threshold=threshold,
-        n_reference=len(ref_shas),
-        n_current=len(cur_shas),
-        report_path=str(path),
-        n_overlap=len(set(ref_shas) & set(cur_shas)),
-        run_id=run_id,
-    )
-    extra: dict[str, Any] = {
-        "feature_method": FEATURE_METHOD,
-        "label_counts": {
-            "reference": dict(sorted(ref_labels.items())),
-            "current": dict(sorted(cur_labels.items())),
-        },
-    }
+    model_uri = f"models:/{settings.registry.model_name}/{reference.model_version}" if reference.model_version else None
+    alpha = cfg.p_value / len(TESTS)
+    new, _ = _read_sample(current_table, current_version, cfg.max_samples, "new", splits=None, only=fresh)
+    whole_sample, _ = _read_sample(current_table, current_version, cfg.max_samples, "whole", splits=REFERENCE_SPLITS)
+    with _seeded():  # building the model and (re)fitting detectors draw random numbers: not the caller's
+        featurizer = Featurizer(settings, model_uri)
+        detectors = load_or_fit(settings, reference, featurizer)
+        tests, extra_new = run_tests(detectors, featurizer, new, alpha)
+        whole_tests, extra_whole = run_tests(detectors, featurizer, whole_sample, alpha)
 
-    if len(ref_shas) < MIN_SAMPLES or len(cur_shas) < MIN_SAMPLES:
-        reason = (
-            f"too few train rows to test (reference v{reference.version}: {len(ref_shas)}, "
-            f"current v{current_version}: {len(cur_shas)}; need at least {MIN_SAMPLES} each)"
-        )
-        return _finish(dataclasses.replace(template, reason=reason), settings, extra)
-
-    from tasks.images import decode_batch
-
-    size = settings.drift.image_size
-    x_ref, x_cur = pca_reduce(features(decode_batch(ref_images, size)), features(decode_batch(cur_images, size)))
-    is_drift, p_value, distance, distance_threshold = _mmd_test(x_ref, x_cur, settings)
-    versus = f"current v{current_version} vs reference v{reference.version}" + (
-        f" (champion {reference.model_version})" if reference.model_version else ""
-    )
-    if is_drift:
-        reason = f"drift: {versus}, MMD p-value {p_value:.4f} < {threshold}"
-    else:
-        reason = f"no drift: {versus}, MMD p-value {p_value:.4f} >= {threshold}"
+    drifted = [t["name"] for t in tests if t["drift"]]
+    test_accuracy = detectors.meta.get("test_accuracy")
+    severity = {"champion_test_accuracy": test_accuracy, "champion_new_accuracy": extra_new["accuracy"],
+                "accuracy_drop": (round(test_accuracy - extra_new["accuracy"], 4)
+                                  if test_accuracy is not None and extra_new["accuracy"] is not None else None)}
+    versus = (f"{len(new.shas)} new images of v{current_version} vs the champion's training data "
+              f"v{reference.version} (champion v{reference.model_version})")
+    smallest = min(t["p_value"] for t in tests)
+    reason = (f"drift in {', '.join(drifted)}: {versus}" if drifted else f"no drift: {versus}") + (
+        f"; champion accuracy {extra_new['accuracy']:.3f} on them vs {test_accuracy:.3f} on its test split"
+        if severity["accuracy_drop"] is not None else "")
     result = dataclasses.replace(
-        template,
-        status="drift" if is_drift else "no_drift",
-        reason=reason,
-        p_value=p_value,
-        distance=distance,
-        distance_threshold=distance_threshold,
+        template, status="drift" if drifted else "no_drift", reason=reason, p_value=smallest,
+        n_reference=detectors.meta["n_reference"], n_current=len(new.shas), tests=tests, severity=severity,
+        whole={"n": len(whole_sample.shas), "tests": whole_tests, "accuracy": extra_whole["accuracy"],
+               "drift": any(t["drift"] for t in whole_tests)},
+        feature_method=featurizer.method,
     )
-    extra["n_features"] = int(x_ref.shape[1])
-    log.info("drift check took %.2fs", time.perf_counter() - started)
-    return _finish(result, settings, extra)
+    seconds = round(time.perf_counter() - started, 3)
+    log.info("drift check took %.2fs (detectors %s)", seconds, detectors.folder)
+    return _finish(result, settings, {
+        "seconds": seconds, "detectors": str(detectors.folder), "alpha_per_test": alpha,
+        "label_counts": {"reference": detectors.meta["class_proportions"], "new": extra_new["class_counts"]},
+        "plots": {"reference": detectors.meta["reference_projection"], "new": extra_new["projection"]},
+    })
+
+
+def enforce_policy(settings: Settings, result: DriftResult) -> None:
+    """``block``: a drifted check stops training with its reason. ``warn``: nothing here (the DAG alerts)."""
+    if result.is_drift and settings.drift.policy == "block":
+        raise DriftBlockedError(f"training blocked by drift policy in {settings.env}: {result.reason} "
+                                f"(report {result.report_path})")
+
+
+def log_report(settings: Settings, mlflow_run_id: str, drift: dict[str, Any]) -> None:
+    """Attach the drift report (JSON, HTML page and its plots) to the training run as ``drift/`` artifacts."""
+    from tasks.registry import mlflow_client
+
+    report = Path(drift.get("report_path") or "")
+    files = [report] if report.is_file() else []
+    if drift.get("html_path"):
+        page = Path(drift["html_path"])
+        files += [page, *sorted(page.parent.glob(f"{page.stem}_*.png"))]
+    client = mlflow_client(settings)
+    for f in files:
+        if f.is_file():
+            client.log_artifact(mlflow_run_id, str(f), artifact_path="drift")

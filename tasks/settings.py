@@ -139,10 +139,15 @@ class CurationSettings(_Section):
 
 
 class DriftSettings(_Section):
-    p_value: float = Field(gt=0.0, lt=1.0)
-    max_samples: int = Field(gt=1)
-    image_size: int = Field(gt=0)
+    """tasks/drift.py: new data against the champion's training data, on the champion's own features."""
+
+    p_value: float = Field(gt=0.0, lt=1.0)  # family-wise level of the whole check (its tests share it)
+    max_samples: int = Field(gt=1)  # new images tested per check (hash sample)
+    image_size: int = Field(gt=0)  # pixel fallback only: the champion's own image size otherwise
     n_permutations: int = Field(gt=0)
+    max_reference: int = Field(default=10000, gt=1)  # reference images the detectors are fitted on
+    mmd_reference: int = Field(default=1000, gt=1)  # of those, the MMD test's (its cost grows with the square)
+    policy: Literal["warn", "block"] = "warn"  # block: a drifted batch stops training and alerts on-call
 
 
 class KubernetesTrainerSettings(_Section):

@@ -24,7 +24,7 @@ EXPECTED = {
     "cd4ml_curate": {"curate": set()},
     "cd4ml_train": {
         "resolve_input": {"drift_check", "create_study", "tune_trial", "train", "evaluate_gate"},
-        "drift_check": {"train"},
+        "drift_check": {"train", "register"},
         "create_study": {"trial_indices", "tune_trial", "best_params"},
         "trial_indices": {"tune_trial"},
         "tune_trial": {"best_params"},

@@ -76,7 +76,7 @@ def test_pipeline_end_to_end_and_idempotent(private_env):
     _dag_test("cd4ml_ingest", env)
     _dag_test("cd4ml_curate", env)
     out = _dag_test("cd4ml_train", env, conf={"dataset_version": "digits-1"})
-    assert "drift: no_drift" in out  # now there is a champion, trained on the same data
+    assert "drift: skipped (0 new image(s) since the champion's training data" in out  # same data: nothing to test
     second = _status(env)
     for name, table in second["tables"].items():
         assert (table["version"], table["rows"]) == (tables[name]["version"], tables[name]["rows"]), name
