@@ -25,6 +25,17 @@ own model via ``compute_features`` (``embedding: fastdup``; one fastdup run for 
 every cell; skip it with ``--no-fastdup``). Every image is encoded (PNG, or JPEG for ``jpeg``)
 and embedded from its bytes, exactly as curation does.
 
+Pairwise candidate ``aligned``: ``bench.copy_similarity.copy_score`` (alignment-, blur- and
+brightness-tolerant NCC; skip it with ``--no-aligned``), scored on exactly the same copies. It
+re-scores candidate pairs, so its hardest distinct image of an original is the highest aligned
+score among the original's top-5 same-class neighbours by ``pixels fs=8`` cosine (alignment can
+lift a neighbour that was not the cosine's first). Its digits count: of the digits at 8 px, how
+many have another digit at or above the threshold among their top-10 neighbours by that cosine.
+Reported for every candidate: each cell x transformation at the one threshold of scope ``all``,
+and whether the product requirement (precision >= 99%, recall >= 95% in every cell and
+transformation, false drops <= 1% in every cell) is met there; for ``aligned``, microseconds
+per pair and per signature.
+
 Threshold: for each embedding and cell, the lowest threshold at which at most 1% of the
 originals have their hardest distinct image at or above it (false drops <= 1%): recall of
 copies is highest there. A scope (``all`` six cells, ``digits``, ``tiles``) gets one threshold,
@@ -36,7 +47,7 @@ how many have another digit at or above the threshold (all pairs of the pool: 1,
 mode), and recall and false drops at the configured ``curation.drop_similarity`` and
 ``near_duplicate_threshold``.
 
-Usage: python bench/dedup_calibration.py [--quick] [--no-fastdup] [--seed 0]
+Usage: python bench/dedup_calibration.py [--quick] [--no-fastdup] [--no-aligned] [--seed 0] [--out PATH]
 (prints Markdown tables, writes bench/results/dedup_calibration.json)
 """
 
@@ -72,6 +83,11 @@ FLAT_STD = 8.0  # grey std (0..255) below which a tile counts as flat and is lef
 SKIMAGE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "moon", "brick", "grass",
                   "gravel", "hubble_deep_field", "immunohistochemistry", "retina")
 SCOPES = {"all": ("digits", "tiles"), "digits": ("digits",), "tiles": ("tiles",)}
+ALIGNED = "aligned"  # candidate name of bench.copy_similarity.copy_score
+ALIGNED_BASE = "pixels fs=8"  # the embedding whose cosine proposes the candidate pairs the aligned score re-scores
+ALIGNED_TOP_DISTINCT = 5  # hardest distinct for the aligned score: max over this many top same-class neighbours
+DIGITS_TOP_NEIGHBOURS = 10  # digits count for the aligned score: each digit's top neighbours by base cosine
+TARGET = {"precision": 0.99, "recall": 0.95, "false_drops": 0.01}  # the product requirement
 CELLS = (("digits", 8), ("digits", 32), ("digits", 64), ("tiles", 32), ("tiles", 64), ("tiles", 128))
 
 # Per mode: digits pool (all 1,797 in full), originals per cell, tile pool cap per photo and size.
@@ -313,12 +329,16 @@ def _q(x: np.ndarray, p: float) -> float:
 
 
 def measure(cell: Cell, pool: np.ndarray, copies: np.ndarray) -> dict:
-    rows = cell.originals
-    hard, _ = hardest_distinct(pool, cell.labels, rows)
-    row_of = {r: k for k, r in enumerate(rows)}
+    hard, _ = hardest_distinct(pool, cell.labels, cell.originals)
     orig = np.asarray([c[0] for c in cell.copies])
+    return measure_sims(cell, np.einsum("ij,ij->i", copies, pool[orig]), hard)
+
+
+def measure_sims(cell: Cell, copy_sims: np.ndarray, hard: np.ndarray) -> dict:
+    """Summary of one cell from each copy's similarity to its original and each original's hardest distinct one."""
+    rows = cell.originals
+    row_of = {r: k for k, r in enumerate(rows)}
     kinds = np.asarray([c[1] for c in cell.copies])
-    copy_sims = np.einsum("ij,ij->i", copies, pool[orig])
     per_kind = {}
     for kind in TRANSFORMS:
         s = np.nan_to_num(copy_sims[kinds == kind], nan=-1.0)
@@ -352,6 +372,105 @@ def digits_at_threshold(pool: np.ndarray, labels: list[str], t: float) -> dict:
             "pairs_same_label": int((((sims >= t) & same).sum()) // 2)}
 
 
+# ---------------------------------------------------------------- aligned copy score (bench.copy_similarity)
+
+
+def top_distinct(pool: np.ndarray, labels: list[str], rows: list[int], k: int) -> np.ndarray:
+    """For each pool row in ``rows``: its ``k`` most similar other pool images of the same class (highest cosine first)."""
+    lab = np.asarray(labels)
+    sims = pool[rows] @ pool.T
+    sims = np.where(lab[rows][:, None] == lab[None, :], sims, -np.inf)
+    sims[np.arange(len(rows)), rows] = -np.inf
+    sims = np.nan_to_num(sims, nan=-np.inf)
+    return np.argsort(-sims, axis=1, kind="stable")[:, :k]
+
+
+class AlignedScorer:
+    """``copy_signature`` once per image (cached by cell and pool index), ``copy_score`` per pair, both timed."""
+
+    def __init__(self) -> None:
+        from bench import copy_similarity
+
+        self.cs = copy_similarity
+        self.sigs: dict[tuple[int, int], np.ndarray] = {}
+        self.sig_seconds = 0.0
+        self.signatures = 0
+        self.pair_seconds = 0.0
+        self.pairs = 0
+
+    def signature(self, data: bytes) -> np.ndarray:
+        start = time.perf_counter()
+        sig = self.cs.copy_signature(data)
+        self.sig_seconds += time.perf_counter() - start
+        self.signatures += 1
+        return sig
+
+    def pool_sig(self, ci: int, cell: Cell, i: int) -> np.ndarray:
+        if (ci, i) not in self.sigs:
+            self.sigs[(ci, i)] = self.signature(cell.pool[i])
+        return self.sigs[(ci, i)]
+
+    def score(self, a: np.ndarray, b: np.ndarray) -> float:
+        start = time.perf_counter()
+        out = self.cs.copy_score(a, b)
+        self.pair_seconds += time.perf_counter() - start
+        self.pairs += 1
+        return out
+
+
+def measure_aligned(cells: list[Cell], base: list[tuple[np.ndarray, np.ndarray]], scorer: AlignedScorer,
+                    k: int = ALIGNED_TOP_DISTINCT) -> tuple[list[dict], list[np.ndarray]]:
+    """The aligned score on the same copies and hardest distinct images as the embeddings.
+
+    Hardest distinct: the ``k`` same-class images with the highest base (``pixels fs=8``) cosine,
+    scored by the aligned score, the highest kept (alignment can lift a neighbour that was not the
+    cosine's top one). Also returned per cell: the aligned scores of all ``k`` candidates.
+    """
+    measured, hard_all = [], []
+    for ci, (cell, (pool, _)) in enumerate(zip(cells, base)):
+        top = top_distinct(pool, cell.labels, cell.originals, k)
+        hard_k = np.asarray([[scorer.score(scorer.pool_sig(ci, cell, r), scorer.pool_sig(ci, cell, int(j))) for j in tj]
+                             for r, tj in zip(cell.originals, top)])
+        copy_sims = np.asarray([scorer.score(scorer.signature(data), scorer.pool_sig(ci, cell, i))
+                                for i, _, data, _ in cell.copies])
+        m = measure_sims(cell, copy_sims, hard_k.max(axis=1))
+        top1 = hard_k[:, 0]
+        m["hardest_distinct_top1_only"] = {"p99": _q(top1, 99), "max": float(top1.max()),
+                                           "originals_where_top5_raised_it": int((hard_k.max(axis=1) > top1).sum())}
+        measured.append(m)
+        hard_all.append(hard_k)
+    return measured, hard_all
+
+
+def digits_top_neighbours(cell: Cell, pool: np.ndarray, scorer: AlignedScorer, thresholds: dict[str, float],
+                          k: int = DIGITS_TOP_NEIGHBOURS) -> dict:
+    """Digits at 8 px: how many have another digit at or above each threshold among their ``k`` nearest by base cosine."""
+    sims = pool @ pool.T
+    np.fill_diagonal(sims, -np.inf)
+    sims = np.nan_to_num(sims, nan=-np.inf)
+    top = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+    pairs = {tuple(sorted((int(i), int(j)))) for i in range(len(top)) for j in top[i]}
+    score = {p: scorer.score(scorer.pool_sig(0, cell, p[0]), scorer.pool_sig(0, cell, p[1])) for p in sorted(pairs)}
+    lab = np.asarray(cell.labels)
+    out = {}
+    for name, t in thresholds.items():
+        hit = [(i, j) for (i, j), v in score.items() if v >= t]
+        same = [(i, j) for i, j in hit if lab[i] == lab[j]]
+        out[name] = {"threshold": t, "digits": len(top), "neighbours_per_digit": k, "pairs_scored": len(score),
+                     "with_any_label_match": len({x for p in hit for x in p}),
+                     "with_same_label_match": len({x for p in same for x in p}),
+                     "with_other_label_match": len({x for p in hit if lab[p[0]] != lab[p[1]] for x in p}),
+                     "pairs_at_or_above": len(hit), "pairs_same_label": len(same),
+                     "examples": [(i, j, lab[i], lab[j], round(score[(i, j)], 5)) for i, j in sorted(
+                         hit, key=lambda p: -score[p])[:5]]}
+    return out
+
+
+def by_transform(copy_sims: np.ndarray, kinds: np.ndarray, hard: np.ndarray, t: float) -> dict:
+    """Recall, precision and false drops of each transformation's copies at ``t`` (false drops: the same originals)."""
+    return {kind: score(copy_sims[kinds == kind], hard, t) for kind in TRANSFORMS}
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -359,10 +478,20 @@ def _f(x: float, nd: int = 3) -> str:
     return "nan" if x != x else f"{x:.{nd}f}"
 
 
+def _aligned_config() -> dict:
+    from bench import copy_similarity as cs
+
+    names = ("GRID", "MARGIN", "TAPER", "SIGMA", "FINE_SCALES", "FINE_SHIFTS", "COARSE_SCALE_STEP",
+             "COARSE_SHIFT_STEP", "COARSE_BLURS", "REFINE_SCALE", "REFINE_SHIFT", "BLURS", "RHO0", "RHO_MIN",
+             "RHO_MAX", "CLIP_LEVELS", "CLIP_IF_MAX", "JPEG_QUALITIES", "MAX_ASPECT_RATIO")
+    return {n: getattr(cs, n) for n in names}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sample (under ~2 minutes)")
     parser.add_argument("--no-fastdup", action="store_true", help="pixel embeddings only")
+    parser.add_argument("--no-aligned", action="store_true", help="skip the aligned copy score (bench.copy_similarity)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -392,9 +521,16 @@ def main() -> None:
     conf = load_settings("sit", home=Path(tempfile.gettempdir()) / "cd4ml-bench-dedup-conf").curation
     conf_thresholds = {"drop_similarity": conf.drop_similarity,
                        "near_duplicate_threshold": conf.near_duplicate_threshold}
+    measured_by = {emb: [measure(cell, pool, copies) for cell, (pool, copies) in zip(cells, per_cell)]
+                   for emb, per_cell in embeddings.items()}
+    scorer = None
+    if not args.no_aligned:
+        s = time.perf_counter()
+        scorer = AlignedScorer()
+        measured_by[ALIGNED], _ = measure_aligned(cells, embeddings[ALIGNED_BASE], scorer)
+        timings[ALIGNED] = round(time.perf_counter() - s, 1)
     results: dict[str, dict] = {}
-    for emb, per_cell in embeddings.items():
-        measured = [measure(cell, pool, copies) for cell, (pool, copies) in zip(cells, per_cell)]
+    for emb, measured in measured_by.items():
         # One threshold per scope: the highest per-cell one, so every cell in it keeps false drops <= 1%.
         scopes = {}
         for scope, sources in SCOPES.items():
@@ -416,11 +552,44 @@ def main() -> None:
                              "max_cell_false_drop_rate": max(b["false_drop_rate"] for b in by_cell)}
         copies_all = np.concatenate([m["_copy_sims"] for m in measured])
         hard_all = np.concatenate([m["_hard"] for m in measured])
-        digits_pool = per_cell[0][0]  # digits at native 8 px: all 1,797 in full mode
+        # Every cell and transformation at the one threshold of scope "all" (the product runs one number).
+        t_all = scopes["all"]["threshold"]
+        at_all = []
+        for m, cell in zip(measured, cells):
+            kinds = np.asarray([c[1] for c in cell.copies])
+            at_all.append({"cell": m["cell"], "all": score(m["_copy_sims"], m["_hard"], t_all),
+                           "by_transform": by_transform(m["_copy_sims"], kinds, m["_hard"], t_all)})
+        misses = [(a["cell"], kind, round(v["recall"], 3)) for a in at_all for kind, v in a["by_transform"].items()
+                  if v["recall"] < TARGET["recall"]]
+        pooled_all = scopes["all"]["pooled"]
+        target = {**TARGET, "threshold": t_all, "pooled_precision": pooled_all["precision"],
+                  "min_cell_transform_recall": min(v["recall"] for a in at_all for v in a["by_transform"].values()),
+                  "max_cell_false_drop_rate": scopes["all"]["max_cell_false_drop_rate"],
+                  "recall_misses": misses,
+                  "met": bool(not misses and pooled_all["precision"] >= TARGET["precision"]
+                              and scopes["all"]["max_cell_false_drop_rate"] <= TARGET["false_drops"])}
+        configured = {}
+        if emb == ALIGNED:  # cosine settings and all-pairs counts do not apply: digits' top neighbours instead
+            digits = {}
+            s = time.perf_counter()
+            top_neighbours = digits_top_neighbours(cells[0], embeddings[ALIGNED_BASE][0][0], scorer,
+                                                   {"all": t_all, "digits": scopes["digits"]["threshold"]})
+            timings[f"{ALIGNED} digits top-{DIGITS_TOP_NEIGHBOURS}"] = round(time.perf_counter() - s, 1)
+            cost = {"pairs": scorer.pairs, "us_per_pair": round(1e6 * scorer.pair_seconds / max(scorer.pairs, 1), 1),
+                    "signatures": scorer.signatures,
+                    "us_per_signature": round(1e6 * scorer.sig_seconds / max(scorer.signatures, 1), 1)}
+            results[emb] = {"cells": measured, "scopes": scopes, "at_all_threshold": at_all, "target": target,
+                            "digits_8px_all_pairs": digits, "digits_8px_top_neighbours": top_neighbours,
+                            "configured": configured, "cost": cost, "base": ALIGNED_BASE,
+                            "top_distinct": ALIGNED_TOP_DISTINCT}
+            for m in measured:
+                for k in ("_copy_sims", "_hard", "_row_of"):
+                    m.pop(k)
+            continue
+        digits_pool = embeddings[emb][0][0]  # digits at native 8 px: all 1,797 in full mode
         digits = {name: digits_at_threshold(digits_pool, cells[0].labels, t) for name, t in
                   [("all", scopes["all"]["threshold"]), ("digits", scopes["digits"]["threshold"]),
                    ("drop_similarity", conf_thresholds["drop_similarity"])]}
-        configured = {}
         for name, t in conf_thresholds.items():
             by_cell = [score(m["_copy_sims"], m["_hard"], t) for m in measured]
             configured[name] = {"threshold": t, "pooled": score(copies_all, hard_all, t),
@@ -429,8 +598,8 @@ def main() -> None:
         for m in measured:
             for k in ("_copy_sims", "_hard", "_row_of"):
                 m.pop(k)
-        results[emb] = {"cells": measured, "scopes": scopes, "digits_8px_all_pairs": digits,
-                        "configured": configured}
+        results[emb] = {"cells": measured, "scopes": scopes, "at_all_threshold": at_all, "target": target,
+                        "digits_8px_all_pairs": digits, "configured": configured}
 
     # ---- print
     print(f"# Dedup calibration ({mode_name}, seed {args.seed})\n")
@@ -468,6 +637,51 @@ def main() -> None:
             print(f"| {emb} | {scope} | {_f(g['threshold'], 4)} | {_f(g['pooled']['recall'])} "
                   f"| {_f(g['pooled']['precision'])} | {_f(g['pooled']['false_drop_rate'])} "
                   f"| {_f(g['min_cell_recall'])} ({g['worst_cell']}) | {_f(g['max_cell_false_drop_rate'])} | {kinds} |")
+    print("\n## Every cell and transformation at the one threshold of scope \"all\": recall by transformation, "
+          "and the cell's precision and false drops\n")
+    print("| embedding | threshold | cell | " + " | ".join(TRANSFORMS) + " | all copies | precision | false drops |")
+    print("|---|---:|---|" + "---:|" * (len(TRANSFORMS) + 3))
+    for emb, r in results.items():
+        for a in r["at_all_threshold"]:
+            cols = " | ".join(_f(a["by_transform"][k]["recall"]) for k in TRANSFORMS)
+            print(f"| {emb} | {_f(r['target']['threshold'], 4)} | {a['cell']} | {cols} | {_f(a['all']['recall'])} "
+                  f"| {_f(a['all']['precision'])} | {_f(a['all']['false_drop_rate'])} |")
+    print(f"\n## Product requirement (precision >= {TARGET['precision']}, recall >= {TARGET['recall']} in every cell and "
+          f"transformation, false drops <= {TARGET['false_drops']} in every cell), at the \"all\" threshold\n")
+    print("| embedding | threshold | met | pooled precision | lowest cell x transformation recall "
+          "| worst-cell false drops | misses (cell, transformation, recall) |")
+    print("|---|---:|---|---:|---:|---:|---|")
+    for emb, r in results.items():
+        g = r["target"]
+        misses = "; ".join(f"{c} {k} {v:.2f}" for c, k, v in g["recall_misses"][:8])
+        more = len(g["recall_misses"]) - 8
+        print(f"| {emb} | {_f(g['threshold'], 4)} | {'yes' if g['met'] else 'no'} | {_f(g['pooled_precision'])} "
+              f"| {_f(g['min_cell_transform_recall'])} | {_f(g['max_cell_false_drop_rate'])} "
+              f"| {misses}{f' (+{more} more)' if more > 0 else ''} |")
+    if ALIGNED in results:
+        r = results[ALIGNED]
+        c = r["cost"]
+        print(f"\n## Aligned copy score (bench.copy_similarity.copy_score, re-scoring pairs proposed by {ALIGNED_BASE})\n")
+        print(f"Cost: {c['us_per_pair']} us per pair over {c['pairs']} pairs; {c['us_per_signature']} us per "
+              f"signature over {c['signatures']} images (one core, load average {os.getloadavg()[0]:.1f} now). "
+              f"Hardest distinct = max of the aligned score over the top-{ALIGNED_TOP_DISTINCT} same-class neighbours "
+              f"by {ALIGNED_BASE} cosine.\n")
+        print("| cell | hardest distinct p99 / max (top-5) | top-1 only p99 / max | originals where top-5 raised it |")
+        print("|---|---|---|---:|")
+        for m in r["cells"]:
+            h, h1 = m["hardest_distinct"], m["hardest_distinct_top1_only"]
+            print(f"| {m['cell']} | {_f(h['p99'], 4)} / {_f(h['max'], 4)} | {_f(h1['p99'], 4)} / {_f(h1['max'], 4)} "
+                  f"| {h1['originals_where_top5_raised_it']} |")
+        print(f"\nDigits at native 8 px, each digit's top-{DIGITS_TOP_NEIGHBOURS} neighbours by {ALIGNED_BASE} cosine "
+              "(any label), aligned score at or above the threshold:\n")
+        print("| threshold (scope) | digits | pairs scored | with any match | with a same-label match "
+              "| with an other-label match | pairs at or above | top pairs (i, j, labels, score) |")
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
+        for name, d in r["digits_8px_top_neighbours"].items():
+            ex = "; ".join(f"{i}-{j} ({a}/{b}) {v:.4f}" for i, j, a, b, v in d["examples"][:3])
+            print(f"| {_f(d['threshold'], 4)} ({name}) | {d['digits']} | {d['pairs_scored']} "
+                  f"| {d['with_any_label_match']} | {d['with_same_label_match']} | {d['with_other_label_match']} "
+                  f"| {d['pairs_at_or_above']} | {ex} |")
     print("\n## Digits at native 8 px, all pairs: digits with another digit at or above the threshold\n")
     print("| embedding | threshold (scope) | digits | with a same-label match | with any match | same-label pairs |")
     print("|---|---|---:|---:|---:|---:|")
@@ -490,6 +704,7 @@ def main() -> None:
                                                                   "max_false_drops": MAX_FALSE_DROPS,
                                                                   "photos": ["china", "flower", *SKIMAGE_PHOTOS]},
                "load_average_start": load_before[0], "timings_s": timings, "fastdup": fastdup_info,
+               "aligned_config": _aligned_config() if scorer is not None else None,
                "copy_params_example": {k: [c[3] for c in cells[3].copies if c[1] == k][:3] for k in TRANSFORMS},
                "results": results, "total_seconds": round(time.perf_counter() - t0, 1)}
     args.out.write_text(json.dumps(payload, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
