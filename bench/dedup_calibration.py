@@ -25,7 +25,7 @@ own model via ``compute_features`` (``embedding: fastdup``; one fastdup run for 
 every cell; skip it with ``--no-fastdup``). Every image is encoded (PNG, or JPEG for ``jpeg``)
 and embedded from its bytes, exactly as curation does.
 
-Pairwise candidate ``aligned``: ``bench.copy_similarity.copy_score`` (alignment-, blur- and
+Pairwise candidate ``aligned``: ``tasks.copy_score.copy_score`` (alignment-, blur- and
 brightness-tolerant NCC; skip it with ``--no-aligned``), scored on exactly the same copies. It
 re-scores candidate pairs, so its hardest distinct image of an original is the highest aligned
 score among the original's top-5 same-class neighbours by ``pixels fs=8`` cosine (alignment can
@@ -44,8 +44,8 @@ counts a copy at or above the threshold as a true drop and an original's hardest
 at or above it as a false drop (6 copies but 1 hardest negative per original, so precision is
 optimistic; the false-drop rate is the number to hold). Also: for the digits at native 8 px,
 how many have another digit at or above the threshold (all pairs of the pool: 1,797 in full
-mode), and recall and false drops at the configured ``curation.drop_similarity`` and
-``near_duplicate_threshold``.
+mode), and recall and false drops at the configured ``near_duplicate_threshold`` (and, for the
+aligned score, the digits count at ``curation.copy_similarity``).
 
 Usage: python bench/dedup_calibration.py [--quick] [--no-fastdup] [--no-aligned] [--seed 0] [--out PATH]
 (prints Markdown tables, writes bench/results/dedup_calibration.json)
@@ -83,7 +83,7 @@ FLAT_STD = 8.0  # grey std (0..255) below which a tile counts as flat and is lef
 SKIMAGE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "moon", "brick", "grass",
                   "gravel", "hubble_deep_field", "immunohistochemistry", "retina")
 SCOPES = {"all": ("digits", "tiles"), "digits": ("digits",), "tiles": ("tiles",)}
-ALIGNED = "aligned"  # candidate name of bench.copy_similarity.copy_score
+ALIGNED = "aligned"  # candidate name of tasks.copy_score.copy_score
 ALIGNED_BASE = "pixels fs=8"  # the embedding whose cosine proposes the candidate pairs the aligned score re-scores
 ALIGNED_TOP_DISTINCT = 5  # hardest distinct for the aligned score: max over this many top same-class neighbours
 DIGITS_TOP_NEIGHBOURS = 10  # digits count for the aligned score: each digit's top neighbours by base cosine
@@ -372,7 +372,7 @@ def digits_at_threshold(pool: np.ndarray, labels: list[str], t: float) -> dict:
             "pairs_same_label": int((((sims >= t) & same).sum()) // 2)}
 
 
-# ---------------------------------------------------------------- aligned copy score (bench.copy_similarity)
+# ---------------------------------------------------------------- aligned copy score (tasks.copy_score)
 
 
 def top_distinct(pool: np.ndarray, labels: list[str], rows: list[int], k: int) -> np.ndarray:
@@ -389,7 +389,7 @@ class AlignedScorer:
     """``copy_signature`` once per image (cached by cell and pool index), ``copy_score`` per pair, both timed."""
 
     def __init__(self) -> None:
-        from bench import copy_similarity
+        from tasks import copy_score as copy_similarity
 
         self.cs = copy_similarity
         self.sigs: dict[tuple[int, int], np.ndarray] = {}
@@ -479,7 +479,7 @@ def _f(x: float, nd: int = 3) -> str:
 
 
 def _aligned_config() -> dict:
-    from bench import copy_similarity as cs
+    from tasks import copy_score as cs
 
     names = ("GRID", "MARGIN", "TAPER", "SIGMA", "FINE_SCALES", "FINE_SHIFTS", "COARSE_SCALE_STEP",
              "COARSE_SHIFT_STEP", "COARSE_BLURS", "REFINE_SCALE", "REFINE_SHIFT", "BLURS", "RHO0", "RHO_MIN",
@@ -491,7 +491,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sample (under ~2 minutes)")
     parser.add_argument("--no-fastdup", action="store_true", help="pixel embeddings only")
-    parser.add_argument("--no-aligned", action="store_true", help="skip the aligned copy score (bench.copy_similarity)")
+    parser.add_argument("--no-aligned", action="store_true", help="skip the aligned copy score (tasks.copy_score)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -519,8 +519,7 @@ def main() -> None:
     from tasks.settings import load_settings
 
     conf = load_settings("sit", home=Path(tempfile.gettempdir()) / "cd4ml-bench-dedup-conf").curation
-    conf_thresholds = {"drop_similarity": conf.drop_similarity,
-                       "near_duplicate_threshold": conf.near_duplicate_threshold}
+    conf_thresholds = {"near_duplicate_threshold": conf.near_duplicate_threshold}
     measured_by = {emb: [measure(cell, pool, copies) for cell, (pool, copies) in zip(cells, per_cell)]
                    for emb, per_cell in embeddings.items()}
     scorer = None
@@ -573,7 +572,8 @@ def main() -> None:
             digits = {}
             s = time.perf_counter()
             top_neighbours = digits_top_neighbours(cells[0], embeddings[ALIGNED_BASE][0][0], scorer,
-                                                   {"all": t_all, "digits": scopes["digits"]["threshold"]})
+                                                   {"all": t_all, "digits": scopes["digits"]["threshold"],
+                                                    "copy_similarity": conf.copy_similarity})
             timings[f"{ALIGNED} digits top-{DIGITS_TOP_NEIGHBOURS}"] = round(time.perf_counter() - s, 1)
             cost = {"pairs": scorer.pairs, "us_per_pair": round(1e6 * scorer.pair_seconds / max(scorer.pairs, 1), 1),
                     "signatures": scorer.signatures,
@@ -589,7 +589,7 @@ def main() -> None:
         digits_pool = embeddings[emb][0][0]  # digits at native 8 px: all 1,797 in full mode
         digits = {name: digits_at_threshold(digits_pool, cells[0].labels, t) for name, t in
                   [("all", scopes["all"]["threshold"]), ("digits", scopes["digits"]["threshold"]),
-                   ("drop_similarity", conf_thresholds["drop_similarity"])]}
+                   ("near_duplicate_threshold", conf_thresholds["near_duplicate_threshold"])]}
         for name, t in conf_thresholds.items():
             by_cell = [score(m["_copy_sims"], m["_hard"], t) for m in measured]
             configured[name] = {"threshold": t, "pooled": score(copies_all, hard_all, t),
@@ -661,7 +661,7 @@ def main() -> None:
     if ALIGNED in results:
         r = results[ALIGNED]
         c = r["cost"]
-        print(f"\n## Aligned copy score (bench.copy_similarity.copy_score, re-scoring pairs proposed by {ALIGNED_BASE})\n")
+        print(f"\n## Aligned copy score (tasks.copy_score.copy_score, re-scoring pairs proposed by {ALIGNED_BASE})\n")
         print(f"Cost: {c['us_per_pair']} us per pair over {c['pairs']} pairs; {c['us_per_signature']} us per "
               f"signature over {c['signatures']} images (one core, load average {os.getloadavg()[0]:.1f} now). "
               f"Hardest distinct = max of the aligned score over the top-{ALIGNED_TOP_DISTINCT} same-class neighbours "
@@ -689,7 +689,7 @@ def main() -> None:
         for name, d in r["digits_8px_all_pairs"].items():
             print(f"| {emb} | {_f(d['threshold'], 4)} ({name}) | {d['digits']} | {d['with_same_label_match']} "
                   f"| {d['with_any_label_match']} | {d['pairs_same_label']} |")
-    print("\n## At the configured thresholds (conf: curation.drop_similarity, curation.near_duplicate_threshold)\n")
+    print("\n## At the configured threshold (conf: curation.near_duplicate_threshold)\n")
     print("| embedding | setting | threshold | pooled recall | worst-cell recall | pooled false drops "
           "| worst-cell false drops |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -9,21 +9,27 @@ What happens to each image of the raw version, in order (the first rule that app
    ``min_mean``), ``too_bright`` (mean above ``max_mean``), ``blurry`` (variance of the
    Laplacian below ``min_blur``). Bad images are left out of the duplicate graph: a black
    frame is "similar" to every other black frame whatever its label.
-3. Components (grouping, generous): exact duplicates (same decoded pixels, ``pixel_digest``)
-   and near-duplicates (cosine of the embeddings at or above ``near_duplicate_threshold``) are
-   edges; connected components are built with union-find. A component decides a split, so
-   near-copies never straddle splits; it drops nothing by itself. Features are computed once
-   per image and kept in ``curation_embeddings`` (``tasks.curation_features``); only images
-   that have no component yet are compared, against all eligible images of the raw version.
-4. Inside a component (dropping, precise: ``dedupe_component``): members are walked first
+3. Components (grouping, generous): exact duplicates (same decoded pixels, ``pixel_digest``),
+   near-duplicates (cosine of the embeddings at or above ``near_duplicate_threshold``) and copies
+   (below) are edges; connected components are built with union-find. A component decides a
+   split, so near-copies never straddle splits; it drops nothing by itself. Features are
+   computed once per image and kept in ``curation_embeddings`` (``tasks.curation_features``);
+   only images that have no component yet are compared, against all eligible images of the raw
+   version.
+4. Copies (``tasks.copy_pairs``): each new image's ``copy_candidates`` nearest neighbours by the
+   embedding (and, for pixels, by the blurred embedding) get the copy score
+   (``tasks.copy_score``: alignment-, blur- and brightness-tolerant correlation); a pair at or
+   above ``copy_similarity`` is a copy. Scores are cached in ``curation_pairs``.
+5. Inside a component (dropping, precise: ``dedupe_component``): members are walked first
    assigned first (lowest ``first_raw_version``, then smallest sha256), so a new copy never
    displaces an image that is already kept. A member is dropped only when it is a copy of an
-   image already KEPT (same pixels: ``exact_duplicate``; cosine at or above
-   ``drop_similarity``: ``near_duplicate``, the detail giving that cosine), never through a
+   image already KEPT with its label (same pixels: ``exact_duplicate``; copy score at or above
+   ``copy_similarity``: ``near_duplicate``, the detail giving that score), never through a
    chain A~B~C. A member that is a copy of a member with another label is quarantined with
    it (``label_conflict``): nobody can tell which label is right. Everything else is kept,
-   in the component's split. ``drop_similarity`` (0.989) is calibrated on planted copies
-   against the most similar distinct image of the same class (``bench/dedup_calibration.py``).
+   in the component's split. ``copy_similarity`` (0.9974) is calibrated on planted copies
+   against the most similar distinct images of the same class (``bench/dedup_calibration.py``)
+   and measured end to end on curations of planted copies (``bench/curation_quality.py``).
 
 Stable component keys and splits (the ``curation_components`` table, the assignment record):
 every image that ever got a component keeps a row (sha256, component, split,
@@ -87,6 +93,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks import lake
+from tasks.copy_pairs import PAIRS_TABLE, CopyScores, blurred, candidate_pairs, load_scores, score_config, store_scores
 from tasks.curation_features import (
     FEATURES_SCHEMA,
     GALLERY_IMAGES,
@@ -150,6 +157,7 @@ REPORT_SCHEMA = pa.schema(
         pa.field("logical_date", pa.string(), nullable=False),
     ]
 )
+WALK_SCORED_MEMBERS = 64  # components up to this size score each member against every kept member
 _DROP_FIELDS = ("sha256", "reason", "detail", "component", "kept_sha256", "label")
 
 
@@ -203,6 +211,7 @@ class _Plan:
     record_changed: bool
     new_images: int
     feature_rows: pa.Table  # features computed now, to store
+    pair_rows: pa.Table  # copy scores computed now, to store
     duplicates: list[tuple[str, str, float]] = field(default_factory=list)
     outliers: list[tuple[str, str, str, ImageFeatures]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -321,6 +330,15 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     matrix = features.matrix[[features.row_of[s] for s in eligible]] if eligible else features.matrix[:0]
     found, best = link_similar(matrix, pending, cfg.near_duplicate_threshold, sets)
     duplicates = [(eligible[a], eligible[b], s) for a, b, s in best]
+    scores = CopyScores(lambda sha: by_sha[sha]["image"],
+                        load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
+    candidates = _copy_candidates(cfg, matrix, pending)
+    scores.score_many((eligible[i], eligible[j]) for i, j in candidates)
+    copy_edges = 0
+    for i, j in candidates:
+        if scores.get(eligible[i], eligible[j]) >= cfg.copy_similarity:
+            sets.union(i, j)  # a copy joins its original's component: copies never straddle splits
+            copy_edges += 1
 
     members: dict[int, list[str]] = {}
     for sha in eligible:
@@ -357,8 +375,8 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     kept_rows: list[dict[str, Any]] = []
     for key in sorted(groups):
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
-        kept, removed = dedupe_component(order, features, {s: by_sha[s]["label"] for s in order},
-                                         cfg.drop_similarity)
+        kept, removed = dedupe_component(order, features, {s: by_sha[s]["label"] for s in order}, scores,
+                                         cfg.copy_similarity)
         dropped.extend(_drop(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
         for sha in kept:
             r = by_sha[sha]
@@ -374,10 +392,14 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
                      "stored_before": len(stored.by_sha)},
         "similarity": {"queries": len(pending), "corpus": len(eligible), "pairs_at_or_above_threshold": found,
                        "search": "exact cosine, new images against all eligible images (numpy)"},
+        "copies": {"candidates": len(candidates), "copy_edges": copy_edges, "pairs_scored": len(scores.fresh),
+                   "pairs_stored_before": len(scores.known) - len(scores.fresh), "score": score_config(),
+                   "threshold": cfg.copy_similarity},
         "assignments": {"table": settings.table_uri(COMPONENTS_TABLE), "read_version": record_version,
                         "recorded_before": len(record), "new": new_images, "merged_keys": len(renamed)},
     }
     return _Plan(
+        pair_rows=scores.fresh_rows(run_id),
         curated=pa.Table.from_pylist(kept_rows, schema=CURATED_SCHEMA),
         dropped=dropped,
         assignments=assignments,
@@ -390,52 +412,68 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     )
 
 
-def dedupe_component(order: list[str], features: Features, labels: dict[str, str],
+def _copy_candidates(cfg: Any, matrix: np.ndarray, pending: list[int]) -> set[tuple[int, int]]:
+    """Candidate pairs (eligible indices) of the new images: nearest neighbours by the embedding (and blurred)."""
+    views = [matrix]
+    if cfg.embedding == "pixels" and len(matrix) and matrix.shape[1] == cfg.feature_size ** 2:
+        views.append(blurred(matrix, cfg.feature_size))
+    return candidate_pairs(views, pending, cfg.copy_candidates)
+
+
+def dedupe_component(order: list[str], features: Features, labels: dict[str, str], scores: CopyScores,
                      threshold: float) -> tuple[list[str], list[tuple[str, str, str | None, str]]]:
     """Which members of one component are kept: drop precisely, never through a chain.
 
-    ``order`` is the component's members, first assigned first. A member is a copy of another
-    when their pixels are identical or the cosine of their embeddings is at least ``threshold``
-    (``curation.drop_similarity``, calibrated on planted copies against distinct images). Walking
-    in order, a member is dropped only when it is a copy of a member already KEPT (not of
-    something that was itself dropped, nor of a chain A~B~C), as ``exact_duplicate`` or
-    ``near_duplicate`` of that image, with the similarity in the detail; otherwise it is kept.
-    A member that is a copy of a member with another label is quarantined (``label_conflict``)
-    with that member: nobody can tell which label is right. Members that are only linked through
-    the component (grouped generously for split assignment) are all kept.
+    ``order`` is the component's members, first assigned first. Two members are copies when
+    their decoded pixels are identical or their copy score (``tasks.copy_score``) is at least
+    ``threshold`` (``curation.copy_similarity``, calibrated on planted copies against distinct
+    images). Walking in order, a member is dropped only when it is a copy of a member already
+    KEPT with its label (not of something that was itself dropped, nor of a chain A~B~C), as
+    ``exact_duplicate`` or ``near_duplicate`` of that image, with the score in the detail;
+    otherwise it is kept. Pairs that are not scored yet are scored against the kept members in
+    components of up to ``WALK_SCORED_MEMBERS`` members (larger ones use the candidate pairs'
+    scores only). A member that is a known copy of a member with another label is quarantined
+    (``label_conflict``) with that member: nobody can tell which label is right. Members only
+    linked through the component (grouped generously for split assignment) are all kept.
 
     Returns (kept shas, [(sha, reason, kept sha or None, detail)]).
     """
     if len(order) == 1:
         return list(order), []
-    vectors = features.matrix[[features.row_of[s] for s in order]]
-    sims = vectors @ vectors.T
     digests = [features.by_sha[s].pixel_digest or s for s in order]
-    same_pixels = np.array([[a == b for b in digests] for a in digests])
-    copies = (sims >= threshold) | same_pixels
-    np.fill_diagonal(copies, False)
-    label = np.array([labels[s] for s in order])
-    clash = copies & (label[:, None] != label[None, :])
+    label = [labels[s] for s in order]
+    score_new = len(order) <= WALK_SCORED_MEMBERS
 
+    def copy(i: int, k: int, compute: bool) -> tuple[bool, str]:
+        if digests[i] == digests[k]:
+            return True, "same pixels"
+        v = scores.score(order[i], order[k]) if compute else scores.get(order[i], order[k])
+        return (v is not None and v >= threshold), f"copy score {v if v is not None else float('nan'):.4f}"
+
+    clash: dict[int, tuple[int, str]] = {}
+    for i in range(len(order)):
+        for k in range(len(order)):
+            if label[i] != label[k] and i not in clash:
+                hit, how = copy(i, k, False)
+                if hit:
+                    clash[i] = (k, how)
     kept: list[int] = []
     removed: list[tuple[str, str, str | None, str]] = []
     for i, sha in enumerate(order):
-        if clash[i].any():
-            j = int(np.flatnonzero(clash[i])[0])
-            how = "same pixels" if same_pixels[i, j] else f"cosine {sims[i, j]:.4f}"
+        if i in clash:
+            k, how = clash[i]
             removed.append((sha, "label_conflict", None,
-                            f"copy ({how}) of {order[j][:12]} labelled {label[j]!r}, this one {label[i]!r}"))
+                            f"copy ({how}) of {order[k][:12]} labelled {label[k]!r}, this one {label[i]!r}"))
             continue
-        originals = [k for k in kept if copies[i, k]]
+        originals = [(k, how) for k in kept if label[k] == label[i] for hit, how in [copy(i, k, score_new)] if hit]
         if not originals:
             kept.append(i)
             continue
-        k = max(originals, key=lambda k: (same_pixels[i, k], sims[i, k]))
-        if same_pixels[i, k]:
+        k, how = max(originals, key=lambda o: (o[1] == "same pixels", scores.get(sha, order[o[0]]) or 0.0))
+        if how == "same pixels":
             removed.append((sha, "exact_duplicate", order[k], "same decoded pixels as the kept image"))
         else:
-            removed.append((sha, "near_duplicate", order[k],
-                            f"cosine {sims[i, k]:.4f} to the kept image (drop at >= {threshold})"))
+            removed.append((sha, "near_duplicate", order[k], f"{how} to the kept image (drop at >= {threshold})"))
     return [order[i] for i in kept], removed
 
 
@@ -525,12 +563,17 @@ def _report_body(
             "representative": "the member first assigned to the component (lowest first_raw_version), "
                               "then the smallest sha256",
             "component_key": "recorded in curation_components when first seen; a new component: its smallest sha256",
-            "label_conflict": "a component whose members disagree on the label is quarantined whole",
+            "label_conflict": "a copy (same pixels or copy score >= copy_similarity) of an image with another label: "
+                              "both are quarantined",
+            "duplicate": f"a copy of an image already KEPT with its label: same decoded pixels (exact_duplicate) or "
+                         f"copy score >= {settings.curation.copy_similarity} (near_duplicate); never through a chain",
             "split": "recorded split of the component; a new component: sha256(f'{split_salt}:{key}') as a "
                      "fraction of 2**256, cut by split_ratios",
             "split_bridge": "a new image that would join recorded components of different splits is quarantined",
-            "similarity": f"cosine of {settings.curation.embedding} embeddings >= "
-                          f"{settings.curation.near_duplicate_threshold}, or identical decoded pixels",
+            "similarity": f"components (splits): cosine of {settings.curation.embedding} embeddings >= "
+                          f"{settings.curation.near_duplicate_threshold}, identical decoded pixels, or a copy; "
+                          f"copies: copy score of each new image's {settings.curation.copy_candidates} nearest "
+                          f"neighbours (embedding and blurred embedding) >= {settings.curation.copy_similarity}",
         },
         "kept": curated.num_rows,
         "counts_by_split": by_split,
@@ -558,9 +601,7 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     plan = _plan_in_workdir(settings, raw, raw_version, run_id)
     base_meta = {"run_id": run_id, "logical_date": logical, "raw_version": str(raw_version),
                  "config_hash": config_hash}
-    if plan.feature_rows.num_rows:
-        store_features(settings.table_uri(EMBEDDINGS_TABLE), plan.feature_rows,
-                       {**base_meta, "step": "curate_features", "feature_config": feature_config(settings.curation)})
+    _store_caches(settings, plan, {**base_meta, "feature_config": feature_config(settings.curation)})
     if plan.curated.num_rows == 0:
         raise CurationError(
             f"curating {raw_uri} version {raw_version} dropped every image ({_reasons(plan.dropped)}): nothing to write"
@@ -608,6 +649,15 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     return result
 
 
+def _store_caches(settings: Settings, plan: _Plan, metadata: dict[str, Any]) -> None:
+    """Features and copy scores computed by this plan (content-addressed caches: a re-run adds nothing)."""
+    if plan.feature_rows.num_rows:
+        store_features(settings.table_uri(EMBEDDINGS_TABLE), plan.feature_rows, {**metadata, "step": "curate_features"})
+    if plan.pair_rows.num_rows:
+        store_scores(settings.table_uri(PAIRS_TABLE), plan.pair_rows,
+                     {**metadata, "step": "curate_pairs", "score_config": score_config()})
+
+
 def _plan_in_workdir(settings: Settings, raw: pa.Table, raw_version: int, run_id: str) -> _Plan:
     """Plan with fastdup's exported copies in a private folder that never outlives the call."""
     parent = settings.reports_path / "curation"
@@ -638,9 +688,7 @@ def _reuse(
         plan = _plan_in_workdir(settings, raw, raw_version, prior.metadata.get("run_id", run_id))
         _write_report_rows(settings, raw_version, config_hash, prior.version, plan.dropped,
                            prior.metadata.get("run_id", run_id), prior.metadata.get("logical_date", logical))
-        if plan.feature_rows.num_rows:
-            store_features(settings.table_uri(EMBEDDINGS_TABLE), plan.feature_rows,
-                           {"run_id": run_id, "logical_date": logical, "step": "curate_features"})
+        _store_caches(settings, plan, {"run_id": run_id, "logical_date": logical})
         stored = plan.dropped
     dropped = stored or []
     galleries = _existing_galleries(settings, raw_version, config_hash)

@@ -111,22 +111,16 @@ class OutlierSettings(_Section):
 
 class CurationSettings(_Section):
     # Grouping is generous (components decide splits: near-copies never straddle them), dropping
-    # precise: an image is dropped only as a copy of a kept image at drop_similarity or above.
-    near_duplicate_threshold: float = Field(gt=0.0, le=1.0)
-    drop_similarity: float = Field(default=0.989, gt=0.0, le=1.0)
+    # precise: an image is dropped only as a copy of a kept image, by the copy score (tasks/copy_pairs.py).
+    near_duplicate_threshold: float = Field(gt=0.0, le=1.0)  # embedding cosine: grouping only
+    copy_similarity: float = Field(default=0.9974, gt=0.0, le=1.0)  # copy score: a copy at or above
+    copy_candidates: int = Field(default=8, ge=1, le=256)  # nearest neighbours per new image to score
     split_ratios: dict[Literal["train", "val", "test"], float]
     split_salt: str
     # Curation features; defaults keep older confs valid.
     embedding: Literal["pixels", "fastdup"] = "pixels"  # pixels for tiny digits; fastdup's model for photos
     feature_size: int = Field(default=8, gt=0)  # pixels: side of the grey-pixel embedding
     outliers: OutlierSettings = Field(default_factory=OutlierSettings)
-
-    @model_validator(mode="after")
-    def _drop_at_least_group(self) -> "CurationSettings":
-        if self.drop_similarity < self.near_duplicate_threshold:
-            raise ValueError(f"curation.drop_similarity ({self.drop_similarity}) must be >= near_duplicate_threshold "
-                             f"({self.near_duplicate_threshold}): only grouped images can be dropped")
-        return self
 
     @field_validator("split_ratios")
     @classmethod

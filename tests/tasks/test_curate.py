@@ -91,11 +91,12 @@ def report_details(settings, result) -> dict[str, str]:
     return {d["sha256"]: d["detail"] for d in rows.to_pylist()}
 
 
-def cosine(settings, result, a: str, b: str) -> float:
-    table = lake.read(result.embeddings_table, lake.current_version(result.embeddings_table))
-    vectors = {r["sha256"]: np.asarray(r["embedding"], dtype=np.float32) for r in table.to_pylist()
-               if r["sha256"] in (a, b)}
-    return float(vectors[a] @ vectors[b])
+def copy_score_of(settings, result, a: str, b: str) -> float:
+    from tasks.copy_score import copy_score, copy_signature
+
+    raw = lake.read(settings.raw_table, result.raw_version, columns=["sha256", "image"]).to_pylist()
+    images = {r["sha256"]: r["image"] for r in raw if r["sha256"] in (a, b)}
+    return copy_score(copy_signature(images[a]), copy_signature(images[b]))
 
 
 def versions(settings) -> dict[str, int | None]:
@@ -153,12 +154,12 @@ def test_planted_duplicates_conflicts_and_bad_images(settings, tmp_path):
         assert out[rep]["kept"]
         for s in family - {rep}:
             if out[s]["kept"]:  # grouped with the original, but not close enough to be called its copy
-                assert cosine(settings, result, s, rep) < cfg.drop_similarity
+                assert copy_score_of(settings, result, s, rep) < cfg.copy_similarity
                 continue
             # dropped only as a copy of the kept image itself, and the report says how close it is
             assert (out[s]["reason"], out[s]["kept_sha256"]) == ("near_duplicate", rep)
-            assert float(details[s].split()[1]) >= cfg.drop_similarity, details[s]
-        assert sum(not out[s]["kept"] for s in family) >= 2  # the JPEG and the brighter copy at least
+            assert float(details[s].split()[2]) >= cfg.copy_similarity, details[s]
+        assert sum(not out[s]["kept"] for s in family) == 3  # resized, JPEG and brighter: each a copy
 
     pair = [out[exact], out[sha(original(landing, 11))]]
     assert pair[0]["component"] == pair[1]["component"]
@@ -281,28 +282,30 @@ def test_empty_raw_version_is_a_clear_error(settings):
 
 
 def test_a_chain_drops_only_copies_of_kept_images_and_conflicts_only_between_copies():
+    from tasks.copy_pairs import CopyScores
     from tasks.curate import dedupe_component
     from tasks.curation_features import Features
 
-    def unit(angle_deg: float) -> np.ndarray:
-        a = np.deg2rad(angle_deg)
-        return np.array([np.cos(a), np.sin(a), 0.0], dtype=np.float32)
-
-    # A, B, C on a line: A~B and B~C are copies (cosine 0.99), A and C are not (cosine 0.96).
+    # A, B, C on a line: A~B and B~C are copies (score 0.999), A and C are not (0.99).
     # D is another label, a copy of nobody but in the same component (grouped generously).
-    angles = {"a": 0.0, "b": 8.1, "c": 16.2, "d": 40.0}
-    shas = list(angles)
+    shas = ["a", "b", "c", "d"]
     features = Features(by_sha={s: ImageFeatures(s, 1.0, 1.0, 0, 1, None) for s in shas},
-                        row_of={s: i for i, s in enumerate(shas)},
-                        matrix=np.stack([unit(angles[s]) for s in shas]))
+                        row_of={s: i for i, s in enumerate(shas)}, matrix=np.eye(4, dtype=np.float32))
+    known = {("a", "b"): 0.999, ("b", "c"): 0.999, ("a", "c"): 0.99, ("a", "d"): 0.4, ("b", "d"): 0.4,
+             ("c", "d"): 0.4}
+
+    def no_image(sha: str) -> bytes:
+        raise AssertionError(f"every pair is known: {sha} needs no signature")
+
     labels = {"a": "1", "b": "1", "c": "1", "d": "7"}
-    kept, removed = dedupe_component(shas, features, labels, threshold=0.985)
+    kept, removed = dedupe_component(shas, features, labels, CopyScores(no_image, known), threshold=0.9974)
     assert kept == ["a", "c", "d"]  # c is a copy only of b, which was itself dropped: not through a chain
     [(sha, reason, rep, detail)] = removed
-    assert (sha, reason, rep) == ("b", "near_duplicate", "a") and detail.startswith("cosine 0.99")
+    assert (sha, reason, rep) == ("b", "near_duplicate", "a") and detail.startswith("copy score 0.9990")
 
     # The same component where C carries another label: C is a copy of B, so both are quarantined;
     # A keeps its label, D (a copy of nobody) stays.
-    kept, removed = dedupe_component(shas, features, {**labels, "c": "7"}, threshold=0.985)
+    kept, removed = dedupe_component(shas, features, {**labels, "c": "7"}, CopyScores(no_image, known),
+                                     threshold=0.9974)
     assert kept == ["a", "d"]
     assert sorted((s, r) for s, r, _, _ in removed) == [("b", "label_conflict"), ("c", "label_conflict")]

@@ -4,7 +4,9 @@ The curation embedding (``tasks.curation_features.pixel_embedding``: grey pixels
 to 8x8, cosine) finds candidate pairs cheaply but cannot tell a shifted or cropped copy from a
 different image of the same class. This module scores ONE candidate pair at a time (about
 0.3-0.5 ms per pair on one core, numpy only; operators are cached per pair of image sizes), so
-it is meant to re-score the pairs the embedding proposes, not to search a collection.
+it re-scores the pairs the embedding proposes (``tasks.copy_pairs``), it does not search a
+collection. ``VERSION`` names the score: change it with anything that changes a score, so
+that stored scores (the ``curation_pairs`` table) are never misread.
 
 Signature (``copy_signature``, once per image)
     The upright grey ('L') pixels (alpha composited on black, as curation does). An image whose
@@ -72,6 +74,7 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageOps
 
+VERSION = "aligned-v1"
 GRID = 16  # px, side of the comparison grid and the longest stored side
 MARGIN = 1  # grid px at each border with weight 0 ...
 TAPER = 1  # ... then this many px ramping up to 1
@@ -164,7 +167,7 @@ def _sample_matrix(n: int, pos: np.ndarray, cubic: bool) -> np.ndarray:
     return out
 
 
-def _gauss_matrix(n: int, sigma: float) -> np.ndarray:
+def gauss_matrix(n: int, sigma: float) -> np.ndarray:
     """(n, n) Gaussian blur, edges repeated."""
     if sigma <= 0:
         return np.eye(n)
@@ -179,7 +182,7 @@ def _gauss_matrix(n: int, sigma: float) -> np.ndarray:
 
 def _degrade_matrix(n: int, kind: str, v: float) -> np.ndarray:
     if kind == "gauss":
-        return _gauss_matrix(n, v)
+        return gauss_matrix(n, v)
     m = max(1, round(n * v))
     return _resize_matrix(m, n) @ _resize_matrix(n, m)
 
@@ -193,7 +196,7 @@ def _weights() -> np.ndarray:
 @lru_cache(maxsize=64)
 def _to_grid(m: int, sigma: float) -> np.ndarray:
     """(GRID, m): a stored axis of length m onto the grid, then the post-warp blur."""
-    return _gauss_matrix(GRID, sigma) @ _resize_matrix(m, GRID)
+    return gauss_matrix(GRID, sigma) @ _resize_matrix(m, GRID)
 
 
 class _Axis:

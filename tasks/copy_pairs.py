@@ -1,0 +1,191 @@
+"""Which pairs of images are copies: candidates from the embedding, the decision from the copy score.
+
+The curation embedding (``tasks.curation_features``) is cheap and searches the whole raw version,
+but a cosine cannot tell a shifted or cropped copy from a different image of the same class
+(bench/dedup_calibration.py: at the cosine that keeps false drops <= 1%, a pixel embedding finds
+12% of 5-10% crops). The copy score (``tasks.copy_score``: alignment-, blur- and
+brightness-tolerant correlation, ~0.4 ms a pair) tells them apart but scores one pair at a time.
+So:
+
+1. Candidates (``candidate_pairs``): each new image's ``curation.copy_candidates`` nearest
+   neighbours among the eligible images by the embedding's cosine and, for the pixel embedding,
+   also by the cosine of the same pixels blurred (a Gaussian of one embedding pixel: a resized or
+   blurred copy is nearer its original there). Measured on the planted copies of the benchmark,
+   8 of each find the original of >= 96% of copies in every cell and transformation (a resized
+   8 px digit is the hardest) and of >= 98% of all others.
+2. Scores (``CopyScores``): every candidate pair, and inside a component each member against the
+   members already kept (``tasks.curate.dedupe_component``), gets the copy score. A pair is a copy
+   at ``curation.copy_similarity`` or above (0.9974, calibrated on the benchmark).
+3. Scores are a content-addressed cache: the ``curation_pairs`` table holds every pair ever
+   scored, keyed by (sha256_a, sha256_b, config) with sha256_a < sha256_b and ``config`` naming
+   the score's version, so a curation scores only pairs it has not seen and a re-run scores none.
+
+A large batch is scored in worker processes (``spawn``: no state inherited from the calling
+process, which may hold threads of Airflow or delta-rs), one per core.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import get_context
+
+import numpy as np
+import pyarrow as pa
+
+from tasks import copy_score, lake
+
+log = logging.getLogger(__name__)
+
+PAIRS_TABLE = "curation_pairs"
+PARALLEL_FROM = 1500  # pairs: below this, worker start-up (~0.5 s) costs more than it saves
+CHUNK = 250  # pairs per worker task
+BLUR_SIGMA = 1.0  # embedding pixels: the second candidate search's blur
+
+PAIRS_SCHEMA = pa.schema(
+    [
+        pa.field("sha256_a", pa.string(), nullable=False),  # the smaller sha256 of the pair
+        pa.field("sha256_b", pa.string(), nullable=False),
+        pa.field("config", pa.string(), nullable=False),
+        pa.field("score", pa.float64(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+    ]
+)
+
+
+def score_config() -> str:
+    """The name of everything that changes a pair's score."""
+    return f"{copy_score.VERSION};grid={copy_score.GRID}"
+
+
+# ---------------------------------------------------------------- candidates
+
+
+def blurred(matrix: np.ndarray, side: int, sigma: float = BLUR_SIGMA) -> np.ndarray:
+    """Unit rows of a ``side`` x ``side`` pixel embedding blurred by a Gaussian (edges repeated), re-centred."""
+    g = copy_score.gauss_matrix(side, sigma)
+    x = matrix.reshape(-1, side, side).astype(np.float64)
+    x = np.einsum("ij,njk,lk->nil", g, x, g).reshape(len(matrix), -1)
+    x -= x.mean(axis=1, keepdims=True)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.where(norms == 0, 1.0, norms)).astype(np.float32)
+
+
+def candidate_pairs(views: list[np.ndarray], queries: list[int], k: int, block: int = 1024) -> set[tuple[int, int]]:
+    """(i, j), i < j: each query row and its ``k`` nearest other rows by cosine in any of ``views`` (unit rows)."""
+    n = views[0].shape[0] if views else 0
+    pairs: set[tuple[int, int]] = set()
+    if n < 2 or not queries or k <= 0:
+        return pairs
+    kk = min(k, n - 1)
+    for start in range(0, len(queries), block):
+        q = np.asarray(queries[start:start + block], dtype=np.int64)
+        for m in views:
+            sims = m[q] @ m.T
+            sims[np.arange(len(q)), q] = -np.inf
+            top = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
+            for a, row in zip(q.tolist(), top.tolist()):
+                pairs.update((min(a, b), max(a, b)) for b in row)
+    return pairs
+
+
+# ---------------------------------------------------------------- scores
+
+
+def _score_chunk(chunk: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+    return [copy_score.copy_score(a, b) for a, b in chunk]
+
+
+class CopyScores:
+    """Copy scores of pairs of images, by sha256: stored ones, and new ones computed on demand.
+
+    ``image_of(sha)`` gives an image's bytes (its signature is computed once). ``fresh`` holds
+    the pairs scored here, to be stored; an image whose signature cannot be computed scores 0
+    against everything (curation has already set aside what does not decode).
+    """
+
+    def __init__(self, image_of: Callable[[str], bytes], stored: dict[tuple[str, str], float] | None = None,
+                 workers: int | None = None) -> None:
+        self._image_of = image_of
+        self.known: dict[tuple[str, str], float] = dict(stored or {})
+        self.fresh: dict[tuple[str, str], float] = {}
+        self._sigs: dict[str, np.ndarray | None] = {}
+        self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+
+    @staticmethod
+    def key(a: str, b: str) -> tuple[str, str]:
+        return (a, b) if a < b else (b, a)
+
+    def get(self, a: str, b: str) -> float | None:
+        """The score if known (stored or computed), else None."""
+        return self.known.get(self.key(a, b))
+
+    def score(self, a: str, b: str) -> float:
+        """The score, computed now if unknown."""
+        self.score_many([(a, b)])
+        return self.known[self.key(a, b)]
+
+    def score_many(self, pairs: Iterable[tuple[str, str]]) -> int:
+        """Compute every unknown pair of ``pairs`` (in worker processes when many); returns how many were new."""
+        todo = sorted({self.key(a, b) for a, b in pairs if a != b} - set(self.known))
+        if not todo:
+            return 0
+        sigs = {s: self._signature(s) for pair in todo for s in pair}
+        ready = [(p, sigs[p[0]], sigs[p[1]]) for p in todo]
+        unusable = [p for p, x, y in ready if x is None or y is None]
+        work = [(p, x, y) for p, x, y in ready if x is not None and y is not None]
+        scores = self._run([(x, y) for _, x, y in work])
+        for (p, _, _), v in zip(work, scores):
+            self.known[p] = self.fresh[p] = float(v)
+        for p in unusable:
+            self.known[p] = self.fresh[p] = 0.0
+        return len(todo)
+
+    def _signature(self, sha: str) -> np.ndarray | None:
+        if sha not in self._sigs:
+            try:
+                self._sigs[sha] = copy_score.copy_signature(self._image_of(sha))
+            except Exception as exc:  # decoded once by ingest and by curation: say so, score it as no copy
+                log.warning("curate: no copy signature for %s: %s", sha[:12], exc)
+                self._sigs[sha] = None
+        return self._sigs[sha]
+
+    def _run(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+        if self.workers < 2 or len(items) < PARALLEL_FROM:
+            return _score_chunk(items)
+        chunks = [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
+        try:
+            with ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn")) as pool:
+                return [v for part in pool.map(_score_chunk, chunks) for v in part]
+        except BrokenProcessPool as exc:  # e.g. a __main__ script without a main guard: same scores, one core
+            log.warning("curate: copy-score workers failed (%s): scoring %d pairs in this process", exc, len(items))
+            return _score_chunk(items)
+
+    def fresh_rows(self, run_id: str) -> pa.Table:
+        keys = sorted(self.fresh)
+        return pa.table({"sha256_a": [a for a, _ in keys], "sha256_b": [b for _, b in keys],
+                         "config": [score_config()] * len(keys), "score": [self.fresh[k] for k in keys],
+                         "run_id": [run_id] * len(keys)}, schema=PAIRS_SCHEMA)
+
+
+# ---------------------------------------------------------------- the cache table
+
+
+def load_scores(uri: str, shas: set[str]) -> dict[tuple[str, str], float]:
+    """Stored scores of pairs whose two images are both in ``shas``, under the current score config."""
+    version = lake.current_version(uri)
+    if version is None or not shas:
+        return {}
+    t = lake.read(uri, version, columns=["sha256_a", "sha256_b", "score"], filter=[("config", "=", score_config())])
+    return {(a, b): float(s) for a, b, s in zip(t.column("sha256_a").to_pylist(), t.column("sha256_b").to_pylist(),
+                                                t.column("score").to_pylist()) if a in shas and b in shas}
+
+
+def store_scores(uri: str, rows: pa.Table, metadata: dict) -> int | None:
+    """Add pairs not stored yet; a re-run adds nothing and commits nothing."""
+    version, _ = lake.merge_new_rows(uri, rows, ["sha256_a", "sha256_b", "config"], metadata,
+                                     configuration=lake.stats_columns_config(PAIRS_SCHEMA))
+    return version
