@@ -17,6 +17,7 @@ TABLES = (
     "curation_report",
     "curation_components",
     "curation_embeddings",
+    "curation_pairs",
     "ingest_manifest",
     "ingest_zones",
     "dataset_tags",
