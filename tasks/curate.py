@@ -356,7 +356,15 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
             named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
             more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
             detail = f"would join recorded components {named}{more} in different splits"
-            dropped.extend(_drop(by_sha[s], "split_bridge", recorded[0], None, detail) for s in newcomers)
+            for s in newcomers:
+                copied = _recorded_original(s, [m for m in group if m in record], features, by_sha, scores,
+                                            cfg.copy_similarity)
+                if copied is None:
+                    dropped.append(_drop(by_sha[s], "split_bridge", recorded[0], None, detail))
+                else:  # a copy needs no split: dropped as such, never kept across splits
+                    reason, original, how = copied
+                    dropped.append(_drop(by_sha[s], reason, record[original].component, original,
+                                         f"{how} to the recorded image (it also {detail})"))
             for s in group:
                 if s in record:
                     groups.setdefault(record[s].component, []).append(s)
@@ -410,6 +418,23 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         outliers=outliers,
         info=info,
     )
+
+
+def _recorded_original(sha: str, recorded: list[str], features: Features, by_sha: dict[str, dict[str, Any]],
+                       scores: CopyScores, threshold: float) -> tuple[str, str, str] | None:
+    """(reason, recorded image, how) when a new image is a copy of a recorded image with its label, else None."""
+    digest = features.by_sha[sha].pixel_digest
+    label = by_sha[sha]["label"]
+    best: tuple[float, str] | None = None
+    for r in recorded:
+        if by_sha[r]["label"] != label:
+            continue
+        if digest is not None and features.by_sha[r].pixel_digest == digest:
+            return "exact_duplicate", r, "same decoded pixels"
+        v = scores.get(sha, r)
+        if v is not None and v >= threshold and (best is None or v > best[0]):
+            best = (v, r)
+    return None if best is None else ("near_duplicate", best[1], f"copy score {best[0]:.4f}")
 
 
 def _copy_candidates(cfg: Any, matrix: np.ndarray, pending: list[int]) -> set[tuple[int, int]]:
@@ -569,7 +594,8 @@ def _report_body(
                          f"copy score >= {settings.curation.copy_similarity} (near_duplicate); never through a chain",
             "split": "recorded split of the component; a new component: sha256(f'{split_salt}:{key}') as a "
                      "fraction of 2**256, cut by split_ratios",
-            "split_bridge": "a new image that would join recorded components of different splits is quarantined",
+            "split_bridge": "a new image that would join recorded components of different splits is quarantined "
+                            "(dropped as a duplicate instead when it is a copy of one of their images)",
             "similarity": f"components (splits): cosine of {settings.curation.embedding} embeddings >= "
                           f"{settings.curation.near_duplicate_threshold}, identical decoded pixels, or a copy; "
                           f"copies: copy score of each new image's {settings.curation.copy_candidates} nearest "
