@@ -110,14 +110,28 @@ class CopyScores:
     def __init__(self, image_of: Callable[[str], bytes], stored: dict[tuple[str, str], float] | None = None,
                  workers: int | None = None) -> None:
         self._image_of = image_of
-        self.known: dict[tuple[str, str], float] = dict(stored or {})
+        self.known: dict[tuple[str, str], float] = {}
         self.fresh: dict[tuple[str, str], float] = {}
+        self._partners: dict[str, dict[str, float]] = {}  # sha -> {scored partner: score}
+        for (a, b), v in (stored or {}).items():
+            self._remember((a, b), v)
         self._sigs: dict[str, np.ndarray | None] = {}
         self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
 
     @staticmethod
     def key(a: str, b: str) -> tuple[str, str]:
         return (a, b) if a < b else (b, a)
+
+    def _remember(self, pair: tuple[str, str], v: float, fresh: bool = False) -> None:
+        self.known[pair] = v
+        if fresh:
+            self.fresh[pair] = v
+        self._partners.setdefault(pair[0], {})[pair[1]] = v
+        self._partners.setdefault(pair[1], {})[pair[0]] = v
+
+    def partners(self, sha: str) -> dict[str, float]:
+        """Every image ``sha`` has a known score with, and the score."""
+        return self._partners.get(sha, {})
 
     def get(self, a: str, b: str) -> float | None:
         """The score if known (stored or computed), else None."""
@@ -139,9 +153,9 @@ class CopyScores:
         work = [(p, x, y) for p, x, y in ready if x is not None and y is not None]
         scores = self._run([(x, y) for _, x, y in work])
         for (p, _, _), v in zip(work, scores):
-            self.known[p] = self.fresh[p] = float(v)
+            self._remember(p, float(v), fresh=True)
         for p in unusable:
-            self.known[p] = self.fresh[p] = 0.0
+            self._remember(p, 0.0, fresh=True)
         return len(todo)
 
     def _signature(self, sha: str) -> np.ndarray | None:

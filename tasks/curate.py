@@ -465,24 +465,23 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
     """
     if len(order) == 1:
         return list(order), []
+    index = {s: i for i, s in enumerate(order)}
     digests = [features.by_sha[s].pixel_digest or s for s in order]
+    same_pixels: dict[str, list[int]] = {}
+    for i, d in enumerate(digests):
+        same_pixels.setdefault(d, []).append(i)
     label = [labels[s] for s in order]
-    score_new = len(order) <= WALK_SCORED_MEMBERS
 
-    def copy(i: int, k: int, compute: bool) -> tuple[bool, str]:
-        if digests[i] == digests[k]:
-            return True, "same pixels"
-        v = scores.score(order[i], order[k]) if compute else scores.get(order[i], order[k])
-        return (v is not None and v >= threshold), f"copy score {v if v is not None else float('nan'):.4f}"
+    def known_copies(i: int) -> list[tuple[int, str]]:
+        """Members that are copies of member i by what is known now (same pixels, or a scored pair)."""
+        out = [(k, "same pixels") for k in same_pixels[digests[i]] if k != i]
+        return out + [(index[o], f"copy score {v:.4f}") for o, v in scores.partners(order[i]).items()
+                      if v >= threshold and o in index and digests[index[o]] != digests[i]]
 
-    clash: dict[int, tuple[int, str]] = {}
-    for i in range(len(order)):
-        for k in range(len(order)):
-            if label[i] != label[k] and i not in clash:
-                hit, how = copy(i, k, False)
-                if hit:
-                    clash[i] = (k, how)
+    clash = {i: hit for i in range(len(order)) for hit in [next(((k, how) for k, how in known_copies(i)
+                                                                   if label[k] != label[i]), None)] if hit}
     kept: list[int] = []
+    kept_set: set[int] = set()
     removed: list[tuple[str, str, str | None, str]] = []
     for i, sha in enumerate(order):
         if i in clash:
@@ -490,11 +489,14 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
             removed.append((sha, "label_conflict", None,
                             f"copy ({how}) of {order[k][:12]} labelled {label[k]!r}, this one {label[i]!r}"))
             continue
-        originals = [(k, how) for k in kept if label[k] == label[i] for hit, how in [copy(i, k, score_new)] if hit]
+        if len(order) <= WALK_SCORED_MEMBERS:  # small: score each kept member of its label now
+            scores.score_many((sha, order[k]) for k in kept if label[k] == label[i] and digests[k] != digests[i])
+        originals = [(k, how) for k, how in known_copies(i) if k in kept_set and label[k] == label[i]]
         if not originals:
             kept.append(i)
+            kept_set.add(i)
             continue
-        k, how = max(originals, key=lambda o: (o[1] == "same pixels", scores.get(sha, order[o[0]]) or 0.0))
+        k, how = max(originals, key=lambda o: (o[1] == "same pixels", scores.get(sha, order[o[0]]) or 0.0, -o[0]))
         if how == "same pixels":
             removed.append((sha, "exact_duplicate", order[k], "same decoded pixels as the kept image"))
         else:
