@@ -6,7 +6,10 @@ Triggered by the `curated_images` Asset, or by hand with an explicit `curated_ve
 
 1. **drift_check**: the images added since the champion's training data against that data, on
    the champion's own softmax (KS) and embedding (MMD) plus a label chi-square (tasks/drift.py);
-   `drift.policy` `warn` alerts and trains, `block` (prod) stops here with one alert. First run:
+   a detected drift is harmful when it costs the champion more than `drift.max_accuracy_drop` of
+   accuracy on the new labelled images. `drift.policy` `warn` alerts and trains, `block` (prod)
+   stops here with one alert on harmful drift (a harmless one warns and trains), `retrain`
+   trains only on drifted data (**retrain_gate** skips the rest otherwise). First run:
    no champion, skipped and said so.
 2. **tuning** (Param `tune`): an Optuna study (SQLite locally, PostgreSQL in production)
    whose trials run as mapped tasks, on as many workers as are free; each trial is a nested
@@ -115,7 +118,7 @@ def cd4ml_train():
     def drift_check(data: dict, **context) -> dict:
         """New training data against the champion's training data."""
         from tasks.alerts import send
-        from tasks.drift import DriftReference, check_drift, enforce_policy
+        from tasks.drift import DriftReference, blocks, check_drift, enforce_policy
         from tasks.registry import champion
         from tasks.settings import load_settings
 
@@ -128,7 +131,7 @@ def cd4ml_train():
             result = check_drift(settings, data["curated_table"], data["curated_version"], reference, context["run_id"])
         print(f"drift: {result.status} ({result.reason}); report: {result.report_path} {result.html_path or ''}")
         if result.status == "drift":
-            block = settings.drift.policy == "block"
+            block = blocks(settings, result)
             send(alert_from_context(
                 context, settings, settings.env, kind="drift", severity="critical" if block else "warning",
                 summary=("training blocked: " if block else "") + f"data drift against champion "
@@ -141,6 +144,16 @@ def cd4ml_train():
             with fail_fast_on_data_errors():
                 enforce_policy(settings, result)
         return result.to_dict()
+
+    @task.short_circuit
+    def retrain_gate(drift: dict, **context) -> bool:
+        """Policy `retrain`: go on only when the new data drifted (or no champion, or force_retrain)."""
+        from tasks.drift import DriftResult, should_train
+        from tasks.settings import load_settings
+
+        go, why = should_train(load_settings(), DriftResult(**drift), bool(context["params"]["force_retrain"]))
+        print(why)
+        return go
 
     @task
     def create_study(data: dict, **context) -> dict:
@@ -190,6 +203,7 @@ def cd4ml_train():
     data = resolve_input()
     drift = drift_check(data)
     study = create_study(data)
+    retrain_gate(drift) >> study  # everything after it is skipped when the gate says no
     trials = tune_trial.partial(study=study, data=data).expand(trial_index=trial_indices(study))
     best = best_params(study)
     trials >> best

@@ -29,9 +29,16 @@ grows with the square of the sample, PCA basis, class proportions, the champion'
 accuracy) are fitted once per champion version and settings, saved with alibi-detect's
 ``save_detector`` under ``<reports>/drift/detectors/`` and loaded by later checks.
 
+Harmful or not: a detected drift is *harmful* when the champion's accuracy on the new labelled
+sample is more than ``drift.max_accuracy_drop`` (5 points) below its test accuracy, or when that
+cannot be measured (no labels, no champion softmax). A harmless drift (the data moved, the
+champion copes: a slightly darker camera) is reported and alerted as a warning.
+
 Policy (``drift.policy`` per environment): ``warn`` alerts and trains; ``block`` stops training
-(``DriftBlockedError``) and alerts on-call. With no champion, or no new image, the check is
-skipped cheaply (no torch or alibi-detect import). Every check writes a JSON report and an HTML
+on a harmful drift (``DriftBlockedError``) and alerts on-call (a harmless one warns and trains);
+``retrain`` trains only when the new data drifted or there is no champion yet
+(``should_train``): a batch the champion already handles does not start a new model. With no
+champion, or no new image, the check is skipped cheaply (no torch or alibi-detect import). Every check writes a JSON report and an HTML
 page with plots (p-values per test, the embedding projection of both samples, class counts).
 """
 
@@ -100,6 +107,9 @@ class DriftResult:
     policy: str = "warn"
     html_path: str | None = None
     run_id: str = ""
+    # Detected drift only: True when it costs the champion more than drift.max_accuracy_drop, or when that
+    # cannot be measured; False when the champion's accuracy on the new images holds. None: no drift.
+    harmful: bool | None = None
 
     @property
     def is_drift(self) -> bool:
@@ -437,11 +447,13 @@ def check_drift(settings: Settings, current_table: str, current_version: int, re
     versus = (f"{len(new.shas)} new images of v{current_version} vs the champion's training data "
               f"v{reference.version} (champion v{reference.model_version})")
     smallest = min(t["p_value"] for t in tests)
+    harmful = is_harmful(severity["accuracy_drop"], cfg.max_accuracy_drop) if drifted else None
     reason = (f"drift in {', '.join(drifted)}: {versus}" if drifted else f"no drift: {versus}") + (
         f"; champion accuracy {extra_new['accuracy']:.3f} on them vs {test_accuracy:.3f} on its test split"
-        if severity["accuracy_drop"] is not None else "")
+        if severity["accuracy_drop"] is not None else "") + _harm_phrase(harmful, severity["accuracy_drop"],
+                                                                          cfg.max_accuracy_drop)
     result = dataclasses.replace(
-        template, status="drift" if drifted else "no_drift", reason=reason, p_value=smallest,
+        template, status="drift" if drifted else "no_drift", reason=reason, p_value=smallest, harmful=harmful,
         n_reference=detectors.meta["n_reference"], n_current=len(new.shas), tests=tests, severity=severity,
         whole={"n": len(whole_sample.shas), "tests": whole_tests, "accuracy": extra_whole["accuracy"],
                "drift": any(t["drift"] for t in whole_tests)},
@@ -456,11 +468,48 @@ def check_drift(settings: Settings, current_table: str, current_version: int, re
     })
 
 
+def is_harmful(accuracy_drop: float | None, max_drop: float) -> bool:
+    """A detected drift is harmful when the champion loses more than ``max_drop`` on it, or when nobody can tell."""
+    return accuracy_drop is None or accuracy_drop > max_drop
+
+
+def _harm_phrase(harmful: bool | None, drop: float | None, max_drop: float) -> str:
+    if harmful is None:
+        return ""
+    if drop is None:
+        return "; harmful: the accuracy cost cannot be measured (no labels or no champion softmax)"
+    verdict = "harmful" if harmful else "harmless"
+    return f"; {verdict}: accuracy drop {100 * drop:.1f} points vs the limit {100 * max_drop:.1f}"
+
+
+def blocks(settings: Settings, result: DriftResult) -> bool:
+    """Whether this check stops training: policy ``block`` and a harmful drift."""
+    return settings.drift.policy == "block" and result.is_drift and result.harmful is not False
+
+
 def enforce_policy(settings: Settings, result: DriftResult) -> None:
-    """``block``: a drifted check stops training with its reason. ``warn``: nothing here (the DAG alerts)."""
-    if result.is_drift and settings.drift.policy == "block":
+    """``block``: a harmful drift stops training with its reason. Otherwise nothing here (the DAG alerts)."""
+    if blocks(settings, result):
         raise DriftBlockedError(f"training blocked by drift policy in {settings.env}: {result.reason} "
                                 f"(report {result.report_path})")
+
+
+def should_train(settings: Settings, result: DriftResult, force: bool = False) -> tuple[bool, str]:
+    """Whether training goes on after this check, and why; only ``retrain`` says no (``block`` raises instead).
+
+    ``retrain``: train when the new data drifted, when there is no champion yet, or when forced
+    (``force_retrain``); a check without drift (or without new images) keeps the champion.
+    """
+    if settings.drift.policy != "retrain":
+        return True, f"policy {settings.drift.policy}: training goes on"
+    if force:
+        return True, "policy retrain: force_retrain is set, training goes on"
+    if result.reference_version is None:
+        return True, "policy retrain: no champion yet, training goes on"
+    if result.is_drift:
+        return True, f"policy retrain: the new data drifted, retraining on it ({result.reason})"
+    return False, (f"policy retrain: no drift against champion v{result.champion_version} ({result.reason}): "
+                   "the champion stays, no retraining")
 
 
 def log_report(settings: Settings, mlflow_run_id: str, drift: dict[str, Any]) -> None:

@@ -141,7 +141,12 @@ class DriftSettings(_Section):
     n_permutations: int = Field(gt=0)
     max_reference: int = Field(default=10000, gt=1)  # reference images the detectors are fitted on
     mmd_reference: int = Field(default=1000, gt=1)  # of those, the MMD test's (its cost grows with the square)
-    policy: Literal["warn", "block"] = "warn"  # block: a drifted batch stops training and alerts on-call
+    # warn: alert and train | block: harmful drift stops training and alerts on-call |
+    # retrain: train only when the new data drifted (or there is no champion yet)
+    policy: Literal["warn", "block", "retrain"] = "warn"
+    # A detected drift is harmful when the champion's accuracy on the new labelled images is more than this
+    # (absolute) below its test accuracy, or when that cannot be measured (no labels, no champion softmax).
+    max_accuracy_drop: float = Field(default=0.05, ge=0.0, le=1.0)
 
 
 class KubernetesTrainerSettings(_Section):

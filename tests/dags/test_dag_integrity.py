@@ -24,7 +24,8 @@ EXPECTED = {
     "cd4ml_curate": {"curate": set()},
     "cd4ml_train": {
         "resolve_input": {"drift_check", "create_study", "tune_trial", "train", "evaluate_gate"},
-        "drift_check": {"train", "register"},
+        "drift_check": {"train", "register", "retrain_gate"},
+        "retrain_gate": {"create_study"},
         "create_study": {"trial_indices", "tune_trial", "best_params"},
         "trial_indices": {"tune_trial"},
         "tune_trial": {"best_params"},

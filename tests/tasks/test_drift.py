@@ -5,6 +5,7 @@ fitted once per champion and reused, a report page with plots, and the block pol
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -19,7 +20,15 @@ import pytest
 from PIL import Image
 
 from tasks import lake
-from tasks.drift import DriftBlockedError, DriftReference, check_drift, enforce_policy, log_report, sample_rows
+from tasks.drift import (
+    DriftBlockedError,
+    DriftReference,
+    check_drift,
+    enforce_policy,
+    log_report,
+    sample_rows,
+    should_train,
+)
 from tasks.sample_data import digits_arrays
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -140,6 +149,7 @@ def test_inverted_digits_are_drift_with_severity_a_page_and_artifacts(world) -> 
     flagged = {t["name"] for t in result.tests if t["drift"]}
     assert {"softmax_ks", "embedding_mmd"} <= flagged
     assert result.severity["accuracy_drop"] > 0.2  # the champion really is worse on them
+    assert result.harmful is True and "harmful: accuracy drop" in result.reason
     page = Path(result.html_path)
     assert page.exists() and "DRIFT" in page.read_text()
     assert len(list(page.parent.glob(f"{page.stem}_*.png"))) == 3
@@ -158,6 +168,8 @@ def test_a_batch_of_one_class_is_label_drift(world) -> None:
     chi2 = next(t for t in result.tests if t["name"] == "label_chi2")
     assert chi2["drift"] and result.n_current == world["n_ones"]
     assert _report(result)["label_counts"]["new"] == {"1": world["n_ones"]}
+    drop = result.severity["accuracy_drop"]  # harmful only if the champion is worse on them than allowed
+    assert result.harmful is (drop > settings.drift.max_accuracy_drop)
 
 
 def test_block_policy_stops_training_and_warn_does_not(world) -> None:
@@ -169,6 +181,25 @@ def test_block_policy_stops_training_and_warn_does_not(world) -> None:
         enforce_policy(block, drifted)
     quiet = check_drift(settings, world["uri"], world["same"], world["reference"], run_id="run-5")
     enforce_policy(block, quiet)  # no drift: nothing to block
+    harmless = dataclasses.replace(drifted, harmful=False)  # drift the champion copes with: warn, train
+    enforce_policy(block, harmless)
+    unknown = dataclasses.replace(drifted, harmful=True, severity={"accuracy_drop": None})
+    with pytest.raises(DriftBlockedError):
+        enforce_policy(block, unknown)
+
+
+def test_retrain_policy_trains_only_on_drift_without_a_champion_or_when_forced(world) -> None:
+    settings = world["settings"]
+    retrain = settings.model_copy(update={"drift": settings.drift.model_copy(update={"policy": "retrain"})})
+    drifted = check_drift(settings, world["uri"], world["inverted"], world["reference"], run_id="run-6")
+    quiet = check_drift(settings, world["uri"], world["same"], world["reference"], run_id="run-7")
+    first = check_drift(settings, world["uri"], world["same"], None, run_id="run-8")
+    assert should_train(retrain, drifted)[0]
+    go, why = should_train(retrain, quiet)
+    assert not go and "the champion stays" in why and f"champion v{quiet.champion_version}" in why
+    assert should_train(retrain, quiet, force=True)[0]
+    assert should_train(retrain, first)[0]  # no champion yet: the first model must be trained
+    assert should_train(settings, quiet)[0]  # warn trains whatever the check says
 
 
 def test_sample_rows_is_deterministic_and_order_free() -> None:
