@@ -202,8 +202,8 @@ def cd4ml_train():
 
     data = resolve_input()
     drift = drift_check(data)
+    gate = retrain_gate(drift)  # training and everything after it are skipped when the gate says no
     study = create_study(data)
-    retrain_gate(drift) >> study  # everything after it is skipped when the gate says no
     trials = tune_trial.partial(study=study, data=data).expand(trial_index=trial_indices(study))
     best = best_params(study)
     trials >> best
@@ -224,7 +224,7 @@ def cd4ml_train():
             ).to_dict()
 
         train_op = trainer_operator(SETTINGS)
-        trainer_pod(data, drift, best) >> train_op
+        gate >> trainer_pod(data, drift, best) >> train_op
         trained = train_op.output
     else:
 
@@ -246,6 +246,7 @@ def cd4ml_train():
             return result.to_dict()
 
         trained = train(data, drift, best)
+        gate >> trained
 
     @task
     def register(trained: dict, drift: dict) -> dict:
@@ -261,7 +262,18 @@ def cd4ml_train():
         print(f"candidate: {SETTINGS.registry.model_name} v{version} (run {trained['mlflow_run_id']})")
         return {"version": version, "run_id": trained["mlflow_run_id"]}
 
-    release_flow(register(trained, drift), data)
+    @task(trigger_rule="one_failed")
+    def training_failed() -> None:
+        """Fails the run when a step before the release failed (e.g. drift blocked it): the release tail's
+        `finish` runs whatever happens, and a run whose leaves all succeed would otherwise count as a success."""
+        from airflow.sdk.exceptions import AirflowFailException  # no retry: nothing to retry here
+
+        raise AirflowFailException("a step before the release failed (its log says why): this run trained or "
+                                   "released nothing")
+
+    candidate = register(trained, drift)
+    [data, drift, study, best, trained, candidate] >> training_failed()
+    release_flow(candidate, data)
 
 
 cd4ml_train()
