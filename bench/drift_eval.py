@@ -524,8 +524,13 @@ def main() -> None:
             p_mmd_raw = (t["embedding_mmd"]["p_value"] * (1 + n_perm) - 1) / n_perm
             old_ks = min(per_class.values()) <= alpha
             chi = t["label_chi2"]["drift"]
+            detected = any(x["drift"] for x in tests)
+            drop = (meta["test_accuracy"] - extra["accuracy"]
+                    if meta["test_accuracy"] is not None and extra["accuracy"] is not None else None)
             per.append({"n": len(data), "distinct": len(set(sample.shas)), "accuracy": extra["accuracy"],
-                        "drift": any(x["drift"] for x in tests),
+                        "drift": detected,
+                        # what policy block does with this check (tasks/drift.py blocks: detected and harmful)
+                        "blocked": detected and drift.is_harmful(drop, settings.drift.max_accuracy_drop),
                         **{x["name"]: {"drift": x["drift"], "p": round(x["p_value"], 5)} for x in tests},
                         "ks_min_class": min(per_class, key=per_class.get),
                         "cf_mmd_plus1": old_ks or t["embedding_mmd"]["drift"] or chi,
@@ -535,6 +540,7 @@ def main() -> None:
         acc = float(np.mean([p["accuracy"] for p in per]))
         row = {"scenario": sc["name"], "n": sc["n"], "n_mean": round(float(np.mean([p["n"] for p in per])), 1),
                "repeats": repeats, "detected": k, "detection_rate": round(k / repeats, 3),
+               "block_rate": round(sum(p["blocked"] for p in per) / repeats, 3),
                "detection_ci95": wilson_free_ci(k, repeats),
                "by_test": {name: round(sum(p[name]["drift"] for p in per) / repeats, 3) for name in TESTS},
                "median_p": {name: float(np.median([p[name]["p"] for p in per])) for name in TESTS},
@@ -556,6 +562,9 @@ def main() -> None:
         "false_alarm_met": null["detection_rate"] <= TARGET_FALSE_ALARM,
         "false_alarms_small_n": {r["n"]: r["detection_rate"] for r in rows if r["scenario"] == "no change" and r["n"] != args.n},
         "costly_shifts": [r["scenario"] for r in costly], "costly_missed": missed, "power_met": not missed,
+        "costly_blocked_min": min((r["block_rate"] for r in costly), default=None),
+        "uncostly_blocked_max": max((r["block_rate"] for r in rows if r["n"] == args.n
+                                     and r["accuracy_drop"] <= COSTLY), default=None),
         "uncostly_detected": [r["scenario"] for r in rows if r["n"] == args.n and r["accuracy_drop"] <= COSTLY
                               and r["detection_rate"] >= TARGET_POWER and r["scenario"] != "no change"],
         "uncostly_not_detected": [r["scenario"] for r in rows if r["n"] == args.n and r["accuracy_drop"] <= COSTLY
@@ -596,13 +605,14 @@ def print_tables(res: dict[str, Any]) -> None:
           f"({c['epochs_run']} epochs), test accuracy {d['test_accuracy']:.3f}; accuracy on the untransformed "
           f"pool of {res['data']['pool_digits']}: {res['pool_accuracy']:.3f}. Detectors: {d['n_reference']} held-out "
           f"reference images (MMD {d['n_mmd_reference']}), alpha per test {res['settings']['alpha_per_test']:.4f}.\n")
-    print("| scenario | N | repeats | detected (95% CI) | softmax_ks | embedding_mmd | label_chi2 | champion acc | drop |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("| scenario | N | repeats | detected (95% CI) | blocked (policy block) | softmax_ks | embedding_mmd | label_chi2 "
+          "| champion acc | drop |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in res["scenarios"]:
         lo, hi = r["detection_ci95"]
         b = r["by_test"]
         print(f"| {r['scenario']} | {r['n_mean']:g} | {r['repeats']} | **{r['detection_rate']:.2f}** ({lo:.2f}-{hi:.2f}) "
-              f"| {b['softmax_ks']:.2f} | {b['embedding_mmd']:.2f} | {b['label_chi2']:.2f} | {r['accuracy']:.3f} "
+              f"| **{r.get('block_rate', float('nan')):.2f}** | {b['softmax_ks']:.2f} | {b['embedding_mmd']:.2f} | {b['label_chi2']:.2f} | {r['accuracy']:.3f} "
               f"| {r['accuracy_drop'] * 100:+.1f} |")
     print("\nThe previous rules on the same samples: per-class KS (Bonferroni) as the softmax decision; "
           "alibi-detect's raw MMD p-value; both (the check before this benchmark)\n")
@@ -615,7 +625,9 @@ def print_tables(res: dict[str, Any]) -> None:
     t = res["targets"]
     print(f"\nTargets: false alarms {t['false_alarm_rate']:.2f} (CI {t['false_alarm_ci95']}) <= 0.05: "
           f"{'MET' if t['false_alarm_met'] else 'NOT MET'}; costly shifts (drop > 5 pts) {t['costly_shifts']} "
-          f"detected >= 90%: {'MET' if t['power_met'] else 'NOT MET, missed ' + str(t['costly_missed'])}")
+          f"detected >= 90%: {'MET' if t['power_met'] else 'NOT MET, missed ' + str(t['costly_missed'])}; "
+          f"policy block stops >= {t.get('costly_blocked_min')} of costly and <= {t.get('uncostly_blocked_max')} of "
+          f"other samples")
     if res["timing"]:
         f, k = res["timing"]["fit"], res["timing"]["check"]
         print(f"\nTiming ({f['n_reference']} reference images, MMD reference {f['n_mmd_reference']}, "
