@@ -151,10 +151,13 @@ def _read_sample(uri: str, version: int, limit: int, side: str, splits: tuple[st
                  only: set[str] | None = None) -> tuple[Sample, int]:
     """(a hash sample of at most ``limit`` rows, optionally among ``only``; how many rows were eligible)."""
     filters = [("split", "in", list(splits))] if splits else None
-    table = lake.read(uri, version, columns=["sha256"], filter=filters)
-    shas = [str(s) for s in table.column("sha256").to_pylist()]
-    if only is not None:
-        shas = [s for s in shas if s in only]
+    if only is not None and not splits:  # the caller already read the column: ``only`` is the eligible set
+        shas = sorted(only)
+    else:
+        table = lake.read(uri, version, columns=["sha256"], filter=filters)
+        shas = [str(s) for s in table.column("sha256").to_pylist()]
+        if only is not None:
+            shas = [s for s in shas if s in only]
     eligible = len(set(shas))
     wanted = [shas[i] for i in sample_rows(shas, limit, side)]
     if not wanted:
