@@ -83,11 +83,8 @@ def read(settings: Settings) -> list[AuditRow]:
 
 
 def _snapshot(uri: str) -> tuple[list[AuditRow], Any]:
-    if not lake.exists(uri):
-        return [], None
-    table = lake.open_table(uri)
-    rows = [AuditRow.from_arrow(r) for r in lake.scan(table).to_pylist()]
-    return sorted(rows, key=lambda r: r.seq), table
+    rows, table = lake.ledger_rows(uri)
+    return [AuditRow.from_arrow(r) for r in rows], table
 
 
 def alias_holder(rows: list[AuditRow], alias: str, cleared_by: tuple[tuple[str, str], ...] = ()) -> tuple[bool, int | None]:

@@ -59,13 +59,6 @@ def _table_uri(settings: Settings) -> str:
     return settings.table_uri("alert_ledger")
 
 
-def _rows(uri: str) -> tuple[list[dict[str, Any]], Any]:
-    if not lake.exists(uri):
-        return [], None
-    table = lake.open_table(uri)
-    return sorted(lake.scan(table).to_pylist(), key=lambda r: r["seq"]), table
-
-
 def _open(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """dedup_key -> its trigger row, for keys whose last row is a trigger."""
     state: dict[str, dict[str, Any]] = {}
@@ -90,7 +83,7 @@ def claim(settings: Settings, alert: Alert, channels: tuple[str, ...]) -> bool:
     uri = _table_uri(settings)
 
     def attempt(_: int) -> bool:
-        rows, table = _rows(uri)
+        rows, table = lake.ledger_rows(uri)
         if alert.dedup_key in _open(rows):
             return False
         _append(uri, table, rows, {
@@ -107,7 +100,7 @@ def close(settings: Settings, dedup_key: str, run_id: str) -> bool:
     uri = _table_uri(settings)
 
     def attempt(_: int) -> bool:
-        rows, table = _rows(uri)
+        rows, table = lake.ledger_rows(uri)
         trigger = _open(rows).get(dedup_key)
         if trigger is None:
             return False
@@ -130,7 +123,7 @@ def _incident(row: dict[str, Any]) -> Incident:
 
 def open_incidents(settings: Settings, dag_id: str | None = None, kinds: frozenset[str] | None = None) -> list[Incident]:
     """Alerts delivered and not resolved, oldest first (optionally of one DAG and some kinds)."""
-    rows, _ = _rows(_table_uri(settings))
+    rows, _ = lake.ledger_rows(_table_uri(settings))
     found = [_incident(r) for r in _open(rows).values()
              if (dag_id is None or r["dag_id"] == dag_id) and (kinds is None or r["kind"] in kinds)]
     return sorted(found, key=lambda i: i.seq)

@@ -123,6 +123,18 @@ def scan(table: DeltaTable, columns: Iterable[str] | None = None, filters: Any =
     return table.to_pyarrow_table(columns=cols, filters=filters, filesystem=filesystem)
 
 
+
+def ledger_rows(uri: str) -> tuple[list[dict[str, Any]], DeltaTable | None]:
+    """An append-only ledger's rows in ``seq`` order and the snapshot they came from (None: no table yet).
+
+    The snapshot is what a compare-and-append commits against (the alert ledger, the release audit).
+    """
+    if not exists(uri):
+        return [], None
+    table = open_table(uri)
+    return sorted(scan(table).to_pylist(), key=lambda r: r["seq"]), table
+
+
 def read(uri: str, version: int, columns: Iterable[str] | None = None, filter: Any = None) -> pa.Table:
     """Read one explicit version (time travel); never implicitly the newest."""
     return scan(open_table(uri, version), columns, filter)
