@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -71,15 +72,30 @@ class UnknownModelVersionError(DataError, LookupError):
     """The model version asked for does not exist; the message lists what does."""
 
 
+_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
 def mlflow_client(settings: Settings) -> MlflowClient:
     """Point MLflow (fluent API and a client) at this environment's tracking and registry store."""
     return client_for(settings.tracking_uri)
 
 
 def client_for(uri: str) -> MlflowClient:
-    """Point MLflow (fluent API and a client) at one store for tracking and registry alike."""
+    """Point MLflow (fluent API and a client) at one store for tracking and registry alike.
+
+    MLflow's setters also export the URI as ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI``, which
+    settings read as an operator's override: left there, the first environment a process touched
+    would capture every later one (a second environment's settings would read the first's store).
+    The process's own values are put back; the fluent API keeps the URI set here.
+    """
+    saved = {name: os.environ.get(name) for name in _URI_VARIABLES}
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 

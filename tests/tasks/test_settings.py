@@ -67,3 +67,17 @@ def test_section_hash_changes_with_the_section(settings):
     other = settings.model_copy(update={"curation": settings.curation.model_copy(update={"split_salt": "x"})})
     assert settings.section_hash("curation") != other.section_hash("curation")
     assert settings.section_hash("training") == other.section_hash("training")
+
+
+def test_an_mlflow_client_for_one_environment_does_not_capture_the_next(tmp_path, monkeypatch):
+    """MLflow's set_tracking_uri exports MLFLOW_TRACKING_URI; settings read it as an override, so it must not leak."""
+    from tasks.registry import mlflow_client
+    from tasks.settings import load_settings
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    first, second = load_settings("sit", home=tmp_path / "a"), load_settings("prod", home=tmp_path / "b")
+    mlflow_client(first)
+    assert second.tracking_uri == second.tracking.uri != first.tracking.uri
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///operator.db")  # an operator's override still wins
+    mlflow_client(first)
+    assert second.tracking_uri == "sqlite:///operator.db"
