@@ -78,6 +78,7 @@ def test_an_mlflow_client_for_one_environment_does_not_capture_the_next(tmp_path
     first, second = load_settings("sit", home=tmp_path / "a"), load_settings("prod", home=tmp_path / "b")
     mlflow_client(first)
     assert second.tracking_uri == second.tracking.uri != first.tracking.uri
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///operator.db")  # an operator's override still wins
+    operator = f"sqlite:///{tmp_path / 'operator.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", operator)  # an operator's override still wins
     mlflow_client(first)
-    assert second.tracking_uri == "sqlite:///operator.db"
+    assert second.tracking_uri == operator
