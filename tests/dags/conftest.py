@@ -38,3 +38,16 @@ def airflow_env() -> dict[str, str]:
 def run_airflow(args: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
     airflow = Path(sys.executable).parent / "airflow"
     return subprocess.run([str(airflow), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def edited_conf(target: Path, everywhere: dict[str, str], per_file: dict[str, dict[str, str]] | None = None) -> Path:
+    """A copy of the repo's conf/ in ``target`` with text replacements (all files, then per file name)."""
+    from tasks.settings import REPO_ROOT
+
+    target.mkdir(parents=True)
+    for name in ("base.yaml", "sit.yaml", "uat.yaml", "prod.yaml"):
+        text = (REPO_ROOT / "conf" / name).read_text()
+        for old, new in {**everywhere, **(per_file or {}).get(name, {})}.items():
+            text = text.replace(old, new)
+        (target / name).write_text(text)
+    return target

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.dags.conftest import run_airflow
+from tests.dags.conftest import edited_conf, run_airflow
 from tests.dags.test_dags_run import _alert_lines, airflow_template, peers, private_env  # noqa: F401  (fixtures)
 from tests.tasks.test_drift import _rows
 
@@ -28,18 +28,8 @@ FAST = {"  epochs: 15": "  epochs: 4", "  patience: 4": "  patience: 2", "  smok
 
 
 def _conf(target: Path, policy: str) -> Path:
-    from tasks.settings import REPO_ROOT
-
-    target.mkdir(parents=True)
-    for name in ("base.yaml", "sit.yaml", "uat.yaml", "prod.yaml"):
-        text = (REPO_ROOT / "conf" / name).read_text()
-        for old, new in FAST.items():
-            text = text.replace(old, new)
-        if name == "prod.yaml":
-            text = text.replace("  policy: block", f"  policy: {policy}").replace(
-                "  approval: required", "  approval: none")
-        (target / name).write_text(text)
-    return target
+    return edited_conf(target, FAST, {"prod.yaml": {"  policy: block": f"  policy: {policy}",
+                                                    "  approval: required": "  approval: none"}})
 
 
 @pytest.fixture(scope="module")

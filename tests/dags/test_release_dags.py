@@ -28,7 +28,7 @@ from tests.dags.airflow_services import (
     wait_for_awaiting_input,
     wait_for_run,
 )
-from tests.dags.conftest import DAGS, PLUGINS, run_airflow
+from tests.dags.conftest import DAGS, PLUGINS, edited_conf, run_airflow
 
 pytestmark = pytest.mark.airflow
 DATE = "2026-11-21"
@@ -38,20 +38,11 @@ FAST = {"  epochs: 15": "  epochs: 5", "  patience: 4": "  patience: 2", "  min_
 
 
 def _conf(target: Path, prod: str, uat: str = "") -> Path:
-    from tasks.settings import REPO_ROOT
-
-    target.mkdir(parents=True)
-    for name in ("base.yaml", "sit.yaml", "uat.yaml", "prod.yaml"):
-        text = (REPO_ROOT / "conf" / name).read_text()
-        for old, new in FAST.items():
-            text = text.replace(old, new)
-        if name == "uat.yaml":
-            text = text.replace("  pattern: deploy_code", uat or "  pattern: deploy_code")
-        if name == "prod.yaml":
-            text = text.replace("  pattern: deploy_code", prod).replace(
-                "  approval_timeout_hours: 72", "  approval_timeout_hours: 0.015\n  approvers: [approver]")
-        (target / name).write_text(text)
-    return target
+    return edited_conf(target, FAST, {
+        "uat.yaml": {"  pattern: deploy_code": uat or "  pattern: deploy_code"},
+        "prod.yaml": {"  pattern: deploy_code": prod,
+                      "  approval_timeout_hours: 72": "  approval_timeout_hours: 0.015\n  approvers: [approver]"},
+    })
 
 
 def _cd4ml(args: list[str], env: dict) -> str:
