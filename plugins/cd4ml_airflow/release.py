@@ -11,7 +11,8 @@ registered candidate of this environment's model and a task that returned the te
 parse time from the settings, like every structural choice). A reject skips ``promote``; no answer
 within ``release.approval_timeout_hours`` takes the default, Reject, with no responder; either is
 recorded (who, why) in the release ledger and alerted by the operator itself. ``finish`` runs
-whatever happened before it and prints what the run changed, read back from the ledger. Logic
+whatever happened before it and prints what the run changed, read back from the ledger;
+``inputs_failed`` fails the run when the candidate or the test data could not be produced. Logic
 lives in ``tasks.release`` and ``tasks.evaluate``; this module only wires.
 """
 
@@ -118,8 +119,19 @@ def finish(gate: dict, **context) -> dict:
     return {"outcome": outcome, "audit": rows}
 
 
+@task(trigger_rule="one_failed")
+def inputs_failed() -> None:
+    """Fails the run when the candidate or the test data could not be produced (a failed step, or one upstream of
+    them, e.g. drift blocking training): ``finish`` runs whatever happens, and a run whose leaves all succeed
+    would otherwise count as a success. Decisions after the gate (a rejected approval) are not failures."""
+    from airflow.sdk.exceptions import AirflowFailException  # no retry: nothing to retry here
+
+    raise AirflowFailException("a step before the release failed (its log says why): nothing was evaluated or released")
+
+
 def release_flow(candidate, test_data) -> None:
     """Wire the shared release tail after ``candidate`` ({"version"}) and ``test_data`` (table, version)."""
+    [candidate, test_data] >> inputs_failed()
     gate = evaluate_gate(candidate, test_data)
     challenger = mark_challenger(gate)
     moved = promote(gate, challenger)

@@ -18,24 +18,25 @@ RELEASE_TAIL = {
     "mark_challenger": {"promote"},
     "promote": {"finish"},
     "finish": set(),
+    "inputs_failed": set(),
 }
 EXPECTED = {
     "cd4ml_ingest": {"ingest": {"validate"}, "validate": set()},
     "cd4ml_curate": {"curate": set()},
     "cd4ml_train": {
-        "resolve_input": {"drift_check", "create_study", "tune_trial", "train", "evaluate_gate", "training_failed"},
-        "drift_check": {"train", "register", "retrain_gate", "training_failed"},
+        "resolve_input": {"drift_check", "create_study", "tune_trial", "train", "evaluate_gate", "inputs_failed"},
+        "drift_check": {"train", "register", "retrain_gate"},
         "retrain_gate": {"train"},
-        "create_study": {"trial_indices", "tune_trial", "best_params", "training_failed"},
+        "create_study": {"trial_indices", "tune_trial", "best_params"},
         "trial_indices": {"tune_trial"},
         "tune_trial": {"best_params"},
-        "best_params": {"train", "training_failed"},
-        "train": {"register", "training_failed"},
-        "register": {"evaluate_gate", "training_failed"},
-        "training_failed": set(),
+        "best_params": {"train"},
+        "train": {"register"},
+        "register": {"evaluate_gate", "inputs_failed"},
         **RELEASE_TAIL,
     },
-    "cd4ml_promote": {"copy_candidate": {"evaluate_gate"}, "test_data": {"evaluate_gate"}, **RELEASE_TAIL},
+    "cd4ml_promote": {"copy_candidate": {"evaluate_gate", "inputs_failed"}, "test_data": {"evaluate_gate", "inputs_failed"},
+                      **RELEASE_TAIL},
     "cd4ml_rollback": {"rollback": set()},
 }
 # prod (release.approval: required): a person decides between the challenger and the champion.
@@ -46,6 +47,7 @@ APPROVAL_TAIL = {
     "approve": {"promote"},
     "promote": {"finish"},
     "finish": set(),
+    "inputs_failed": set(),
 }
 
 
@@ -177,6 +179,6 @@ print(json.dumps({"type": type(train).__name__, "image": train.image, "upstream"
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info == {
         "type": "KubernetesPodOperator", "image": "registry.example/cd4ml-trainer:1.2",
-        "upstream": ["trainer_pod"], "downstream": ["register", "training_failed"], "gpus": "2",
+        "upstream": ["trainer_pod"], "downstream": ["register"], "gpus": "2",
         "mount": "/data/cd4ml", "secret": ["MLFLOW_TRACKING_URI"], "xcom": True, "native": True,
     }
