@@ -84,6 +84,7 @@ import hashlib
 import json
 import logging
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -297,22 +298,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     features: Features = merge_features(stored, fresh)
     record, record_version = read_assignments(settings)
 
-    dropped: list[dict[str, Any]] = []
-    outliers: list[tuple[str, str, str, ImageFeatures]] = []
-    eligible: list[str] = []
-    for sha, r in by_sha.items():
-        f = features.by_sha[sha]
-        home = record[sha].component if sha in record else sha  # bad images are not grouped
-        if f.error is not None:
-            reason = "undecodable" if f.error.startswith("undecodable") else "fastdup_invalid"
-            dropped.append(_drop(r, reason, home, None, f.error))
-            continue
-        bad = outlier_reason(int(r["width"]), int(r["height"]), f, cfg.outliers)
-        if bad is not None:
-            dropped.append(_drop(r, bad[0], home, None, bad[1]))
-            outliers.append((sha, bad[0], bad[1], f))
-            continue
-        eligible.append(sha)
+    eligible, dropped, outliers = _screen(by_sha, features, record, cfg.outliers)
 
     # Graph over eligible images: recorded components as they are, plus edges from unrecorded images.
     pos = {sha: i for i, sha in enumerate(eligible)}  # eligible is sorted: the root is the smallest sha256
@@ -324,61 +310,22 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     pending = [pos[s] for s in eligible if s not in record]
     first_of_pixels: dict[str, int] = {}
     for sha in eligible:
-        first_of_pixels.setdefault(features.by_sha[sha].pixel_digest or sha, pos[sha])
+        first_of_pixels.setdefault(_digest(features, sha), pos[sha])
     for i in pending:
-        sets.union(i, first_of_pixels[features.by_sha[eligible[i]].pixel_digest or eligible[i]])
+        sets.union(i, first_of_pixels[_digest(features, eligible[i])])
     matrix = features.matrix[[features.row_of[s] for s in eligible]] if eligible else features.matrix[:0]
     found, best = link_similar(matrix, pending, cfg.near_duplicate_threshold, sets)
     duplicates = [(eligible[a], eligible[b], s) for a, b, s in best]
     scores = CopyScores(lambda sha: by_sha[sha]["image"],
                         load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
-    candidates = _copy_candidates(cfg, matrix, pending)
-    scores.score_many((eligible[i], eligible[j]) for i, j in candidates)
-    copy_edges = 0
-    for i, j in candidates:
-        if scores.get(eligible[i], eligible[j]) >= cfg.copy_similarity:
-            sets.union(i, j)  # a copy joins its original's component: copies never straddle splits
-            copy_edges += 1
+    candidates, copy_edges = _link_copies(cfg, eligible, matrix, pending, scores, sets)
 
     members: dict[int, list[str]] = {}
     for sha in eligible:
         members.setdefault(sets.find(pos[sha]), []).append(sha)
-
-    assignments = dict(record)
-    renamed: dict[str, str] = {}
-    groups: dict[str, list[str]] = {}  # final component key -> eligible members
-    new_images = 0
-    for group in members.values():
-        recorded = sorted({record[s].component for s in group if s in record})
-        split_of = {record[s].component: record[s].split for s in group if s in record}
-        newcomers = [s for s in group if s not in record]
-        if len(set(split_of.values())) > 1:
-            named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
-            more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
-            detail = f"would join recorded components {named}{more} in different splits"
-            for s in newcomers:
-                copied = _recorded_original(s, [m for m in group if m in record], features, by_sha, scores,
-                                            cfg.copy_similarity)
-                if copied is None:
-                    dropped.append(_drop(by_sha[s], "split_bridge", recorded[0], None, detail))
-                else:  # a copy needs no split: dropped as such, never kept across splits
-                    reason, original, how = copied
-                    dropped.append(_drop(by_sha[s], reason, record[original].component, original,
-                                         f"{how} to the recorded image (it also {detail})"))
-            for s in group:
-                if s in record:
-                    groups.setdefault(record[s].component, []).append(s)
-            continue
-        key = recorded[0] if recorded else min(group)
-        split = split_of[key] if recorded else split_for(key, cfg.split_salt, dict(cfg.split_ratios))
-        for other in recorded[1:]:
-            renamed[other] = key
-        for s in newcomers:
-            assignments[s] = Assignment(key, split, raw_version, run_id)
-            new_images += 1
-        groups[key] = group
-    if renamed:  # a merge relabels every recorded member, also those outside this raw version
-        assignments = {s: replace(a, component=renamed.get(a.component, a.component)) for s, a in assignments.items()}
+    assignments, groups, renamed, new_images, bridges = _assign(
+        list(members.values()), record, features, by_sha, scores, cfg, raw_version, run_id)
+    dropped.extend(bridges)
 
     kept_rows: list[dict[str, Any]] = []
     for key in sorted(groups):
@@ -420,21 +367,133 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     )
 
 
+def _screen(by_sha: dict[str, dict[str, Any]], features: Features, record: dict[str, Assignment],
+            limits: OutlierSettings) -> tuple[list[str], list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]]]:
+    """(eligible shas in order, drop rows, outliers): images without features and bad images are set aside."""
+    dropped: list[dict[str, Any]] = []
+    outliers: list[tuple[str, str, str, ImageFeatures]] = []
+    eligible: list[str] = []
+    for sha, r in by_sha.items():
+        f = features.by_sha[sha]
+        home = record[sha].component if sha in record else sha  # bad images are not grouped
+        if f.error is not None:
+            reason = "undecodable" if f.error.startswith("undecodable") else "fastdup_invalid"
+            dropped.append(_drop(r, reason, home, None, f.error))
+            continue
+        bad = outlier_reason(int(r["width"]), int(r["height"]), f, limits)
+        if bad is not None:
+            dropped.append(_drop(r, bad[0], home, None, bad[1]))
+            outliers.append((sha, bad[0], bad[1], f))
+            continue
+        eligible.append(sha)
+    return eligible, dropped, outliers
+
+
+def _link_copies(cfg: Any, eligible: list[str], matrix: np.ndarray, pending: list[int], scores: CopyScores,
+                 sets: UnionFind) -> tuple[set[tuple[int, int]], int]:
+    """Score the new images' candidate pairs; a copy joins its original's component (copies never straddle splits).
+
+    Returns (candidate pairs, how many were copies).
+    """
+    candidates = _copy_candidates(cfg, matrix, pending)
+    scores.score_many((eligible[i], eligible[j]) for i, j in candidates)
+    copy_edges = 0
+    for i, j in candidates:
+        if scores.get(eligible[i], eligible[j]) >= cfg.copy_similarity:
+            sets.union(i, j)
+            copy_edges += 1
+    return candidates, copy_edges
+
+
+def _assign(
+    components: list[list[str]], record: dict[str, Assignment], features: Features, by_sha: dict[str, dict[str, Any]],
+    scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
+) -> tuple[dict[str, Assignment], dict[str, list[str]], dict[str, str], int, list[dict[str, Any]]]:
+    """Keys and splits for this curation's components (the rules in the module doc).
+
+    Returns (the whole record after it, final component key -> eligible members, merged key -> key,
+    images assigned now, drop rows of new images that would bridge splits).
+    """
+    dropped: list[dict[str, Any]] = []
+    assignments = dict(record)
+    renamed: dict[str, str] = {}
+    groups: dict[str, list[str]] = {}  # final component key -> eligible members
+    new_images = 0
+    for group in components:
+        recorded = sorted({record[s].component for s in group if s in record})
+        split_of = {record[s].component: record[s].split for s in group if s in record}
+        newcomers = [s for s in group if s not in record]
+        if len(set(split_of.values())) > 1:
+            named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
+            more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
+            detail = f"would join recorded components {named}{more} in different splits"
+            for s in newcomers:
+                copied = _recorded_original(s, [m for m in group if m in record], features, by_sha, scores,
+                                            cfg.copy_similarity)
+                if copied is None:
+                    dropped.append(_drop(by_sha[s], "split_bridge", recorded[0], None, detail))
+                else:  # a copy needs no split: dropped as such, never kept across splits
+                    reason, original, how = copied
+                    dropped.append(_drop(by_sha[s], reason, record[original].component, original,
+                                         f"{how} to the recorded image (it also {detail})"))
+            for s in group:
+                if s in record:
+                    groups.setdefault(record[s].component, []).append(s)
+            continue
+        key = recorded[0] if recorded else min(group)
+        split = split_of[key] if recorded else split_for(key, cfg.split_salt, dict(cfg.split_ratios))
+        for other in recorded[1:]:
+            renamed[other] = key
+        for s in newcomers:
+            assignments[s] = Assignment(key, split, raw_version, run_id)
+            new_images += 1
+        groups[key] = group
+    if renamed:  # a merge relabels every recorded member, also those outside this raw version
+        assignments = {s: replace(a, component=renamed.get(a.component, a.component)) for s, a in assignments.items()}
+
+    return assignments, groups, renamed, new_images, dropped
+
+
+def _digest(features: Features, sha: str) -> str:
+    return features.by_sha[sha].pixel_digest or sha
+
+
+def _by_digest(shas: list[str], features: Features) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for s in shas:
+        out.setdefault(_digest(features, s), []).append(s)
+    return out
+
+
+def _copies_of(sha: str, among: Mapping[str, Any] | set[str], by_digest: dict[str, list[str]], features: Features,
+               scores: CopyScores, threshold: float) -> list[tuple[str, str]]:
+    """Images of ``among`` known now to be copies of ``sha``: (image, how), same pixels first, then scored pairs.
+
+    ``by_digest`` groups ``among`` by decoded-pixel digest; a scored pair is a copy at ``threshold`` or above.
+    """
+    digest = _digest(features, sha)
+    same = [(o, "same pixels") for o in by_digest.get(digest, ()) if o != sha]
+    return same + [(o, f"copy score {v:.4f}") for o, v in scores.partners(sha).items()
+                   if v >= threshold and o in among and _digest(features, o) != digest]
+
+
+def _strongest(sha: str, copies: list[tuple[str, str]], scores: CopyScores, rank: Mapping[str, int]) -> tuple[str, str]:
+    """The copy ``sha`` is most surely a copy of: same pixels, then the highest score, then the first in ``rank``."""
+    return max(copies, key=lambda c: (c[1] == "same pixels", scores.get(sha, c[0]) or 0.0, -rank[c[0]]))
+
+
 def _recorded_original(sha: str, recorded: list[str], features: Features, by_sha: dict[str, dict[str, Any]],
                        scores: CopyScores, threshold: float) -> tuple[str, str, str] | None:
     """(reason, recorded image, how) when a new image is a copy of a recorded image with its label, else None."""
-    digest = features.by_sha[sha].pixel_digest
-    label = by_sha[sha]["label"]
-    best: tuple[float, str] | None = None
-    for r in recorded:
-        if by_sha[r]["label"] != label:
-            continue
-        if digest is not None and features.by_sha[r].pixel_digest == digest:
-            return "exact_duplicate", r, "same decoded pixels"
-        v = scores.get(sha, r)
-        if v is not None and v >= threshold and (best is None or v > best[0]):
-            best = (v, r)
-    return None if best is None else ("near_duplicate", best[1], f"copy score {best[0]:.4f}")
+    same_label = [r for r in recorded if by_sha[r]["label"] == by_sha[sha]["label"]]
+    rank = {r: i for i, r in enumerate(same_label)}
+    copies = _copies_of(sha, rank, _by_digest(same_label, features), features, scores, threshold)
+    if not copies:
+        return None
+    original, how = _strongest(sha, copies, scores, rank)
+    if how == "same pixels":
+        return "exact_duplicate", original, "same decoded pixels"
+    return "near_duplicate", original, how
 
 
 def _copy_candidates(cfg: Any, matrix: np.ndarray, pending: list[int]) -> set[tuple[int, int]]:
@@ -466,20 +525,18 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
     if len(order) == 1:
         return list(order), []
     index = {s: i for i, s in enumerate(order)}
-    digests = [features.by_sha[s].pixel_digest or s for s in order]
-    same_pixels: dict[str, list[int]] = {}
-    for i, d in enumerate(digests):
-        same_pixels.setdefault(d, []).append(i)
+    by_digest = _by_digest(order, features)
     label = [labels[s] for s in order]
 
     def known_copies(i: int) -> list[tuple[int, str]]:
         """Members that are copies of member i by what is known now (same pixels, or a scored pair)."""
-        out = [(k, "same pixels") for k in same_pixels[digests[i]] if k != i]
-        return out + [(index[o], f"copy score {v:.4f}") for o, v in scores.partners(order[i]).items()
-                      if v >= threshold and o in index and digests[index[o]] != digests[i]]
+        return [(index[o], how) for o, how in _copies_of(order[i], index, by_digest, features, scores, threshold)]
 
-    clash = {i: hit for i in range(len(order)) for hit in [next(((k, how) for k, how in known_copies(i)
-                                                                   if label[k] != label[i]), None)] if hit}
+    clash: dict[int, tuple[int, str]] = {}  # member -> a known copy of it with another label
+    for i in range(len(order)):
+        other = next(((k, how) for k, how in known_copies(i) if label[k] != label[i]), None)
+        if other is not None:
+            clash[i] = other
     kept: list[int] = []
     kept_set: set[int] = set()
     removed: list[tuple[str, str, str | None, str]] = []
@@ -490,17 +547,18 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
                             f"copy ({how}) of {order[k][:12]} labelled {label[k]!r}, this one {label[i]!r}"))
             continue
         if len(order) <= WALK_SCORED_MEMBERS:  # small: score each kept member of its label now
-            scores.score_many((sha, order[k]) for k in kept if label[k] == label[i] and digests[k] != digests[i])
-        originals = [(k, how) for k, how in known_copies(i) if k in kept_set and label[k] == label[i]]
+            scores.score_many((sha, order[k]) for k in kept
+                              if label[k] == label[i] and _digest(features, order[k]) != _digest(features, sha))
+        originals = [(order[k], how) for k, how in known_copies(i) if k in kept_set and label[k] == label[i]]
         if not originals:
             kept.append(i)
             kept_set.add(i)
             continue
-        k, how = max(originals, key=lambda o: (o[1] == "same pixels", scores.get(sha, order[o[0]]) or 0.0, -o[0]))
+        original, how = _strongest(sha, originals, scores, index)
         if how == "same pixels":
-            removed.append((sha, "exact_duplicate", order[k], "same decoded pixels as the kept image"))
+            removed.append((sha, "exact_duplicate", original, "same decoded pixels as the kept image"))
         else:
-            removed.append((sha, "near_duplicate", order[k], f"{how} to the kept image (drop at >= {threshold})"))
+            removed.append((sha, "near_duplicate", original, f"{how} to the kept image (drop at >= {threshold})"))
     return [order[i] for i in kept], removed
 
 
