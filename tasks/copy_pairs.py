@@ -137,16 +137,11 @@ class CopyScores:
         """The score if known (stored or computed), else None."""
         return self.known.get(self.key(a, b))
 
-    def score(self, a: str, b: str) -> float:
-        """The score, computed now if unknown."""
-        self.score_many([(a, b)])
-        return self.known[self.key(a, b)]
-
-    def score_many(self, pairs: Iterable[tuple[str, str]]) -> int:
-        """Compute every unknown pair of ``pairs`` (in worker processes when many); returns how many were new."""
+    def score_many(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Compute every unknown pair of ``pairs`` (in worker processes when many)."""
         todo = sorted({self.key(a, b) for a, b in pairs if a != b} - set(self.known))
         if not todo:
-            return 0
+            return
         sigs = {s: self._signature(s) for pair in todo for s in pair}
         ready = [(p, sigs[p[0]], sigs[p[1]]) for p in todo]
         unusable = [p for p, x, y in ready if x is None or y is None]
@@ -156,7 +151,6 @@ class CopyScores:
             self._remember(p, float(v), fresh=True)
         for p in unusable:
             self._remember(p, 0.0, fresh=True)
-        return len(todo)
 
     def _signature(self, sha: str) -> np.ndarray | None:
         if sha not in self._sigs:
