@@ -76,7 +76,7 @@ def _overrides(params, best: dict) -> dict:
             description="Train on a named dataset version instead: a curated version number, a name given to a "
             "curated or raw version (e.g. release-3), or an ISO timestamp (time travel).",
         ),
-        "model": Param(None, type=["null", "string"], enum=[None, "small_cnn", "resnet18"],
+        "model": Param(None, type=["null", "string"], enum=[None, "small_cnn", "resnet18", "resnet50"],
                        description="Architecture; empty = the environment's setting."),
         "training_overrides": Param(
             {}, type="object",

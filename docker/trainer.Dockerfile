@@ -25,6 +25,7 @@ RUN grep -v -E '^(apache-airflow|fastdup|great-expectations|alibi-detect)==' req
 
 COPY pyproject.toml ./
 COPY tasks ./tasks
+COPY cd4ml_runtime ./cd4ml_runtime
 COPY conf ./conf
 RUN mkdir -p plugins/cd4ml_airflow && touch plugins/cd4ml_airflow/__init__.py \
  && pip install --no-deps -e . \

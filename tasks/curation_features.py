@@ -122,7 +122,7 @@ def _decode(data: bytes, feature_size: int | None) -> tuple[str, np.ndarray | No
         h = hashlib.sha256(f"{rgba.mode}:{rgba.size[0]}x{rgba.size[1]}:".encode())
         h.update(rgba.tobytes())
         digest = h.hexdigest()
-        # Alpha is composited on black, as tasks.images.decode_gray does for the model's input.
+        # Alpha is composited on black, as cd4ml_runtime.preprocess does for the model's input.
         if mode in ("RGBA", "LA", "P", "PA"):
             flat = Image.alpha_composite(Image.new("RGBA", rgba.size, (0, 0, 0, 255)), rgba.convert("RGBA"))
             flat = flat.convert("L" if mode in ("LA",) else "RGB")

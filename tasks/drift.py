@@ -182,51 +182,44 @@ def new_images(current_table: str, current_version: int, reference: DriftReferen
 
 
 class Featurizer:
-    """The champion's softmax and penultimate embedding for image bytes; pixels when it has none."""
+    """The champion's softmax and penultimate embedding for image bytes; pixels when it has none.
+
+    The champion runs its own preprocessing and network (the runtime copied into it), so drift
+    sees the images exactly as the served model does.
+    """
 
     def __init__(self, settings: Settings, model_uri: str | None) -> None:
-        self.model = None
+        from cd4ml_runtime.preprocess import PreprocessSpec
+
+        self.predictor: Any = None
         self.classes: list[str] = []
-        self.image_size = settings.drift.image_size
+        self.pixel_spec = PreprocessSpec(1, settings.drift.image_size, "squash", draft=False)
         self.method = "pixels"
         if model_uri is None:
             return
-        import torch
-
-        from tasks.model import build_model, load_logged_weights
+        from tasks.model import load_predictor
         from tasks.registry import mlflow_client
 
         mlflow_client(settings)
         try:
-            state, meta = load_logged_weights(model_uri)
+            self.predictor = load_predictor(model_uri)
         except ValueError as exc:  # not a cd4ml image classifier: no softmax or embedding to read
             log.warning("drift: %s; falling back to pixels", exc)
             return
-        self.classes = [str(c) for c in meta["classes"]]
-        self.image_size = int(meta["image_size"])
-        model = build_model(meta["architecture"], len(self.classes), self.image_size)
-        model.load_state_dict(state)
-        self.model = model.eval()
+        self.classes = list(self.predictor.classes)
         self.method = "champion"
-        self._torch = torch
 
     def __call__(self, images: list[bytes]) -> tuple["np.ndarray | None", "np.ndarray"]:
         """(softmax (N, K) or None, embedding (N, D)) as float32."""
         import numpy as np
 
-        from tasks.images import decode_batch
+        if self.predictor is None:
+            from cd4ml_runtime.preprocess import decode_many
 
-        x = decode_batch(images, self.image_size)
-        if self.model is None:
-            return None, x.reshape(len(x), -1).astype(np.float32)
-        torch = self._torch
-        probs, embeds = [], []
-        with torch.no_grad():
-            for i in range(0, len(x), 512):
-                h = torch.flatten(self.model.features(torch.as_tensor(x[i:i + 512])), 1)
-                embeds.append(h.numpy())
-                probs.append(torch.softmax(self.model.classifier(h), dim=1).numpy())
-        return np.concatenate(probs).astype(np.float32), np.concatenate(embeds).astype(np.float32)
+            x = decode_many(images, self.pixel_spec).astype(np.float32) / 255.0
+            return None, x.reshape(len(x), -1)
+        embeds, probs = self.predictor.embed_and_proba(images)
+        return probs, embeds
 
     def accuracy(self, probs: "np.ndarray | None", labels: list[str]) -> float | None:
         if probs is None or not labels:

@@ -20,7 +20,7 @@ An accepted image is stored untouched when it is already upright (no EXIF orient
 a kept mode (``L``, ``RGB``). Otherwise the pixels are normalised once, here, and stored as a
 lossless PNG: EXIF orientation applied (``ImageOps.exif_transpose``), ``1`` -> ``L``,
 ``P``/``PA``/``RGBA`` -> ``RGB`` and ``LA`` -> ``L`` (alpha composited on black, as
-``decode_gray`` always did), 16-bit ``I;16*``/``I`` -> ``L`` by keeping the high byte
+the model's preprocessing does), 16-bit ``I;16*``/``I`` -> ``L`` by keeping the high byte
 (Pillow's own conversion clips at 255, which would turn a 16-bit image white), ``CMYK`` ->
 ``RGB`` only when configured. ``source_format``, ``source_mode`` and ``normalised`` record
 what the file was and what was done, so the raw table's ``mode`` only ever holds kept modes.
@@ -32,12 +32,8 @@ import io
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from PIL import Image, ImageOps, UnidentifiedImageError
-
-if TYPE_CHECKING:
-    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -174,27 +170,3 @@ def prepare_image(
         return Rejection("not_an_image", "bytes are not a known image format")
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         return Rejection("corrupt_image", f"decode failed (truncated or damaged): {exc}")
-
-
-def decode_gray(data: bytes, size: int) -> "Image.Image":
-    """Decode to an upright single-channel image of ``size`` x ``size`` (model and drift input)."""
-    with Image.open(io.BytesIO(data)) as img:
-        img = ImageOps.exif_transpose(img)
-        if img.mode in ("RGBA", "LA", "P"):
-            img = img.convert("RGBA")
-            background = Image.new("RGBA", img.size, (0, 0, 0, 255))
-            img = Image.alpha_composite(background, img)
-        gray = img.convert("L")
-        if gray.size != (size, size):
-            gray = gray.resize((size, size), Image.BILINEAR)
-        return gray.copy()
-
-
-def decode_batch(images: "list[bytes]", size: int) -> "np.ndarray":
-    """Decode many images to a float32 array of shape (N, 1, size, size) scaled to [0, 1]."""
-    import numpy as np
-
-    out = np.empty((len(images), 1, size, size), dtype=np.float32)
-    for i, data in enumerate(images):
-        out[i, 0] = np.asarray(decode_gray(data, size), dtype=np.float32) / 255.0
-    return out

@@ -37,7 +37,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -122,6 +122,26 @@ def scan(table: DeltaTable, columns: Iterable[str] | None = None, filters: Any =
         filesystem = pafs.SubTreeFileSystem(unquote(parsed.path).rstrip("/") or "/", pafs.LocalFileSystem())
     return table.to_pyarrow_table(columns=cols, filters=filters, filesystem=filesystem)
 
+
+
+def scan_batches(
+    uri: str, version: int, columns: Iterable[str], filter: Any = None, batch_rows: int = 256
+) -> Iterator[pa.RecordBatch]:
+    """Stream one explicit version's rows in record batches: memory bounded by a batch, not the table.
+
+    ``filter`` is a pyarrow compute expression (``pc.field("split").isin([...])``).
+    """
+    from urllib.parse import unquote, urlparse
+
+    from pyarrow import fs as pafs
+
+    table = open_table(uri, version)
+    parsed = urlparse(table.table_uri)
+    filesystem = None
+    if parsed.scheme in ("", "file"):  # pyarrow's native filesystem: see ``scan``
+        filesystem = pafs.SubTreeFileSystem(unquote(parsed.path).rstrip("/") or "/", pafs.LocalFileSystem())
+    dataset = table.to_pyarrow_dataset(filesystem=filesystem)
+    yield from dataset.to_batches(columns=list(columns), filter=filter, batch_size=batch_rows)
 
 
 def ledger_rows(uri: str) -> tuple[list[dict[str, Any]], DeltaTable | None]:

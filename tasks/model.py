@@ -1,25 +1,23 @@
-"""The image classifier: network definitions and the MLflow pyfunc that serves them.
+"""The classifier as the project trains and logs it; the networks and preprocessing live in ``cd4ml_runtime``.
 
-* ``build_model(name, ...)`` is the one seam where architectures are chosen by name
-  (``settings.training.model``): ``small_cnn`` or ``resnet18`` (a ResNet-18 for small
-  images: 3x3 stem, no max pool, so 16x16 inputs keep spatial detail). Both expose
-  ``features`` (the backbone) and ``classifier`` (the head), which is what transfer learning
-  (``load_logged_weights`` + ``transfer_weights``) and ``freeze_backbone`` rely on.
-* ``ImageClassifierPyfunc`` takes raw image bytes (PNG/JPEG) in a DataFrame column ``image``
-  and returns ``label`` and ``confidence``. Decoding and resizing (``tasks.images.decode_batch``)
-  happen inside the model, so training, evaluation and serving share one preprocessing path.
-* ``log_pyfunc_model`` logs the state dict and a small JSON (classes, image size, network
-  name) as artifacts, together with a snapshot of the ``tasks`` package as code, so the model
-  loads with ``mlflow.pyfunc.load_model`` in a fresh process that has only the requirements.
+* ``build_model(name, num_classes, image_size, in_channels)`` is the one seam where architectures
+  are chosen by name (``settings.training.model``: ``small_cnn``, ``resnet18``, ``resnet50``);
+  ``architecture(...)`` is the dict stored with the model so it rebuilds the same network.
+* ``log_pyfunc_model`` logs the weights, a meta (format 2: classes, architecture, the full
+  ``PreprocessSpec`` with the training split's channel statistics) and a copy of the
+  ``cd4ml_runtime`` package as artifacts; the pyfunc class is pickled by value. The model
+  therefore loads with ``mlflow.pyfunc.load_model`` in a process that has only the pip
+  requirements, runs its own copy of the runtime in a process that has imported a newer
+  project, and never adds the project to ``sys.path`` (models before format 2 bundled the whole
+  ``tasks`` package as code: ``ImageClassifierPyfunc`` below still loads them).
+* ``load_logged_weights`` and ``transfer_weights`` serve transfer learning from a registered model.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,115 +27,29 @@ import pandas as pd
 import torch
 from torch import nn
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-STATE_DICT_ARTIFACT = "state_dict"
-META_ARTIFACT = "model_meta"
+import cd4ml_runtime
+import cd4ml_runtime.pyfunc as runtime_pyfunc
+from cd4ml_runtime import networks
+from cd4ml_runtime.predictor import META_FORMAT, Predictor
+from cd4ml_runtime.preprocess import PreprocessSpec
+
+RUNTIME_DIR = Path(cd4ml_runtime.__file__).resolve().parent
 MODEL_ARTIFACT_NAME = "model"
-PREDICT_BATCH = 512
+MODEL_NAMES: tuple[str, ...] = networks.NAMES
 
 
-class SmallCNN(nn.Module):
-    """Two conv blocks (conv 3x3, batch norm, ReLU, 2x2 max pool) and one linear layer."""
-
-    def __init__(self, num_classes: int, image_size: int, channels: tuple[int, int] = (16, 32)) -> None:
-        super().__init__()
-        if num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-        if image_size < 4:
-            raise ValueError(f"image_size must be >= 4 for two 2x2 poolings, got {image_size}")
-        c1, c2 = channels
-        self.features = nn.Sequential(
-            nn.Conv2d(1, c1, kernel_size=3, padding=1, bias=False),
-            nn.BatchNorm2d(c1),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, kernel_size=3, padding=1, bias=False),
-            nn.BatchNorm2d(c2),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-        )
-        side = image_size // 2 // 2
-        self.classifier = nn.Linear(c2 * side * side, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(torch.flatten(self.features(x), 1))
+def architecture(name: str, num_classes: int, image_size: int, in_channels: int = 1) -> dict[str, Any]:
+    """The architecture dict a model is built from and stored with (stem chosen by the image size)."""
+    return networks.describe(name, num_classes, in_channels, image_size)
 
 
-class BasicBlock(nn.Module):
-    """Two 3x3 convolutions with a residual connection (1x1 projection when the shape changes)."""
-
-    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(c_out)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c_out)
-        self.relu = nn.ReLU(inplace=True)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + self.shortcut(x))
-
-
-class ResNet18Small(nn.Module):
-    """ResNet-18 (2-2-2-2 basic blocks, widths 64-512) with a CIFAR-style stem for small images.
-
-    The ImageNet stem (7x7 stride 2 + max pool) would shrink a 16x16 digit to 4x4 before the
-    first block; a 3x3 stride-1 stem keeps the resolution, and adaptive pooling lets any
-    ``image_size`` >= 8 work.
-    """
-
-    def __init__(self, num_classes: int, image_size: int, in_channels: int = 1, width: int = 64) -> None:
-        super().__init__()
-        if num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-        if image_size < 8:
-            raise ValueError(f"image_size must be >= 8 for three stride-2 stages, got {image_size}")
-        widths = (width, width * 2, width * 4, width * 8)
-        layers: list[nn.Module] = [
-            nn.Conv2d(in_channels, width, 3, padding=1, bias=False),
-            nn.BatchNorm2d(width),
-            nn.ReLU(inplace=True),
-        ]
-        c_in = width
-        for stage, c_out in enumerate(widths):
-            stride = 1 if stage == 0 else 2
-            layers += [BasicBlock(c_in, c_out, stride), BasicBlock(c_out, c_out, 1)]
-            c_in = c_out
-        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
-        self.features = nn.Sequential(*layers)
-        self.classifier = nn.Linear(c_in, num_classes)
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
-
-
-_BUILDERS: dict[str, Callable[[int, int], nn.Module]] = {
-    "small_cnn": lambda num_classes, image_size: SmallCNN(num_classes, image_size),
-    "resnet18": lambda num_classes, image_size: ResNet18Small(num_classes, image_size),
-}
-
-MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
-
-
-def build_model(name: str, num_classes: int, image_size: int) -> nn.Module:
+def build_model(name: str, num_classes: int, image_size: int, in_channels: int = 1) -> nn.Module:
     """A freshly initialised network by name (the RNG state decides the initial weights)."""
-    try:
-        builder = _BUILDERS[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES)}") from None
-    return builder(num_classes, image_size)
+    return networks.build(architecture(name, num_classes, image_size, in_channels))
 
 
 def load_logged_weights(model_uri: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The state dict and meta (architecture, classes, image size) of a model logged by ``log_pyfunc_model``.
+    """The state dict and meta of a model logged by ``log_pyfunc_model`` (any meta format).
 
     Reads the two artifacts directly instead of loading the pyfunc, so no logged code is
     imported into the training process.
@@ -169,71 +81,32 @@ def transfer_weights(model: nn.Module, state: dict[str, torch.Tensor], freeze_ba
     return sorted(set(own) - set(matched))
 
 
-def _as_bytes(value: Any) -> bytes:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, str):  # JSON transports (REST serving) carry binary as base64
-        return base64.b64decode(value)
-    raise TypeError(f"image must be bytes (PNG/JPEG) or base64 text, got {type(value).__name__}")
-
-
-@torch.no_grad()
-def predict_proba(
-    model: nn.Module,
-    images: np.ndarray | torch.Tensor,
-    batch_size: int = PREDICT_BATCH,
-    memory_format: torch.memory_format = torch.contiguous_format,
-) -> torch.Tensor:
-    """Softmax probabilities for a float32 (N, 1, S, S) batch, in eval mode.
-
-    ``memory_format`` should be the one training validated with, so serving runs the same kernels.
-    """
-    model.eval()
-    x = torch.as_tensor(images, dtype=torch.float32)
-    if len(x) == 0:
-        return torch.empty((0, 0))
-    return torch.cat(
-        [
-            torch.softmax(model(x[i : i + batch_size].contiguous(memory_format=memory_format)), dim=1)
-            for i in range(0, len(x), batch_size)
-        ]
-    )
+def load_predictor(model_uri: str) -> Predictor:
+    """A logged model's predictor, run by the runtime copied into it (the project's own for format 1)."""
+    with tempfile.TemporaryDirectory(prefix="cd4ml-predictor-") as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp))
+        metas = sorted(local.rglob("model_meta.json"))
+        states = sorted(local.rglob("state_dict.pt"))
+        if not metas or not states:
+            raise ValueError(f"{model_uri} is not a cd4ml image classifier (no model_meta.json/state_dict.pt)")
+        runtimes = sorted(p.parent for p in local.rglob("predictor.py") if p.parent.name == runtime_pyfunc.RUNTIME_ARTIFACT)
+        module = runtime_pyfunc.load_bundled_runtime(runtimes[0]) if runtimes else None
+        cls = module.Predictor if module is not None else Predictor
+        return cls.from_files(metas[0], states[0])
 
 
 class ImageClassifierPyfunc(mlflow.pyfunc.PythonModel):
-    """Raw image bytes in (column ``image``), ``label`` and ``confidence`` out."""
+    """Models logged before meta format 2 pickled this class by reference: it serves them unchanged."""
 
     def load_context(self, context: Any) -> None:
-        from tasks.images import decode_batch  # imported here: resolved from the logged code
-
-        meta = json.loads(Path(context.artifacts[META_ARTIFACT]).read_text())
-        self.classes: list[str] = list(meta["classes"])
-        self.image_size: int = int(meta["image_size"])
-        self._decode = decode_batch
-        self.model = build_model(meta["architecture"], len(self.classes), self.image_size)
-        state = torch.load(context.artifacts[STATE_DICT_ARTIFACT], map_location="cpu", weights_only=True)
-        self.model.load_state_dict(state)
-        self.memory_format = torch.channels_last if meta.get("channels_last") else torch.contiguous_format
-        self.model.to(memory_format=self.memory_format)
-        self.model.eval()
+        self.predictor = Predictor.from_files(context.artifacts["model_meta"], context.artifacts["state_dict"])
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        if not isinstance(model_input, pd.DataFrame) or "image" not in model_input.columns:
-            raise ValueError("input must be a DataFrame with a column 'image' of PNG/JPEG bytes")
-        images = [_as_bytes(v) for v in model_input["image"].tolist()]
-        if not images:
-            return pd.DataFrame({"label": pd.Series([], dtype=object), "confidence": pd.Series([], dtype="float64")})
-        probs = predict_proba(self.model, self._decode(images, self.image_size), memory_format=self.memory_format)
-        confidence, index = probs.max(dim=1)
-        return pd.DataFrame(
-            {
-                "label": [self.classes[i] for i in index.tolist()],
-                "confidence": confidence.double().numpy(),
-            }
-        )
+        return self.predictor.predict_frame(model_input)
 
 
 def _pip_requirements() -> list[str]:
+    import cloudpickle
     import PIL
 
     return [
@@ -242,6 +115,7 @@ def _pip_requirements() -> list[str]:
         f"numpy=={np.__version__}",
         f"pandas=={pd.__version__}",
         f"pillow=={PIL.__version__}",
+        f"cloudpickle=={cloudpickle.__version__}",
     ]
 
 
@@ -255,47 +129,55 @@ def _signature() -> Any:
     )
 
 
+def model_meta(arch: dict[str, Any], classes: list[str], spec: PreprocessSpec, channels_last: bool = False) -> dict[str, Any]:
+    return {
+        "format": META_FORMAT,
+        "classes": [str(c) for c in classes],
+        "arch": dict(arch),
+        "preprocess": spec.to_dict(),
+        "channels_last": bool(channels_last),
+        # format-1 readers (and people) still find these
+        "architecture": arch["name"],
+        "image_size": int(spec.size),
+    }
+
+
 def log_pyfunc_model(
     model: nn.Module,
     *,
-    architecture: str,
+    arch: dict[str, Any],
     classes: list[str],
-    image_size: int,
+    spec: PreprocessSpec,
     example_images: list[bytes],
     name: str = MODEL_ARTIFACT_NAME,
     channels_last: bool = False,
 ) -> Any:
-    """Log ``model`` as an ``ImageClassifierPyfunc`` in the active run; returns the ModelInfo.
+    """Log ``model`` as a self-contained pyfunc in the active run; returns the ModelInfo (module doc)."""
+    import cloudpickle
 
-    The code snapshot holds the ``tasks`` package's Python files only, so the model loads in
-    a process that has the pip requirements but not this repository.
-    """
     with tempfile.TemporaryDirectory(prefix="cd4ml-model-") as tmp:
         root = Path(tmp)
         state_path = root / "state_dict.pt"
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, state_path)
         meta_path = root / "model_meta.json"
-        meta_path.write_text(
-            json.dumps(
-                {
-                    "architecture": architecture,
-                    "classes": list(classes),
-                    "image_size": int(image_size),
-                    "channels_last": bool(channels_last),
+        meta_path.write_text(json.dumps(model_meta(arch, classes, spec, channels_last), indent=2))
+        runtime = root / "runtime"
+        runtime.mkdir()
+        for source in sorted(RUNTIME_DIR.glob("*.py")):
+            shutil.copy2(source, runtime / source.name)
+        cloudpickle.register_pickle_by_value(runtime_pyfunc)
+        try:
+            return mlflow.pyfunc.log_model(
+                name=name,
+                python_model=runtime_pyfunc.CD4MLImageClassifier(),
+                artifacts={
+                    runtime_pyfunc.WEIGHTS_ARTIFACT: str(state_path),
+                    runtime_pyfunc.META_ARTIFACT: str(meta_path),
+                    runtime_pyfunc.RUNTIME_ARTIFACT: str(runtime),
                 },
-                indent=2,
+                signature=_signature(),
+                input_example=pd.DataFrame({"image": list(example_images)}),
+                pip_requirements=_pip_requirements(),
             )
-        )
-        code_root = root / "code" / "tasks"
-        code_root.mkdir(parents=True)
-        for source in sorted(PACKAGE_DIR.glob("*.py")):
-            shutil.copy2(source, code_root / source.name)
-        return mlflow.pyfunc.log_model(
-            name=name,
-            python_model=ImageClassifierPyfunc(),
-            artifacts={STATE_DICT_ARTIFACT: str(state_path), META_ARTIFACT: str(meta_path)},
-            code_paths=[str(code_root)],
-            signature=_signature(),
-            input_example=pd.DataFrame({"image": list(example_images)}),
-            pip_requirements=_pip_requirements(),
-        )
+        finally:
+            cloudpickle.unregister_pickle_by_value(runtime_pyfunc)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,7 +56,8 @@ class IngestSettings(_Section):
     min_side: int = Field(gt=0)
     max_side: int = Field(gt=0)
     max_pixels: int = Field(gt=0)
-    allowed_labels: tuple[str, ...]
+    # The class names, or "discover": the first validated version names them (tasks/classes.py).
+    allowed_labels: tuple[str, ...] | Literal["discover"]
     batch_size: int = Field(gt=0)
     # Data plane (tasks/sources.py, tasks/ingest.py, tasks/spark_ingest.py); defaults keep old confs valid.
     label_source: Literal["folders", "csv", "jsonl"] = "folders"
@@ -165,8 +167,10 @@ class KubernetesTrainerSettings(_Section):
 
 
 class TrainingSettings(_Section):
-    model: Literal["small_cnn", "resnet18"]
-    image_size: int = Field(gt=0)
+    model: Literal["small_cnn", "resnet18", "resnet50"]
+    image_size: int = Field(gt=0)  # side of the square model input (cd4ml_runtime.preprocess)
+    channels: Literal[1, 3, "auto"] = "auto"  # auto: the majority of the images' stored modes (L -> 1, RGB -> 3)
+    fit: Literal["crop", "pad", "squash"] = "crop"  # non-square images: centre crop | letterbox | stretch
     epochs: int = Field(gt=0)
     batch_size: int = Field(gt=0)  # per process; the global batch is batch_size * world size
     learning_rate: float = Field(gt=0)  # for base_batch_size; scaled to the global batch by lr_scaling
@@ -180,6 +184,9 @@ class TrainingSettings(_Section):
     scheduler: Literal["cosine", "constant"] = "cosine"
     warmup_epochs: int = Field(default=0, ge=0)
     augment_shift: int = Field(default=1, ge=0)  # random translation in pixels, train split only; 0 = off
+    augment_crop_scale: float = Field(default=1.0, gt=0.0, le=1.0)  # random resized crop, smallest area kept; 1 = off
+    augment_hflip: bool = False  # only where a mirrored image keeps its label (photos yes, digits no)
+    augment_color_jitter: float = Field(default=0.0, ge=0.0, le=1.0)  # brightness/contrast/saturation x U(1 -+ j)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: bool = True  # bf16 autocast on CUDA; CPU always trains in float32
     channels_last: bool = True  # CUDA and CPU
@@ -192,6 +199,11 @@ class TrainingSettings(_Section):
     cache_dir: str
     keep_checkpoints: bool = False
     kubernetes: KubernetesTrainerSettings = KubernetesTrainerSettings()
+
+    @field_validator("channels", mode="before")
+    @classmethod
+    def _channels(cls, v: Any) -> Any:
+        return int(v) if isinstance(v, str) and v.strip().isdigit() else v  # "3" from a form or --set
 
     @model_validator(mode="after")
     def _launcher(self) -> "TrainingSettings":
@@ -436,6 +448,11 @@ def load_settings(
     conf = Path(conf_dir or os.environ.get("CD4ML_CONF_DIR") or REPO_ROOT / "conf")
     root = Path(home or os.environ.get("CD4ML_HOME") or Path.cwd() / ".cd4ml").resolve()
     merged = _deep_merge(_read_yaml(conf / "base.yaml"), _read_yaml(conf / f"{name}.yaml"))
+    dataset = (os.environ.get("CD4ML_DATASET") or "").strip()
+    if dataset:  # what the data needs (classes, channels, size, model) over every environment's settings
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", dataset):
+            raise SettingsError(f"CD4ML_DATASET {dataset!r} must be a plain name (a file conf/datasets/<name>.yaml)")
+        merged = _deep_merge(merged, _read_yaml(conf / "datasets" / f"{dataset}.yaml"))
     merged = _fill(merged, {"home": str(root), "env": name})
     try:
         settings = Settings(env=name, home=str(root), **merged)

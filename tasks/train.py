@@ -326,7 +326,7 @@ def train(
             "tasks.train.trainer_pod_spec() (KubernetesPodOperator); the pod runs `cd4ml train`"
         )
 
-    cache_path = ensure_cache(cfg.cache_dir, curated_table, curated_version, cfg.image_size)
+    cache_path = ensure_cache(cfg.cache_dir, curated_table, curated_version, cfg.image_size, cfg.channels, cfg.fit)
     world = cfg.nproc_per_node if cfg.launcher == "torchrun" else 1
     checkpoint_dir = checkpoint_dir_for(settings, curated_table, curated_version, config_hash, run_id)
     cached = load_cache(cache_path)
@@ -339,6 +339,7 @@ def train(
     params = {
         "registered_model_name": settings.registry.model_name,
         "classes": ",".join(cached.classes),
+        "preprocess": json.dumps(cached.spec.to_dict()),
         "n_train": str(len(cached.y_train)),
         "n_val": str(len(cached.y_val)),
         "world_size": str(world),

@@ -1,17 +1,26 @@
-"""The training data path: decode once into a local cache, then feed batches to CPU or CUDA.
+"""The training data path: decode once into files on disk, stream batches to CPU or CUDA.
 
-* ``ensure_cache`` reads one curated version by time travel and decodes its train and val
-  images once into ``<cache_dir>/<key>/`` (uint8 pixels, labels, the rows' sha256/label/split
-  and two example PNGs). A Delta version never changes, so the cache never goes stale; later
-  epochs, retries, tuning trials and every DDP rank read the arrays instead of decoding again.
-  It is written to a temporary folder and renamed, so concurrent builders cannot tear it.
-* ``train_loader`` shards the train split by rank (``DistributedSampler``, one replica when
-  not distributed) and fetches a whole batch with one tensor gather, not one ``__getitem__``
-  per image plus a collate: per-sample Python overhead would dominate a small CNN.
-* Pixels travel as uint8 (a quarter of the bytes of float32), pinned and copied
-  ``non_blocking`` on CUDA; scaling to [0, 1] and augmentation (random shifts, train split
-  only) run on the device as batched tensor ops, seeded per (seed, epoch, rank) so a resumed
-  run sees exactly the batches an unbroken one would.
+* ``ensure_cache`` streams one curated version (time travel) in record batches and decodes its
+  train and val images once, with the model's own preprocessing (``cd4ml_runtime.preprocess``:
+  channels, size, fit), into ``<cache_dir>/<key>/``: one raw uint8 file per split (rows in
+  sha256 order, written at their offset as batches arrive), the targets, the rows' sha256 /
+  label / split, two example images and the per-channel mean and std of the train split. Memory
+  stays at a batch whatever the dataset's size; with more than one core, worker processes decode
+  while the main process reads and writes. A Delta version never changes, so the cache never goes
+  stale; later epochs, retries, tuning trials and every DDP rank read the files instead of
+  decoding again. It is written to a temporary folder and renamed, so concurrent builders cannot
+  tear it.
+* ``channels: auto`` takes the majority mode of the rows' stored images (L -> 1, RGB -> 3), so a
+  few colour photos in a grey dataset are read as grey (and the reverse), never a silent switch.
+* ``SplitStore`` gathers a batch from a read-only memory map of the split file and hands the
+  touched pages back to the kernel every 64 MB, so the process's resident memory does not grow
+  with the dataset (the page cache keeps the file warm for the next epoch). ``train_loader`` shards the train
+  split by rank (``DistributedSampler``) and fetches a whole batch per call; with
+  ``num_workers`` > 0 worker processes read ahead and pin while the model trains.
+* Pixels travel as uint8, pinned and copied ``non_blocking`` on CUDA; scaling, augmentation
+  (random resized crop, horizontal flip, colour jitter, shifts: train split only) and the
+  per-channel normalisation run on the device as batched tensor ops, seeded per
+  (seed, epoch, rank) so a resumed run sees exactly the batches an unbroken one would.
 * ``DevicePlan`` is the one switch between CPU and CUDA: bf16 autocast, pinned memory,
   non-blocking copies and NCCL on CUDA; float32 and gloo on CPU; channels_last on both
   (``training.channels_last``). The training loop calls the same code either way.
@@ -23,27 +32,35 @@ import base64
 import contextlib
 import functools
 import hashlib
+import io
 import json
+import math
+import mmap
 import os
 import shutil
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 
+from cd4ml_runtime.preprocess import ChannelStats, ImageDecodeError, PreprocessSpec, decode_many, normalise, standardise
 from tasks import lake
 from tasks.errors import DataError
-from tasks.images import decode_gray
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 META_FILE = "meta.json"
+SCAN_ROWS = 256  # rows per streamed record batch
+PARALLEL_FROM = 2000  # rows: below this, worker start-up costs more than it saves
 
 
 class NoTrainingDataError(DataError, ValueError):
@@ -66,15 +83,70 @@ def load_split_rows(curated_table: str, curated_version: int, splits: tuple[str,
     return table.sort_by([("sha256", "ascending"), ("split", "ascending"), ("label", "ascending")])
 
 
+class SplitStore:
+    """One split's decoded pixels on disk: ``n`` rows of uint8 ``shape``, gathered from a read-only map.
+
+    A batch is one fancy-index gather (C speed, any order, repeats allowed). The pages a process
+    touched are handed back to the kernel (``MADV_DONTNEED``) every ``release_bytes``: they stay in
+    the page cache for the next epoch, but the process's resident memory stays flat whatever the
+    dataset's size.
+    """
+
+    def __init__(self, path: str | Path, n: int, shape: tuple[int, int, int], release_bytes: int = 64 << 20) -> None:
+        self.path, self.n, self.shape = str(path), int(n), tuple(int(v) for v in shape)
+        self.row_bytes = int(np.prod(self.shape))
+        self.release_bytes = release_bytes
+        self._map: mmap.mmap | None = None
+        self._rows: np.ndarray | None = None
+        self._pid, self._touched = -1, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getstate__(self) -> dict[str, Any]:  # worker processes map the file themselves
+        return {**self.__dict__, "_map": None, "_rows": None, "_pid": -1, "_touched": 0}
+
+    def _mapped(self) -> np.ndarray:
+        if self._rows is None or self._pid != os.getpid():
+            size = os.path.getsize(self.path)
+            if size != self.n * self.row_bytes:
+                raise OSError(f"{self.path} holds {size} bytes, expected {self.n} rows of {self.row_bytes} (cache damaged?)")
+            with open(self.path, "rb") as handle:
+                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            self._rows = np.frombuffer(self._map, dtype=np.uint8).reshape(self.n, *self.shape)
+            self._pid, self._touched = os.getpid(), 0
+        return self._rows
+
+    def read(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Rows at ``positions`` (any order, repeats allowed) as uint8 (len, C, S, S)."""
+        index = np.asarray(positions, dtype=np.int64)
+        if len(index) == 0:
+            return np.empty((0, *self.shape), dtype=np.uint8)
+        if index.min() < 0 or index.max() >= self.n:
+            raise IndexError(f"row positions outside 0..{self.n - 1}")
+        out = self._mapped()[index]  # a copy
+        self._touched += out.nbytes
+        if self._touched >= self.release_bytes and self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)
+            self._touched = 0
+        return out
+
+    def chunks(self, positions: np.ndarray, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for i in range(0, len(positions), size):
+            part = positions[i : i + size]
+            yield part, self.read(part)
+
+
 @dataclass(frozen=True)
 class CachedSplits:
-    """The decoded train and val splits of one curated version (uint8 pixels, int64 targets)."""
+    """The decoded train and val splits of one curated version: pixels on disk, targets in memory."""
 
     path: str
     classes: list[str]
-    x_train: torch.Tensor
+    spec: PreprocessSpec  # with the train split's channel statistics
+    train: SplitStore
     y_train: torch.Tensor
-    x_val: torch.Tensor
+    val: SplitStore
     y_val: torch.Tensor
     examples: list[bytes]  # two val images as stored: the pyfunc's input example
 
@@ -83,98 +155,223 @@ class CachedSplits:
         return pq.read_table(Path(self.path) / "rows.parquet")
 
 
-def cache_key(curated_table: str, curated_version: int, image_size: int) -> str:
-    text = f"{CACHE_FORMAT}|{curated_table}|{int(curated_version)}|{int(image_size)}"
-    return f"v{int(curated_version)}-s{int(image_size)}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+def cache_key(curated_table: str, curated_version: int, image_size: int, channels: int | str = "auto", fit: str = "crop") -> str:
+    text = f"{CACHE_FORMAT}|{curated_table}|{int(curated_version)}|{int(image_size)}|{channels}|{fit}"
+    return f"v{int(curated_version)}-s{int(image_size)}-c{channels}-{fit}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def _decode_u8(images: list[bytes], size: int) -> np.ndarray:
-    out = np.empty((len(images), 1, size, size), dtype=np.uint8)
-    for i, data in enumerate(images):
-        out[i, 0] = np.asarray(decode_gray(data, size), dtype=np.uint8)
-    return out
+def _image_mode(data: bytes) -> str:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return "RGB" if img.mode not in ("L", "1", "I;16", "I;16B", "I;16L", "I", "F", "LA") else "L"
+    except (OSError, ValueError):
+        return "?"
 
 
-def ensure_cache(cache_dir: str, curated_table: str, curated_version: int, image_size: int) -> str:
+def resolve_channels(channels: int | str, batches: Iterator[pa.RecordBatch]) -> tuple[int, dict[str, int]]:
+    """1 or 3; ``auto`` = the majority of the images' stored modes (header reads, no decode)."""
+    if channels != "auto":
+        return int(channels), {}
+    counts: Counter[str] = Counter()
+    for batch in batches:
+        counts.update(_image_mode(bytes(v)) for v in batch.column("image").to_pylist())
+    return (3 if counts["RGB"] > counts["L"] else 1), dict(counts)
+
+
+def _decode_chunk(images: list[bytes], spec: dict[str, Any]) -> np.ndarray:
+    return decode_many(images, PreprocessSpec.from_dict(spec))
+
+
+class _Decoder:
+    """Decodes batches in the caller (small data, one core) or in a pool of spawned workers."""
+
+    def __init__(self, spec: PreprocessSpec, rows: int) -> None:
+        self.spec = spec
+        workers = min(os.cpu_count() or 1, 8)
+        self.pool: ProcessPoolExecutor | None = None
+        if rows >= PARALLEL_FROM and workers > 1:
+            import multiprocessing
+
+            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+            self.workers = workers
+
+    def map(self, batches: Iterator[list[bytes]]) -> Iterator[np.ndarray]:
+        if self.pool is None:
+            for images in batches:
+                yield decode_many(images, self.spec)
+            return
+        spec, pending = self.spec.to_dict(), []
+        for images in batches:  # keep a few batches in flight: decode overlaps the read and the write
+            pending.append(self.pool.submit(_decode_chunk, images, spec))
+            if len(pending) > 2 * self.workers:
+                yield pending.pop(0).result()
+        for future in pending:
+            yield future.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+def _split_filter() -> Any:
+    return pc.field("split").isin(["train", "val"])
+
+
+def ensure_cache(
+    cache_dir: str, curated_table: str, curated_version: int, image_size: int, channels: int | str = "auto", fit: str = "crop"
+) -> str:
     """Decode the train and val splits once; returns the cache folder (built only when missing).
 
     Raises ``NoTrainingDataError`` when a split is empty or there is a single class: a data
     problem no retry can fix.
     """
-    target = Path(cache_dir) / cache_key(curated_table, curated_version, image_size)
+    target = Path(cache_dir) / cache_key(curated_table, curated_version, image_size, channels, fit)
     if (target / META_FILE).exists():
         return str(target)
-    rows = load_split_rows(curated_table, int(curated_version), ("train", "val"))
-    split = rows["split"].to_pylist()
-    labels = [str(label) for label in rows["label"].to_pylist()]
-    is_train = np.array([s == "train" for s in split], dtype=bool)
-    n_train, n_val = int(is_train.sum()), int((~is_train).sum())
-    where = f"{curated_table}@v{curated_version}"
-    if n_train == 0 or n_val == 0:
-        raise NoTrainingDataError(f"{where} has {n_train} train and {n_val} val rows; training needs both")
-    classes = class_order(labels)
-    if len(classes) < 2:
-        raise NoTrainingDataError(f"{where} has a single class {classes}: nothing to learn")
-
-    images = rows["image"].to_pylist()
-    pixels = _decode_u8(images, image_size)
-    index = {c: i for i, c in enumerate(classes)}
-    targets = np.array([index[label] for label in labels], dtype=np.int64)
-    val_positions = np.flatnonzero(~is_train)
-
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    np.save(tmp / "x_train.npy", pixels[is_train])
-    np.save(tmp / "y_train.npy", targets[is_train])
-    np.save(tmp / "x_val.npy", pixels[~is_train])
-    np.save(tmp / "y_val.npy", targets[~is_train])
-    pq.write_table(
-        pa.table({"sha256": rows["sha256"], "label": pa.array(labels), "split": pa.array(split)}), tmp / "rows.parquet"
-    )
-    meta = {
-        "format": CACHE_FORMAT,
-        "curated_table": curated_table,
-        "curated_version": int(curated_version),
-        "image_size": int(image_size),
-        "classes": classes,
-        "n_train": n_train,
-        "n_val": n_val,
-        "examples": [base64.b64encode(images[i]).decode() for i in val_positions[:2]],
-    }
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
     try:
+        _build_cache(tmp, curated_table, int(curated_version), image_size, channels, fit)
         os.rename(tmp, target)
     except OSError:  # another process finished the same cache first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
         if not (target / META_FILE).exists():
             raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return str(target)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where every row goes: split, position in its split file, target."""
+
+    rows: pa.Table  # sha256, label, split in sha256 order
+    classes: list[str]
+    position: dict[str, int]  # sha256 -> row position inside its split
+    n_train: int
+    n_val: int
+
+
+def _layout(curated_table: str, curated_version: int) -> _Layout:
+    rows = lake.read(curated_table, curated_version, columns=["sha256", "label", "split"],
+                     filter=[("split", "in", ["train", "val"])]).sort_by([("sha256", "ascending")])
+    split = rows["split"].to_pylist()
+    labels = [str(v) for v in rows["label"].to_pylist()]
+    where = f"{curated_table}@v{curated_version}"
+    n_train, n_val = split.count("train"), split.count("val")
+    if n_train == 0 or n_val == 0:
+        raise NoTrainingDataError(f"{where} has {n_train} train and {n_val} val rows; training needs both")
+    classes = class_order(labels)
+    if len(classes) < 2:
+        raise NoTrainingDataError(f"{where} has a single class {classes}: nothing to learn")
+    counters = {"train": 0, "val": 0}
+    position = {}
+    for sha, s in zip(rows["sha256"].to_pylist(), split):
+        position[sha] = counters[s]
+        counters[s] += 1
+    return _Layout(rows.set_column(1, "label", pa.array(labels)), classes, position, n_train, n_val)
+
+
+@dataclass
+class _Written:
+    targets: dict[str, np.ndarray]
+    stats: ChannelStats
+    examples: dict[int, bytes]
+
+
+def _write_pixels(folder: Path, batches: Iterator[pa.RecordBatch], layout: _Layout, spec: PreprocessSpec) -> _Written:
+    """Decode every streamed row and write its pixels at its position in its split file."""
+    index = {c: i for i, c in enumerate(layout.classes)}
+    out = _Written({"train": np.zeros(layout.n_train, np.int64), "val": np.zeros(layout.n_val, np.int64)},
+                   ChannelStats(spec.channels), {})
+    row_bytes = spec.channels * spec.size * spec.size
+    files = {s: os.open(folder / f"x_{s}.u8", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for s in out.targets}
+    decoder = _Decoder(spec, layout.n_train + layout.n_val)
+    queue: list[tuple[list[str], list[str], list[str], list[bytes]]] = []
+
+    def images_of() -> Iterator[list[bytes]]:  # remembers each batch's rows for when its pixels come back
+        for batch in batches:
+            images = [bytes(v) for v in batch.column("image").to_pylist()]
+            queue.append((batch.column("sha256").to_pylist(), batch.column("label").to_pylist(),
+                          batch.column("split").to_pylist(), images))
+            yield images
+
+    try:
+        for pixels in decoder.map(images_of()):
+            shas, labels, splits, images = queue.pop(0)
+            for i, (sha, label, split) in enumerate(zip(shas, labels, splits)):
+                pos = layout.position[sha]
+                out.targets[split][pos] = index[str(label)]
+                os.pwrite(files[split], pixels[i].tobytes(), pos * row_bytes)
+                if split == "val" and pos < 2:
+                    out.examples[pos] = images[i]
+            out.stats.add(pixels[[k for k, s in enumerate(splits) if s == "train"]])
+    finally:
+        decoder.close()
+        for fd in files.values():
+            os.close(fd)
+    return out
+
+
+def _build_cache(folder: Path, curated_table: str, curated_version: int, image_size: int, channels: int | str, fit: str) -> None:
+    where = f"{curated_table}@v{curated_version}"
+    layout = _layout(curated_table, curated_version)
+
+    def stream(columns: list[str]) -> Iterator[pa.RecordBatch]:
+        return lake.scan_batches(curated_table, curated_version, columns, _split_filter(), SCAN_ROWS)
+
+    n_channels, modes = resolve_channels(channels, stream(["image"]))
+    spec = PreprocessSpec(n_channels, int(image_size), fit)
+    try:
+        written = _write_pixels(folder, stream(["sha256", "image", "label", "split"]), layout, spec)
+    except ImageDecodeError as exc:
+        raise DataError(f"{where}: a curated image no longer decodes ({exc})") from exc
+    spec = spec.with_stats(*written.stats.result())
+    for split, y in written.targets.items():
+        np.save(folder / f"y_{split}.npy", y)
+    pq.write_table(layout.rows, folder / "rows.parquet")
+    meta = {
+        "format": CACHE_FORMAT,
+        "curated_table": curated_table,
+        "curated_version": int(curated_version),
+        "classes": layout.classes,
+        "preprocess": spec.to_dict(),
+        "channels_requested": channels,
+        "modes": modes,
+        "n_train": layout.n_train,
+        "n_val": layout.n_val,
+        "examples": [base64.b64encode(written.examples[k]).decode() for k in sorted(written.examples)],
+    }
+    (folder / META_FILE).write_text(json.dumps(meta, indent=2))
 
 
 def load_cache(path: str) -> CachedSplits:
     root = Path(path)
     meta = json.loads((root / META_FILE).read_text())
-
-    def tensor(name: str) -> torch.Tensor:
-        return torch.from_numpy(np.load(root / name))
-
+    spec = PreprocessSpec.from_dict(meta["preprocess"])
+    shape = (spec.channels, spec.size, spec.size)
     return CachedSplits(
         path=str(root),
         classes=list(meta["classes"]),
-        x_train=tensor("x_train.npy"),
-        y_train=tensor("y_train.npy"),
-        x_val=tensor("x_val.npy"),
-        y_val=tensor("y_val.npy"),
+        spec=spec,
+        train=SplitStore(root / "x_train.u8", meta["n_train"], shape),
+        y_train=torch.from_numpy(np.load(root / "y_train.npy")),
+        val=SplitStore(root / "x_val.u8", meta["n_val"], shape),
+        y_val=torch.from_numpy(np.load(root / "y_val.npy")),
         examples=[base64.b64decode(e) for e in meta["examples"]],
     )
 
 
-class BatchTensorDataset(Dataset):
-    """Indexed with a list of positions, returns the whole batch: one gather, no collate."""
+class BatchStoreDataset(Dataset):
+    """Indexed with a list of positions, returns the whole batch: one read, no per-image collate."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def __init__(self, x: SplitStore | torch.Tensor, y: torch.Tensor) -> None:
         self.x, self.y = x, y
 
     def __len__(self) -> int:
@@ -182,6 +379,8 @@ class BatchTensorDataset(Dataset):
 
     def __getitem__(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         index = torch.as_tensor(positions, dtype=torch.long)
+        if isinstance(self.x, SplitStore):
+            return torch.from_numpy(self.x.read(positions)), self.y[index]
         return self.x[index], self.y[index]
 
 
@@ -225,10 +424,11 @@ def device_plan(device: str, amp: bool, channels_last: bool, local_rank: int = 0
 
 
 def train_loader(
-    x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, rank: int, world_size: int, plan: DevicePlan, num_workers: int = 0
+    x: SplitStore | torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, rank: int, world_size: int,
+    plan: DevicePlan, num_workers: int = 0,
 ) -> DataLoader:
     """Shuffled batches of this rank's shard; call ``set_epoch(loader, epoch)`` each epoch."""
-    dataset = BatchTensorDataset(x, y)
+    dataset = BatchStoreDataset(x, y)
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False)
     return DataLoader(
         dataset,
@@ -237,6 +437,7 @@ def train_loader(
         num_workers=num_workers,
         pin_memory=plan.pin_memory,
         persistent_workers=num_workers > 0,
+        prefetch_factor=4 if num_workers > 0 else None,
     )
 
 
@@ -246,7 +447,7 @@ def set_epoch(loader: DataLoader, epoch: int) -> None:
 
 
 def to_device(x_u8: torch.Tensor, plan: DevicePlan) -> torch.Tensor:
-    """uint8 pixels to float in [0, 1] on the device (same values as ``tasks.images.decode_batch``)."""
+    """uint8 pixels to float in [0, 1] on the device."""
     return x_u8.to(plan.device, non_blocking=plan.non_blocking).float().div_(255)
 
 
@@ -275,13 +476,85 @@ def random_shift(x: torch.Tensor, max_shift: int, generator: torch.Generator) ->
     return torch.gather(padded, 2, index).view(b, c, h, w)
 
 
+def _uniform(b: int, low: float, high: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    return torch.rand(b, generator=generator, device=device) * (high - low) + low
+
+
+def random_resized_crop(x: torch.Tensor, min_scale: float, generator: torch.Generator) -> torch.Tensor:
+    """Each image: a random window of ``min_scale``..1 of its area (aspect 3/4..4/3) resized back, one grid_sample."""
+    if min_scale >= 1.0:
+        return x
+    b, device = x.shape[0], x.device
+    area = _uniform(b, min_scale, 1.0, generator, device)
+    log_ratio = _uniform(b, math.log(3 / 4), math.log(4 / 3), generator, device)
+    ratio = torch.exp(log_ratio)
+    w = torch.sqrt(area * ratio).clamp(max=1.0)
+    h = torch.sqrt(area / ratio).clamp(max=1.0)
+    cx = (torch.rand(b, generator=generator, device=device) * 2 - 1) * (1 - w)
+    cy = (torch.rand(b, generator=generator, device=device) * 2 - 1) * (1 - h)
+    theta = torch.zeros(b, 2, 3, device=device)
+    theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = w, cx, h, cy
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def random_hflip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    flip = torch.rand(x.shape[0], generator=generator, device=x.device) < 0.5
+    return torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
+
+
+def color_jitter(x: torch.Tensor, strength: float, generator: torch.Generator) -> torch.Tensor:
+    """Brightness, contrast and (colour images) saturation, each x U(1 - strength, 1 + strength) per image."""
+    if strength <= 0:
+        return x
+    b, c, device = x.shape[0], x.shape[1], x.device
+    lo, hi = max(0.0, 1 - strength), 1 + strength
+    x = x * _uniform(b, lo, hi, generator, device).view(b, 1, 1, 1)
+    mean = x.mean(dim=(1, 2, 3), keepdim=True)
+    x = (x - mean) * _uniform(b, lo, hi, generator, device).view(b, 1, 1, 1) + mean
+    if c == 3:
+        weights = torch.tensor([0.299, 0.587, 0.114], device=device).view(1, 3, 1, 1)
+        grey = (x * weights).sum(dim=1, keepdim=True)
+        x = (x - grey) * _uniform(b, lo, hi, generator, device).view(b, 1, 1, 1) + grey
+    return x.clamp_(0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Train-split augmentation, from ``training.augment_*`` (all off = the pixels as decoded)."""
+
+    shift: int = 0
+    crop_scale: float = 1.0  # random resized crop: smallest share of the area kept; 1 = off
+    hflip: bool = False  # only where a mirrored image keeps its label (photos yes, digits no)
+    color_jitter: float = 0.0
+
+    @classmethod
+    def of(cls, cfg: Any) -> Augment:
+        return cls(cfg.augment_shift, cfg.augment_crop_scale, cfg.augment_hflip, cfg.augment_color_jitter)
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        x = random_resized_crop(x, self.crop_scale, generator)
+        if self.hflip:
+            x = random_hflip(x, generator)
+        x = color_jitter(x, self.color_jitter, generator)
+        return random_shift(x, self.shift, generator)
+
+
 def augment_generator(plan: DevicePlan, seed: int, epoch: int, rank: int) -> torch.Generator:
     """The augmentation RNG for one (epoch, rank): independent of anything that ran before."""
     return torch.Generator(device=plan.device).manual_seed(seed * 1_000_003 + epoch * 1_009 + rank)
 
 
-def batches(loader: DataLoader, plan: DevicePlan, shift: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Device batches ready for the model: scaled, augmented, in the plan's memory format."""
+def model_input(x_u8: torch.Tensor, spec: PreprocessSpec, plan: DevicePlan) -> torch.Tensor:
+    """Unaugmented uint8 pixels to the model's input on the device (validation, evaluation)."""
+    x = normalise(x_u8.to(plan.device, non_blocking=plan.non_blocking), spec)
+    return x.contiguous(memory_format=plan.memory_format)
+
+
+def batches(
+    loader: DataLoader, plan: DevicePlan, augment: Augment, spec: PreprocessSpec, generator: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Device batches ready for the model: scaled, augmented, normalised, in the plan's memory format."""
     for xb, yb in loader:
-        x = random_shift(to_device(xb, plan), shift, generator).contiguous(memory_format=plan.memory_format)
+        x = standardise(augment(to_device(xb, plan), generator), spec).contiguous(memory_format=plan.memory_format)
         yield x, yb.to(plan.device, non_blocking=plan.non_blocking)

@@ -51,15 +51,20 @@ from mlflow.exceptions import MlflowException
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tasks.model import build_model, load_logged_weights, log_pyfunc_model, transfer_weights
+from cd4ml_runtime.networks import build as build_network
+from cd4ml_runtime.preprocess import PreprocessSpec
+from tasks.model import architecture, load_logged_weights, log_pyfunc_model, transfer_weights
 from tasks.registry import TAG_MODEL_URI, client_for
 from tasks.settings import Settings, TrainingSettings
 from tasks.train_data import (
+    Augment,
     DevicePlan,
+    SplitStore,
     augment_generator,
     batches,
     device_plan,
     load_cache,
+    model_input,
     set_epoch,
     train_loader,
 )
@@ -171,7 +176,8 @@ def train_one_epoch(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     plan: DevicePlan,
-    shift: int,
+    augment: Augment,
+    spec: PreprocessSpec,
     generator: torch.Generator,
     frozen: nn.Module | None = None,
     max_steps: int | None = None,
@@ -187,7 +193,7 @@ def train_one_epoch(
     loss_fn = nn.CrossEntropyLoss()
     total = torch.zeros((), device=plan.device)
     seen = 0
-    for step, (x, y) in enumerate(batches(loader, plan, shift, generator)):
+    for step, (x, y) in enumerate(batches(loader, plan, augment, spec, generator)):
         if max_steps is not None and step >= max_steps:
             break
         if len(y) < 2:  # batch norm cannot train on a single sample
@@ -205,17 +211,16 @@ def train_one_epoch(
 
 @torch.no_grad()
 def evaluate_shard(
-    model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, plan: DevicePlan, rank: int = 0, world_size: int = 1
+    model: nn.Module, x: SplitStore, y: torch.Tensor, spec: PreprocessSpec, plan: DevicePlan, rank: int = 0, world_size: int = 1
 ) -> torch.Tensor:
     """[summed loss, correct, count] over this rank's strided shard of a split (sum over ranks = exact)."""
     model.eval()
-    xs, ys = x_u8[rank::world_size], y[rank::world_size]
+    positions = np.arange(rank, len(y), world_size)
     out = torch.zeros(3, dtype=torch.float64, device=plan.device)
-    for i in range(0, len(ys), VAL_BATCH):
-        x = xs[i : i + VAL_BATCH].to(plan.device, non_blocking=plan.non_blocking).float().div_(255)
-        target = ys[i : i + VAL_BATCH].to(plan.device, non_blocking=plan.non_blocking)
+    for part, pixels in x.chunks(positions, VAL_BATCH):
+        target = y[torch.from_numpy(part)].to(plan.device, non_blocking=plan.non_blocking)
         with plan.autocast():
-            logits = model(x.contiguous(memory_format=plan.memory_format))
+            logits = model(model_input(torch.from_numpy(pixels), spec, plan))
         logits = logits.float()
         out[0] += nn.functional.cross_entropy(logits, target, reduction="sum").double()
         out[1] += (logits.argmax(dim=1) == target).sum().double()
@@ -369,7 +374,8 @@ def _train(
     cfg = settings.training
     data = load_cache(request.cache_path)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, len(data.classes), cfg.image_size)
+    arch = architecture(cfg.model, len(data.classes), data.spec.size, data.spec.channels)
+    model = build_network(arch)
     if request.finetune_uri:
         state, meta = load_logged_weights(request.finetune_uri)
         if meta["architecture"] != cfg.model:
@@ -390,9 +396,10 @@ def _train(
     frozen = model.features if cfg.freeze_backbone and request.finetune_uri else None
     lr = scaled_learning_rate(cfg, world)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=cfg.weight_decay)
-    loader = train_loader(data.x_train, data.y_train, cfg.batch_size, cfg.seed, rank, world, plan, cfg.num_workers)
+    loader = train_loader(data.train, data.y_train, cfg.batch_size, cfg.seed, rank, world, plan, cfg.num_workers)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, len(loader)))
     stopper = EarlyStopping(cfg.patience, cfg.min_delta)
+    augment = Augment.of(cfg)
 
     checkpoints = Checkpoints(request.checkpoint_dir) if request.checkpoint_dir else None
     saved = checkpoints.load(plan.device) if checkpoints else None
@@ -437,10 +444,10 @@ def _train(
             started = time.perf_counter()
             set_epoch(loader, epoch)
             generator = augment_generator(plan, cfg.seed, epoch, rank)
-            loss_sum, seen = train_one_epoch(net, loader, optimizer, scheduler, plan, cfg.augment_shift, generator, frozen)
+            loss_sum, seen = train_one_epoch(net, loader, optimizer, scheduler, plan, augment, data.spec, generator, frozen)
             loop_time = time.perf_counter() - started
             _average_buffers(model, world)
-            val = evaluate_shard(model, data.x_val, data.y_val, plan, rank, world)
+            val = evaluate_shard(model, data.val, data.y_val, data.spec, plan, rank, world)
             counts = torch.tensor([float(seen)], dtype=torch.float64, device=plan.device)
             totals = _all_sum(torch.cat([loss_sum.double().reshape(1), counts, val]), world)
             train_loss_sum, n_seen, val_loss_sum, correct, n_val = totals.tolist()
@@ -516,9 +523,9 @@ def _train(
             cpu_model = model.to("cpu", memory_format=torch.contiguous_format)
             info = log_pyfunc_model(
                 cpu_model,
-                architecture=cfg.model,
+                arch=arch,
                 classes=data.classes,
-                image_size=cfg.image_size,
+                spec=data.spec,
                 example_images=data.examples,
                 channels_last=plan.memory_format == torch.channels_last,
             )

@@ -220,7 +220,7 @@ def run_trial(
         )
         cfg = trial_settings.training
         client = mlflow_client(trial_settings)
-        cache_path = ensure_cache(cfg.cache_dir, curated_table, int(curated_version), cfg.image_size)
+        cache_path = ensure_cache(cfg.cache_dir, curated_table, int(curated_version), cfg.image_size, cfg.channels, cfg.fit)
         cached = load_cache(cache_path)
         parent_tags = client.get_run(parent_run_id).data.tags
         tags = {k: parent_tags[k] for k in LINEAGE_RUN_TAGS if parent_tags.get(k)}

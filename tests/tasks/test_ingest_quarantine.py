@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cd4ml_runtime.preprocess import PreprocessSpec, decode
 from tasks import lake
-from tasks.images import decode_gray
 from tasks.ingest import ingest_landing
 from tasks.sample_data import write_digits
 from tasks.settings import REPO_ROOT
@@ -129,7 +129,7 @@ def test_every_bad_input_is_a_reject_row_and_the_batch_goes_on(settings, tmp_pat
     assert rot["normalised"].startswith("exif_orientation=6")
     upright = Image.open(io.BytesIO(rot["image"])).convert("RGB")
     assert upright.getpixel((8, 2))[0] > 200 and upright.getpixel((8, 29))[2] > 200  # red band now on top
-    assert np.asarray(decode_gray(rot["image"], 16)).shape == (16, 16)
+    assert decode(rot["image"], PreprocessSpec(1, 16)).shape == (1, 16, 16)
     unicode = raw["été avec espace.png"]
     assert unicode["normalised"] is None and unicode["source_uri"].endswith("/7/été avec espace.png")
     assert unicode["image"] == (landing / "7" / "été avec espace.png").read_bytes()  # untouched original

@@ -11,13 +11,14 @@ import torch
 from tests.tasks.test_train import write_curated_digits
 
 
-@pytest.mark.parametrize("name", ["small_cnn", "resnet18"])
-def test_every_model_maps_a_batch_to_class_logits_and_trains(name: str) -> None:
+@pytest.mark.parametrize("name,channels,size", [("small_cnn", 1, 16), ("small_cnn", 3, 16), ("resnet18", 1, 16),
+                                               ("resnet18", 3, 112), ("resnet50", 3, 32)])
+def test_every_model_maps_a_batch_to_class_logits_and_trains(name: str, channels: int, size: int) -> None:
     from tasks.model import build_model
 
     torch.manual_seed(0)
-    model = build_model(name, num_classes=10, image_size=16)
-    x = torch.rand(4, 1, 16, 16)
+    model = build_model(name, num_classes=10, image_size=size, in_channels=channels)
+    x = torch.rand(4, channels, size, size)
     logits = model(x)
     assert logits.shape == (4, 10)
     loss = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 3]))
@@ -31,12 +32,18 @@ def test_resnet18_is_resnet18_sized() -> None:
 
     params = sum(p.numel() for p in build_model("resnet18", 10, 16).parameters())
     assert 11_000_000 < params < 11_300_000  # torchvision's resnet18 has 11.2M with 1000 classes
+    # ResNet-50 at 224 px with the ImageNet stem: torchvision's has 25.56M with 1000 classes (2.05M in the head)
+    params = sum(p.numel() for p in build_model("resnet50", 1000, 224, in_channels=3).parameters())
+    assert params == 25_557_032
+    from tasks.model import architecture
+
+    assert architecture("resnet50", 5, 224, 3)["stem"] == "imagenet" and architecture("resnet18", 5, 32)["stem"] == "small"
 
 
 def test_unknown_model_is_a_clear_error() -> None:
     from tasks.model import MODEL_NAMES, build_model
 
-    assert set(MODEL_NAMES) == {"small_cnn", "resnet18"}
+    assert set(MODEL_NAMES) == {"small_cnn", "resnet18", "resnet50"}
     with pytest.raises(ValueError, match="unknown model 'vgg'"):
         build_model("vgg", 10, 16)
 
@@ -96,22 +103,32 @@ def test_distributed_shards_are_disjoint_and_cover_the_split() -> None:
 def test_the_decode_cache_is_built_once_per_version_and_matches_the_serving_decode(tmp_path: Path) -> None:
     import numpy as np
 
-    from tasks.images import decode_batch
+    from cd4ml_runtime.preprocess import PreprocessSpec, decode_many
     from tasks.train_data import NoTrainingDataError, ensure_cache, load_cache, load_split_rows
 
     uri = str(tmp_path / "curated")
     version = write_curated_digits(uri, limit=120)
     cache_dir = str(tmp_path / "cache")
     path = ensure_cache(cache_dir, uri, version, 16)
-    stamp = os.stat(Path(path) / "x_train.npy").st_mtime_ns
+    stamp = os.stat(Path(path) / "x_train.u8").st_mtime_ns
     assert ensure_cache(cache_dir, uri, version, 16) == path
-    assert os.stat(Path(path) / "x_train.npy").st_mtime_ns == stamp  # not decoded again
+    assert os.stat(Path(path) / "x_train.u8").st_mtime_ns == stamp  # not decoded again
     assert ensure_cache(cache_dir, uri, version, 8) != path  # another image size is another cache
+    assert ensure_cache(cache_dir, uri, version, 16, channels=3) != path  # and another channel count
 
     cached = load_cache(path)
+    assert cached.spec.channels == 1  # auto: the digits are stored as L
     rows = load_split_rows(uri, version, ("train",))
-    served = decode_batch(rows["image"].to_pylist(), 16)
-    assert np.array_equal(cached.x_train.float().div(255).numpy(), served)
+    served = decode_many(rows["image"].to_pylist(), PreprocessSpec(1, 16))
+    assert np.array_equal(cached.train.read(np.arange(len(cached.train))), served)
+    assert np.array_equal(cached.train.read([5, 2, 5]), served[[5, 2, 5]])  # any order, repeats
+    from tasks.train_data import SplitStore
+
+    eager = SplitStore(cached.train.path, cached.train.n, cached.train.shape, release_bytes=1)  # pages handed back each read
+    assert all(np.array_equal(eager.read([i, 0]), served[[i, 0]]) for i in range(len(served)))
+    # the statistics are the train split's own
+    x = served.astype(np.float64) / 255
+    assert cached.spec.mean[0] == pytest.approx(x.mean(), abs=1e-5) and cached.spec.std[0] == pytest.approx(x.std(), abs=1e-5)
     assert cached.classes == [str(d) for d in range(10)]
     assert len(cached.examples) == 2 and cached.rows().num_rows == len(cached.y_train) + len(cached.y_val)
 
