@@ -128,7 +128,7 @@ def logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         image_bytes(np.dstack([photo(33, 17, 4), np.full((33, 17), 128, np.uint8)]), "RGBA"),
         image_bytes(photo(700, 500, 5), "RGB", "JPEG"),  # large: the draft path
     ]
-    with mlflow.start_run(experiment_id=mlflow.create_experiment("runtime")):
+    with mlflow.start_run(experiment_id=mlflow.create_experiment("runtime", artifact_location=str(tmp_path / "artifacts"))):
         info = log_pyfunc_model(model, arch=architecture("small_cnn", 3, 24, 3), classes=classes, spec=spec,
                                 example_images=images[:2])
     paths = []
