@@ -27,11 +27,11 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def _cmd_sample_data(args: argparse.Namespace) -> int:
-    from tasks.sample_data import write_digits
+    from tasks.sample_data import SAMPLES
 
     landing = args.landing or load_settings().storage.landing_uri
-    n = write_digits(landing, limit=args.limit, with_bad_files=args.with_bad_files)
-    print(f"wrote {n} digit images to {landing}" + (" (+2 files that must be rejected)" if args.with_bad_files else ""))
+    n = SAMPLES[args.dataset](landing, limit=args.limit, with_bad_files=args.with_bad_files)
+    print(f"wrote {n} {args.dataset} images to {landing}" + (" (+2 files that must be rejected)" if args.with_bad_files else ""))
     return 0
 
 
@@ -63,6 +63,21 @@ def _cmd_tag(args: argparse.Namespace) -> int:
     version = lake.resolve_version(uri, args.version)
     tag = lake.tag_version(uri, version, args.name, run_id="cli", note=args.note or "")
     print(json.dumps({"table": uri, "name": tag.name, "version": tag.version}, sort_keys=True))
+    return 0
+
+
+@_data_plane_errors
+def _cmd_classes(args: argparse.Namespace) -> int:
+    from tasks import classes
+
+    settings = load_settings()
+    if args.accept:
+        if not classes.discovering(settings):
+            raise ValueError("ingest.allowed_labels is a list in this environment's settings: add the class there")
+        classes.record(settings, args.accept, None, "cli", "accepted")
+    print(json.dumps({"env": settings.env, "discover": classes.discovering(settings),
+                      "classes": classes.known(settings) if classes.discovering(settings)
+                      else list(settings.ingest.allowed_labels)}, sort_keys=True))
     return 0
 
 
@@ -216,11 +231,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_status)
     p = sub.add_parser("summary", help="where to look after a run (current CD4ML_ENV)")
     p.set_defaults(func=_cmd_summary)
-    p = sub.add_parser("sample-data", help="write scikit-learn's real handwritten digits as PNGs into the landing folder")
+    p = sub.add_parser("sample-data", help="write real sample images (digits, or colour photo tiles) into the landing folder")
+    p.add_argument("--dataset", choices=("digits", "photos"), default="digits",
+                   help="digits: scikit-learn's handwritten digits (8x8 grey); photos: tiles of packaged colour photos")
     p.add_argument("--landing", help="target folder (default: the environment's landing_uri)")
     p.add_argument("--limit", type=int, help="write only the first N images")
     p.add_argument("--with-bad-files", action="store_true", help="also plant two files the ingest must reject")
     p.set_defaults(func=_cmd_sample_data)
+    p = sub.add_parser("classes", help="the class names (allowed_labels: discover records them; --accept adds one)")
+    p.add_argument("--accept", action="append", metavar="LABEL", help="accept a new class found by validation (repeatable)")
+    p.set_defaults(func=_cmd_classes)
     p = sub.add_parser("train", help="train on one curated version (what the trainer pod and the DAG run); JSON result")
     p.add_argument("--curated-version", type=int, required=True, help="curated_images version to train on")
     p.add_argument("--curated-table", help="table URI (default: this environment's curated_images)")

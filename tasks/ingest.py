@@ -252,14 +252,15 @@ def _lookup(shas: pa.Array | pa.ChunkedArray, known: pa.Table) -> pa.Array | pa.
     return known.column("label").take(pc.index_in(shas, value_set=known.column("sha256")))
 
 
-def _settled(listing: pa.Table, cache: pa.Table, cached_label, allowed: set[str], extensions: set[str]) -> np.ndarray:
+def _settled(listing: pa.Table, cache: pa.Table, cached_label, allowed: set[str] | None, extensions: set[str]) -> np.ndarray:
     """Files decided without a Python step: unchanged, fine before, already in the table under this label.
 
     In an unchanged zone that is every file, which is what makes a re-ingest cheap.
     """
     ext = pc.utf8_lower(pc.struct_field(pc.extract_regex(listing.column("uri"), r"(?P<ext>\.[^./]*)$"), [0]))
     ok = pc.and_(cache.column("unchanged"), pc.is_null(listing.column("problem_code")))
-    ok = pc.and_(ok, pc.is_in(listing.column("label"), value_set=pa.array(sorted(allowed), pa.string())))
+    if allowed is not None:  # None: discover, any label
+        ok = pc.and_(ok, pc.is_in(listing.column("label"), value_set=pa.array(sorted(allowed), pa.string())))
     ok = pc.and_(ok, pc.is_in(ext, value_set=pa.array(sorted(extensions), pa.string())))
     ok = pc.and_(ok, pc.is_null(cache.column("content_code")))
     ok = pc.and_(ok, pc.equal(cached_label, listing.column("label")))
@@ -370,11 +371,11 @@ def ingest_landing(
     raw_uri, rejects_uri, manifest_uri = settings.raw_table, settings.rejects_table, settings.table_uri(MANIFEST_TABLE)
     zones_uri = settings.table_uri(ingest_zones.ZONES_TABLE)
     now = datetime.now(UTC)  # a record of when, not an input to any decision
-    allowed = set(cfg.allowed_labels)
+    allowed = None if cfg.allowed_labels == "discover" else set(cfg.allowed_labels)  # discover: validation decides
     extensions = {e.lower() for e in cfg.image_extensions}
     zone_key = ingest_zones.zone_key(source.root_uri, label_source, source.manifest_uri)
     digest = ingest_zones.listing_digest(listing, {
-        "allowed": sorted(allowed), "extensions": sorted(extensions), "min_side": cfg.min_side,
+        "allowed": sorted(allowed) if allowed is not None else "discover", "extensions": sorted(extensions), "min_side": cfg.min_side,
         "max_side": cfg.max_side, "max_pixels": cfg.max_pixels, "keep_modes": cfg.keep_modes,
         "convert_modes": cfg.convert_modes})
     zone = None if full else ingest_zones.settled(zones_uri, raw_uri, zone_key, digest)
@@ -427,7 +428,7 @@ def ingest_landing(
                     rejects.append(reject(uri, None, None, "no_label",
                                           "file sits directly in the landing folder; put it under <label>/"))
                     continue
-                if label not in allowed:
+                if allowed is not None and label not in allowed:
                     rejects.append(reject(uri, None, label, "unknown_label", f"label {label!r} is not in allowed_labels"))
                     continue
                 ext = posixpath.splitext(uri)[1]

@@ -188,7 +188,7 @@ def ingest_with_spark(
 
     logical = lake.normalise_logical_date(logical_date)
     now = datetime.now(UTC)
-    allowed = set(cfg.allowed_labels)
+    allowed = None if cfg.allowed_labels == "discover" else set(cfg.allowed_labels)  # discover: validation decides
     extensions = {e.lower() for e in cfg.image_extensions}
     rejects: list[dict] = []
     candidates: list[tuple] = []
@@ -199,7 +199,7 @@ def ingest_with_spark(
         problem = entry.problem
         if problem is None and entry.label is None:
             problem = Rejection("no_label", "file sits directly in the landing folder; put it under <label>/")
-        elif problem is None and entry.label not in allowed:
+        elif problem is None and allowed is not None and entry.label not in allowed:
             problem = Rejection("unknown_label", f"label {entry.label!r} is not in allowed_labels")
         elif problem is None and ext.lower() not in extensions:
             problem = Rejection("bad_extension", f"extension {ext!r} is not an image extension")

@@ -13,6 +13,7 @@ from tasks.settings import ENVIRONMENTS, Settings, load_settings
 TABLES = (
     "raw_images",
     "rejects",
+    "classes",
     "curated_images",
     "curation_report",
     "curation_components",

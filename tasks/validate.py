@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from tasks import lake
+from tasks import classes, lake
 from tasks.errors import DataError
 from tasks.ingest import META_COLUMNS
 from tasks.reports import write_json
@@ -93,7 +93,7 @@ class _Check:
 # --------------------------------------------------------------------------- derived frames
 
 
-def _class_counts(rows: pd.DataFrame, allowed_labels: tuple[str, ...]) -> pd.DataFrame:
+def _class_counts(rows: pd.DataFrame, allowed_labels: list[str]) -> pd.DataFrame:
     """One row per allowed label present in the batch, sorted by label: label, count."""
     labels = rows["label"].dropna()
     labels = labels[labels.isin(set(allowed_labels))]
@@ -163,7 +163,7 @@ def _context(docs_dir: Path | None) -> "EphemeralDataContext":
     return gx.get_context(project_config=config, mode="ephemeral")
 
 
-def _checks(settings: Settings) -> list[_Check]:
+def _checks(settings: Settings, labels: list[str]) -> list[_Check]:
     import great_expectations.expectations as gxe
 
     ing, val = settings.ingest, settings.validation
@@ -174,7 +174,7 @@ def _checks(settings: Settings) -> list[_Check]:
         checks.append(_Check(ROWS_SUITE, f"{col}_not_null", gxe.ExpectColumnValuesToNotBeNull(column=col)))
     checks += [
         _Check(ROWS_SUITE, "sha256_unique", gxe.ExpectColumnValuesToBeUnique(column="sha256")),
-        _Check(ROWS_SUITE, "label_in_set", gxe.ExpectColumnValuesToBeInSet(column="label", value_set=list(ing.allowed_labels))),
+        _Check(ROWS_SUITE, "label_in_set", gxe.ExpectColumnValuesToBeInSet(column="label", value_set=list(labels))),
         _Check(ROWS_SUITE, "width_between", gxe.ExpectColumnValuesToBeBetween(column="width", min_value=ing.min_side, max_value=ing.max_side)),
         _Check(ROWS_SUITE, "height_between", gxe.ExpectColumnValuesToBeBetween(column="height", min_value=ing.min_side, max_value=ing.max_side)),
         _Check(ROWS_SUITE, "mode_in_set", gxe.ExpectColumnValuesToBeInSet(column="mode", value_set=list(val.allowed_modes))),
@@ -382,7 +382,8 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
     uri = settings.raw_table
     rows = lake.read(uri, raw_version, columns=META_COLUMNS).to_pandas()
     rows = rows.sort_values("sha256", kind="stable", na_position="last").reset_index(drop=True)
-    counts = _class_counts(rows, settings.ingest.allowed_labels)
+    labels, label_source = classes.allowed(settings, [str(v) for v in rows["label"].dropna().unique()])
+    counts = _class_counts(rows, labels)
     summary = _summary(len(rows), counts, files_seen, rejected)
     read_s = time.perf_counter() - started
 
@@ -392,7 +393,7 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
     docs_dir = out_dir / "docs"
 
     context = _context(docs_dir)
-    checks = _checks(settings)
+    checks = _checks(settings, labels)
     suite_results, ordered = _run_suites(
         context,
         checks,
@@ -434,7 +435,8 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
         "env": settings.env,
         "config_hash": settings.section_hash("ingest", "validation"),
         "thresholds": {
-            "allowed_labels": list(settings.ingest.allowed_labels),
+            "allowed_labels": labels,
+            "allowed_labels_from": label_source,
             "min_side": settings.ingest.min_side,
             "max_side": settings.ingest.max_side,
             **_plain(settings.validation.model_dump(mode="json")),
@@ -460,9 +462,23 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
     )
     if failed:
         lines = [line for e in failed for line in _failure_lines(e, summary)]
+        lines += _new_class_lines(rows, labels, label_source) if classes.discovering(settings) else []
         message = (
             f"validation of {uri} v{raw_version} failed: {len(failed)} of {len(entries)} expectations "
             f"failed (report {report_path})\n" + "\n".join(lines)
         )
         raise ValidationFailedError(message, failures=lines, report_path=str(report_path), result=result)
+    if classes.discovering(settings):
+        classes.record(settings, labels, raw_version, run_id, "discovered")  # no-op once recorded
     return result
+
+
+def _new_class_lines(rows: pd.DataFrame, labels: list[str], source: str) -> list[str]:
+    """One line per class outside the recorded set, with its count and how to accept it."""
+    new = rows["label"].dropna()
+    counts = new[~new.isin(set(labels))].value_counts()
+    return [
+        f"new class {str(label)!r}: {int(n)} images; the classes are {labels} (from {source}); "
+        f"accept it with `cd4ml classes --accept {label}` or list it in ingest.allowed_labels"
+        for label, n in sorted(counts.items(), key=lambda kv: str(kv[0]))
+    ]

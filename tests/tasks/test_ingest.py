@@ -121,3 +121,19 @@ def test_sample_data_is_byte_identical_when_written_twice(tmp_path):
     before = {f: f.stat().st_mtime_ns for f in (tmp_path / "a").rglob("*.png")}
     write_digits(tmp_path / "a", limit=5)  # unchanged files keep their mtime: the next ingest skips them
     assert {f: f.stat().st_mtime_ns for f in before} == before
+
+
+def test_discover_takes_any_folder_name_as_a_label_and_a_mixed_colour_batch_keeps_both_modes(settings, tmp_path):
+    """allowed_labels: discover: no unknown_label rejects (validation decides); colour and grey files are stored as
+    they are (the training spec converts them by its documented rule)."""
+    discover = settings.model_copy(update={"ingest": settings.ingest.model_copy(update={"allowed_labels": "discover"})})
+    landing = tmp_path / "landing"
+    (landing / "tabby cat").mkdir(parents=True)
+    (landing / "tabby cat" / "grey.png").write_bytes(_png(value=40))
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 30, 30)).save(buf, format="PNG")
+    (landing / "tabby cat" / "red.png").write_bytes(buf.getvalue())
+    result = ingest_landing(discover, run_id="d1", logical_date="2026-11-21", landing=landing)
+    assert result.inserted == 2 and result.rejected == 0
+    raw = lake.read(discover.raw_table, result.raw_version, META_COLUMNS).to_pylist()
+    assert {(r["label"], r["mode"]) for r in raw} == {("tabby cat", "L"), ("tabby cat", "RGB")}

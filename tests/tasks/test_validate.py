@@ -197,3 +197,26 @@ def test_bad_arguments_are_refused(settings, raw_digits):
         validate_batch(settings, raw_digits.raw_version, -1, 0, "run-x")
     with pytest.raises(ValueError, match="raw_version"):
         validate_batch(settings, -1, 10, 0, "run-x")
+
+
+def test_discovered_classes_come_from_the_first_validated_version_and_a_new_class_is_a_finding(settings, raw_digits):
+    from tasks import classes
+
+    discover = settings.model_copy(update={"ingest": settings.ingest.model_copy(update={"allowed_labels": "discover"})})
+    first = validate_batch(discover, raw_digits.raw_version, raw_digits.files_seen, raw_digits.rejected, "run-d")
+    assert first.success
+    assert classes.known(discover) == [str(d) for d in range(10)]
+    report = json.loads(Path(first.report_path).read_text())
+    assert report["thresholds"]["allowed_labels_from"].startswith("discovered in this version")
+    validate_batch(discover, raw_digits.raw_version, raw_digits.files_seen, raw_digits.rejected, "run-d2")
+    assert lake.current_version(discover.table_uri(classes.CLASSES_TABLE)) == 0  # recorded once
+
+    version = _plant(discover, [{"sha256": f"{i:064x}", "label": "seven-segment"} for i in range(70)])
+    with pytest.raises(ValidationFailedError) as failure:
+        validate_batch(discover, version, 70, 0, "run-new")
+    assert "new class 'seven-segment': 70 images" in str(failure.value)
+    assert "cd4ml classes --accept seven-segment" in str(failure.value)
+    assert classes.known(discover) == [str(d) for d in range(10)]  # not silently added
+
+    assert classes.record(discover, ["seven-segment"], None, "cli", "accepted") == 1
+    assert validate_batch(discover, version, 70, 0, "run-accepted").success
