@@ -1,8 +1,17 @@
-"""Real sample images without a download: scikit-learn's 1,797 handwritten digits as PNGs.
+"""Real sample images without a download, written into a landing folder (label = folder name).
 
-Written to ``<landing>/<digit>/digit_<index>.png`` (label = folder name). The encoding is
-deterministic, and a file already holding the same bytes is not rewritten, so a second
-``make demo`` finds an unchanged landing zone.
+* ``digits``: scikit-learn's 1,797 handwritten digits as 8x8 grey PNGs,
+  ``<landing>/<digit>/digit_<index>.png``.
+* ``photos``: real colour photos shipped in packages (scikit-learn's ``china`` and ``flower``,
+  scikit-image's ``astronaut``, ``coffee``, ``rocket``, ``immunohistochemistry`` and
+  ``motorcycle``) cut into non-overlapping 64x64 tiles at two scales (1 and 0.7), saved as JPEG
+  (quality 90); the class is the photo a tile comes from, so colour carries much of the signal
+  (a grey model loses most of it: README). ``<landing>/<photo>/tile_s<scale>_r<row>_c<col>.jpg``.
+  Tiles of one photo at two scales show the same scene, not the same pixels; the splits are
+  still per image, so the two scales of a region can land in different splits.
+
+The encoding is deterministic, and a file already holding the same bytes is not rewritten, so
+a second ``make demo`` finds an unchanged landing zone.
 """
 
 from __future__ import annotations
@@ -41,6 +50,64 @@ def write_digits(landing: str | Path, limit: int | None = None, with_bad_files: 
         good = (root / str(int(labels[0])) / "digit_0000.png").read_bytes()
         _write_if_changed(root / "7" / "truncated.png", good[: len(good) // 2])
     return n
+
+
+PHOTO_TILE = 64
+PHOTO_SCALES = (1.0, 0.7)
+
+
+def photo_sources() -> dict[str, np.ndarray]:
+    """The packaged colour photos (uint8 RGB), by class name."""
+    import skimage.data as ski
+    from sklearn.datasets import load_sample_image
+
+    return {
+        "astronaut": ski.astronaut(),
+        "china": load_sample_image("china.jpg"),
+        "coffee": ski.coffee(),
+        "flower": load_sample_image("flower.jpg"),
+        "ihc": ski.immunohistochemistry(),
+        "motorcycle": ski.stereo_motorcycle()[0],
+        "rocket": ski.rocket(),
+    }
+
+
+def photo_tiles(tile: int = PHOTO_TILE, scales: tuple[float, ...] = PHOTO_SCALES) -> list[tuple[str, str, np.ndarray]]:
+    """(class, file stem, RGB tile) for every non-overlapping tile of every photo at every scale."""
+    out = []
+    for label, photo in photo_sources().items():
+        for scale in scales:
+            img = Image.fromarray(photo)
+            if scale != 1.0:
+                img = img.resize((round(img.width * scale), round(img.height * scale)), Image.BILINEAR)
+            pixels = np.asarray(img)
+            for r in range(0, pixels.shape[0] - tile + 1, tile):
+                for c in range(0, pixels.shape[1] - tile + 1, tile):
+                    out.append((label, f"tile_s{int(scale * 100)}_r{r:04d}_c{c:04d}", pixels[r : r + tile, c : c + tile]))
+    return out
+
+
+def write_photos(landing: str | Path, limit: int | None = None, with_bad_files: bool = False) -> int:
+    """Write the colour photo tiles into ``landing``; returns how many image files it wrote."""
+    root = Path(landing)
+    tiles = photo_tiles()[:limit]
+    for label, stem, pixels in tiles:
+        buffer = io.BytesIO()
+        Image.fromarray(pixels, mode="RGB").save(buffer, format="JPEG", quality=90)
+        _write_if_changed(root / label / f"{stem}.jpg", buffer.getvalue())
+    if with_bad_files:
+        _write_if_changed(root / "china" / "not_really_an_image.jpg", b"this is a text file with an image extension\n")
+        _write_if_changed(root / "flower" / "panorama_1px.png", _png(np.full((1, 300, 3), 200, np.uint8), "RGB"))
+    return len(tiles)
+
+
+def _png(pixels: np.ndarray, mode: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode=mode).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+SAMPLES = {"digits": write_digits, "photos": write_photos}
 
 
 def _write_if_changed(path: Path, data: bytes) -> None:
