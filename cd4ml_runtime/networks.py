@@ -48,6 +48,13 @@ class SmallCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+def _shortcut(c_in: int, c_out: int, stride: int) -> nn.Module:
+    """Identity, or a strided 1x1 projection with batch norm when the shape changes."""
+    if stride == 1 and c_in == c_out:
+        return nn.Identity()
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+
+
 class BasicBlock(nn.Module):
     """Two 3x3 convolutions with a residual connection (1x1 projection when the shape changes)."""
 
@@ -60,9 +67,7 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(planes)
         self.relu = nn.ReLU(inplace=True)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or c_in != planes:
-            self.shortcut = nn.Sequential(nn.Conv2d(c_in, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes))
+        self.shortcut = _shortcut(c_in, planes, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
@@ -85,9 +90,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(out)
         self.relu = nn.ReLU(inplace=True)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or c_in != out:
-            self.shortcut = nn.Sequential(nn.Conv2d(c_in, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
+        self.shortcut = _shortcut(c_in, out, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.relu(self.bn1(self.conv1(x)))

@@ -141,7 +141,8 @@ def scan_batches(
     if parsed.scheme in ("", "file"):  # pyarrow's native filesystem: see ``scan``
         filesystem = pafs.SubTreeFileSystem(unquote(parsed.path).rstrip("/") or "/", pafs.LocalFileSystem())
     dataset = table.to_pyarrow_dataset(filesystem=filesystem)
-    yield from dataset.to_batches(columns=list(columns), filter=filter, batch_size=batch_rows)
+    yield from dataset.to_batches(columns=list(columns), filter=filter, batch_size=batch_rows,
+                                  batch_readahead=2, fragment_readahead=1)  # memory: a few batches, not files
 
 
 def ledger_rows(uri: str) -> tuple[list[dict[str, Any]], DeltaTable | None]:

@@ -15,9 +15,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,21 +50,26 @@ def build_model(name: str, num_classes: int, image_size: int, in_channels: int =
     return networks.build(architecture(name, num_classes, image_size, in_channels))
 
 
+@contextlib.contextmanager
+def _downloaded(model_uri: str) -> Iterator[tuple[Path, Path, Path]]:
+    """(model folder, model_meta.json, state_dict.pt) of a logged model, in a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="cd4ml-model-") as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp))
+        metas = sorted(local.rglob("model_meta.json"))
+        states = sorted(local.rglob("state_dict.pt"))
+        if not metas or not states:
+            raise ValueError(f"{model_uri} is not a cd4ml image classifier (no model_meta.json/state_dict.pt)")
+        yield local, metas[0], states[0]
+
+
 def load_logged_weights(model_uri: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The state dict and meta of a model logged by ``log_pyfunc_model`` (any meta format).
 
     Reads the two artifacts directly instead of loading the pyfunc, so no logged code is
     imported into the training process.
     """
-    with tempfile.TemporaryDirectory(prefix="cd4ml-pretrained-") as tmp:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp))
-        metas = sorted(local.rglob("model_meta.json"))
-        states = sorted(local.rglob("state_dict.pt"))
-        if not metas or not states:
-            raise ValueError(f"{model_uri} is not a cd4ml image classifier (no model_meta.json/state_dict.pt)")
-        meta = json.loads(metas[0].read_text())
-        state = torch.load(states[0], map_location="cpu", weights_only=True)
-    return state, meta
+    with _downloaded(model_uri) as (_, meta_path, state_path):
+        return torch.load(state_path, map_location="cpu", weights_only=True), json.loads(meta_path.read_text())
 
 
 def transfer_weights(model: nn.Module, state: dict[str, torch.Tensor], freeze_backbone: bool = False) -> list[str]:
@@ -83,16 +90,10 @@ def transfer_weights(model: nn.Module, state: dict[str, torch.Tensor], freeze_ba
 
 def load_predictor(model_uri: str) -> Predictor:
     """A logged model's predictor, run by the runtime copied into it (the project's own for format 1)."""
-    with tempfile.TemporaryDirectory(prefix="cd4ml-predictor-") as tmp:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp))
-        metas = sorted(local.rglob("model_meta.json"))
-        states = sorted(local.rglob("state_dict.pt"))
-        if not metas or not states:
-            raise ValueError(f"{model_uri} is not a cd4ml image classifier (no model_meta.json/state_dict.pt)")
+    with _downloaded(model_uri) as (local, meta_path, state_path):
         runtimes = sorted(p.parent for p in local.rglob("predictor.py") if p.parent.name == runtime_pyfunc.RUNTIME_ARTIFACT)
         module = runtime_pyfunc.load_bundled_runtime(runtimes[0]) if runtimes else None
-        cls = module.Predictor if module is not None else Predictor
-        return cls.from_files(metas[0], states[0])
+        return (module.Predictor if module is not None else Predictor).from_files(meta_path, state_path)
 
 
 class ImageClassifierPyfunc(mlflow.pyfunc.PythonModel):

@@ -249,69 +249,71 @@ def ensure_cache(
 
 @dataclass(frozen=True)
 class _Layout:
-    """Where every row goes: split, position in its split file, target."""
+    """Where every row goes: per split, the sorted sha256 (position = rank) and the targets.
+
+    Fixed-width numpy arrays, not Python objects: ~80 bytes a row, so a million images cost
+    tens of megabytes here.
+    """
 
     rows: pa.Table  # sha256, label, split in sha256 order
     classes: list[str]
-    position: dict[str, int]  # sha256 -> row position inside its split
-    n_train: int
-    n_val: int
+    shas: dict[str, np.ndarray]  # split -> sorted sha256 as S64
+    targets: dict[str, np.ndarray]  # split -> class index per position
+
+    def positions(self, split: str, shas: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.shas[split], shas)
 
 
 def _layout(curated_table: str, curated_version: int) -> _Layout:
     rows = lake.read(curated_table, curated_version, columns=["sha256", "label", "split"],
                      filter=[("split", "in", ["train", "val"])]).sort_by([("sha256", "ascending")])
-    split = rows["split"].to_pylist()
-    labels = [str(v) for v in rows["label"].to_pylist()]
+    rows = rows.set_column(1, "label", pc.cast(rows["label"], pa.string()))
     where = f"{curated_table}@v{curated_version}"
-    n_train, n_val = split.count("train"), split.count("val")
-    if n_train == 0 or n_val == 0:
-        raise NoTrainingDataError(f"{where} has {n_train} train and {n_val} val rows; training needs both")
-    classes = class_order(labels)
+    counts = {s: int(pc.sum(pc.equal(rows["split"], s)).as_py() or 0) for s in ("train", "val")}
+    if counts["train"] == 0 or counts["val"] == 0:
+        raise NoTrainingDataError(f"{where} has {counts['train']} train and {counts['val']} val rows; training needs both")
+    classes = class_order([str(v) for v in pc.unique(rows["label"]).to_pylist()])
     if len(classes) < 2:
         raise NoTrainingDataError(f"{where} has a single class {classes}: nothing to learn")
-    counters = {"train": 0, "val": 0}
-    position = {}
-    for sha, s in zip(rows["sha256"].to_pylist(), split):
-        position[sha] = counters[s]
-        counters[s] += 1
-    return _Layout(rows.set_column(1, "label", pa.array(labels)), classes, position, n_train, n_val)
+    shas, targets = {}, {}
+    for split in ("train", "val"):
+        part = rows.filter(pc.equal(rows["split"], split))
+        shas[split] = np.asarray(part["sha256"].to_numpy(zero_copy_only=False), dtype="S64")
+        targets[split] = pc.index_in(part["label"], value_set=pa.array(classes)).to_numpy(zero_copy_only=False).astype(np.int64)
+    return _Layout(rows, classes, shas, targets)
 
 
 @dataclass
 class _Written:
-    targets: dict[str, np.ndarray]
     stats: ChannelStats
     examples: dict[int, bytes]
 
 
 def _write_pixels(folder: Path, batches: Iterator[pa.RecordBatch], layout: _Layout, spec: PreprocessSpec) -> _Written:
     """Decode every streamed row and write its pixels at its position in its split file."""
-    index = {c: i for i, c in enumerate(layout.classes)}
-    out = _Written({"train": np.zeros(layout.n_train, np.int64), "val": np.zeros(layout.n_val, np.int64)},
-                   ChannelStats(spec.channels), {})
+    out = _Written(ChannelStats(spec.channels), {})
     row_bytes = spec.channels * spec.size * spec.size
-    files = {s: os.open(folder / f"x_{s}.u8", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for s in out.targets}
-    decoder = _Decoder(spec, layout.n_train + layout.n_val)
-    queue: list[tuple[list[str], list[str], list[str], list[bytes]]] = []
+    files = {s: os.open(folder / f"x_{s}.u8", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for s in layout.shas}
+    decoder = _Decoder(spec, sum(len(v) for v in layout.shas.values()))
+    queue: list[tuple[np.ndarray, np.ndarray, list[bytes]]] = []
 
     def images_of() -> Iterator[list[bytes]]:  # remembers each batch's rows for when its pixels come back
         for batch in batches:
             images = [bytes(v) for v in batch.column("image").to_pylist()]
-            queue.append((batch.column("sha256").to_pylist(), batch.column("label").to_pylist(),
-                          batch.column("split").to_pylist(), images))
+            shas = np.asarray(batch.column("sha256").to_numpy(zero_copy_only=False), dtype="S64")
+            queue.append((shas, np.asarray(batch.column("split").to_numpy(zero_copy_only=False)), images))
             yield images
 
     try:
         for pixels in decoder.map(images_of()):
-            shas, labels, splits, images = queue.pop(0)
-            for i, (sha, label, split) in enumerate(zip(shas, labels, splits)):
-                pos = layout.position[sha]
-                out.targets[split][pos] = index[str(label)]
-                os.pwrite(files[split], pixels[i].tobytes(), pos * row_bytes)
-                if split == "val" and pos < 2:
-                    out.examples[pos] = images[i]
-            out.stats.add(pixels[[k for k, s in enumerate(splits) if s == "train"]])
+            shas, splits, images = queue.pop(0)
+            for split in ("train", "val"):
+                rows = np.flatnonzero(splits == split)
+                for i, pos in zip(rows.tolist(), layout.positions(split, shas[rows]).tolist()):
+                    os.pwrite(files[split], pixels[i].tobytes(), pos * row_bytes)
+                    if split == "val" and pos < 2:
+                        out.examples[pos] = images[i]
+            out.stats.add(pixels[splits == "train"])
     finally:
         decoder.close()
         for fd in files.values():
@@ -333,7 +335,7 @@ def _build_cache(folder: Path, curated_table: str, curated_version: int, image_s
     except ImageDecodeError as exc:
         raise DataError(f"{where}: a curated image no longer decodes ({exc})") from exc
     spec = spec.with_stats(*written.stats.result())
-    for split, y in written.targets.items():
+    for split, y in layout.targets.items():
         np.save(folder / f"y_{split}.npy", y)
     pq.write_table(layout.rows, folder / "rows.parquet")
     meta = {
@@ -344,8 +346,8 @@ def _build_cache(folder: Path, curated_table: str, curated_version: int, image_s
         "preprocess": spec.to_dict(),
         "channels_requested": channels,
         "modes": modes,
-        "n_train": layout.n_train,
-        "n_val": layout.n_val,
+        "n_train": len(layout.shas["train"]),
+        "n_val": len(layout.shas["val"]),
         "examples": [base64.b64encode(written.examples[k]).decode() for k in sorted(written.examples)],
     }
     (folder / META_FILE).write_text(json.dumps(meta, indent=2))
