@@ -124,25 +124,61 @@ def scan(table: DeltaTable, columns: Iterable[str] | None = None, filters: Any =
 
 
 
-def scan_batches(
-    uri: str, version: int, columns: Iterable[str], filter: Any = None, batch_rows: int = 256
-) -> Iterator[pa.RecordBatch]:
-    """Stream one explicit version's rows in record batches: memory bounded by a batch, not the table.
+def _plain_local_files(table: DeltaTable) -> list[str] | None:
+    """The version's data files as local paths when plain Parquet reads give its rows, else None.
 
-    ``filter`` is a pyarrow compute expression (``pc.field("split").isin([...])``).
+    Plain means: on local disk, not partitioned (partition values live in the log), no deletion
+    vectors and no column mapping (both change what a file's rows and names mean).
     """
     from urllib.parse import unquote, urlparse
 
-    from pyarrow import fs as pafs
+    if urlparse(table.table_uri).scheme not in ("", "file"):
+        return None
+    protocol, meta = table.protocol(), table.metadata()
+    features = set(protocol.reader_features or [])
+    if meta.partition_columns or features & {"deletionVectors", "columnMapping"}:
+        return None
+    if meta.configuration.get("delta.columnMapping.mode", "none") != "none":
+        return None
+    return [unquote(urlparse(u).path) if u.startswith("file:") else u for u in table.file_uris()]
 
+
+def scan_batches(
+    uri: str, version: int, columns: Iterable[str], where: dict[str, list[Any]] | None = None, batch_rows: int = 256
+) -> Iterator[pa.RecordBatch]:
+    """Stream one explicit version's rows in record batches: memory bounded by a row group, not the table.
+
+    ``where`` keeps rows whose column holds one of the values (``{"split": ["train", "val"]}``). Plain local
+    tables are read file by file with Parquet's own batch reader (delta-rs's pyarrow dataset
+    measured 490 MB resident after 15,000 of 100,000 images, growing with the table; file by file
+    it stays at a row group); anything else goes through the dataset.
+    """
+    import pyarrow.parquet as pq
+
+    cols, where = list(columns), dict(where or {})
+    expression = None
+    for name, values in where.items():
+        term = pc.field(name).isin(list(values))
+        expression = term if expression is None else expression & term
     table = open_table(uri, version)
-    parsed = urlparse(table.table_uri)
-    filesystem = None
-    if parsed.scheme in ("", "file"):  # pyarrow's native filesystem: see ``scan``
-        filesystem = pafs.SubTreeFileSystem(unquote(parsed.path).rstrip("/") or "/", pafs.LocalFileSystem())
-    dataset = table.to_pyarrow_dataset(filesystem=filesystem)
-    yield from dataset.to_batches(columns=list(columns), filter=filter, batch_size=batch_rows,
-                                  batch_readahead=2, fragment_readahead=1)  # memory: a few batches, not files
+    files = _plain_local_files(table)
+    if files is None:
+        yield from table.to_pyarrow_dataset().to_batches(columns=cols, filter=expression, batch_size=batch_rows,
+                                                         batch_readahead=2, fragment_readahead=1)
+        return
+    schema = pa.schema(table.schema().to_arrow())  # arro3 -> pyarrow through the C data interface
+    needed = cols + [c for c in where if c not in cols]
+    for path in files:
+        parquet = pq.ParquetFile(path)
+        present = [c for c in needed if c in parquet.schema_arrow.names]
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=present):
+            arrays = [batch.column(c) if c in present else pa.nulls(batch.num_rows, schema.field(c).type)
+                      for c in needed]  # a column added after this file was written reads as null
+            batch = pa.RecordBatch.from_arrays(arrays, names=needed)
+            if expression is not None:
+                batch = batch.filter(expression)
+            if batch.num_rows:
+                yield batch.select(cols)
 
 
 def ledger_rows(uri: str) -> tuple[list[dict[str, Any]], DeltaTable | None]:

@@ -215,10 +215,6 @@ class _Decoder:
             self.pool.shutdown(cancel_futures=True)
 
 
-def _split_filter() -> Any:
-    return pc.field("split").isin(["train", "val"])
-
-
 def ensure_cache(
     cache_dir: str, curated_table: str, curated_version: int, image_size: int, channels: int | str = "auto", fit: str = "crop"
 ) -> str:
@@ -326,7 +322,7 @@ def _build_cache(folder: Path, curated_table: str, curated_version: int, image_s
     layout = _layout(curated_table, curated_version)
 
     def stream(columns: list[str]) -> Iterator[pa.RecordBatch]:
-        return lake.scan_batches(curated_table, curated_version, columns, _split_filter(), SCAN_ROWS)
+        return lake.scan_batches(curated_table, curated_version, columns, {"split": ["train", "val"]}, SCAN_ROWS)
 
     n_channels, modes = resolve_channels(channels, stream(["image"]))
     spec = PreprocessSpec(n_channels, int(image_size), fit)

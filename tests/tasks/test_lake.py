@@ -228,3 +228,19 @@ def test_a_process_that_read_a_table_exits_cleanly(tmp_path) -> None:
     for _ in range(6):
         proc = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, timeout=120)
         assert (proc.returncode, proc.stdout.strip()) == (0, "3"), proc.stderr[-2000:]
+
+
+def test_scan_batches_streams_one_version_with_its_filter_and_columns_added_later(tmp_path):
+    from deltalake import write_deltalake
+
+    uri = str(tmp_path / "t")
+    first = pa.table({"key": [f"k{i}" for i in range(10)], "split": ["train", "test"] * 5})
+    v0 = lake.overwrite(uri, first, metadata={"step": "test"})
+    write_deltalake(uri, pa.table({"key": ["n1", "n2"], "split": ["train", "train"], "extra": [1, 2]}),
+                    mode="append", schema_mode="merge")
+    rows = [r for b in lake.scan_batches(uri, v0 + 1, ["extra", "key"], {"split": ["train"]}, batch_rows=3)
+            for r in b.to_pylist()]
+    assert sorted((r["key"], r["extra"]) for r in rows) == sorted([(f"k{i}", None) for i in range(0, 10, 2)]
+                                                                  + [("n1", 1), ("n2", 2)])
+    old = [r["key"] for b in lake.scan_batches(uri, v0, ["key"]) for r in b.to_pylist()]
+    assert sorted(old) == sorted(first["key"].to_pylist())  # time travel: the later file is not read
