@@ -162,6 +162,10 @@ WALK_SCORED_MEMBERS = 64  # components up to this size score each member against
 _DROP_FIELDS = ("sha256", "reason", "detail", "component", "kept_sha256", "label")
 
 
+class OutlierRuleError(DataError, ValueError):
+    """A bad-image rule would drop a large share of the images (``curation.outliers.max_share``)."""
+
+
 class CurationError(DataError, RuntimeError):
     """Curation cannot produce a snapshot; the message says which input and why."""
 
@@ -386,7 +390,33 @@ def _screen(by_sha: dict[str, dict[str, Any]], features: Features, record: dict[
             outliers.append((sha, bad[0], bad[1], f))
             continue
         eligible.append(sha)
+    _check_outlier_share(outliers, features, len(by_sha), limits)
     return eligible, dropped, outliers
+
+
+_STATISTIC = {"blurry": ("blur", "min_blur"), "too_dark": ("mean", "min_mean"), "too_bright": ("mean", "max_mean")}
+
+
+def _check_outlier_share(outliers: list[tuple[str, str, str, ImageFeatures]], features: Features, total: int,
+                         limits: OutlierSettings) -> None:
+    """Stop before dropping when one bad-image rule flags a large share: the threshold does not fit this data."""
+    counts: dict[str, int] = {}
+    for _, reason, _, _ in outliers:
+        counts[reason] = counts.get(reason, 0) + 1
+    for reason, n in sorted(counts.items()):
+        if n < 10 or n / max(total, 1) <= limits.max_share:
+            continue
+        detail = ""
+        if reason in _STATISTIC:
+            stat, setting = _STATISTIC[reason]
+            values = [getattr(f, stat) for f in features.by_sha.values() if getattr(f, stat) is not None]
+            detail = (f" ({setting} {getattr(limits, setting):g}; this data's median {stat} "
+                      f"{float(np.median(values)):.1f})" if values else f" ({setting} {getattr(limits, setting):g})")
+        raise OutlierRuleError(
+            f"curation.outliers: {reason} would drop {n} of {total} images ({n / total:.1%}, more than max_share "
+            f"{limits.max_share:g}){detail}: the rule does not fit this dataset. Look at some of them, then set "
+            f"the threshold for this data (e.g. in conf/datasets/<name>.yaml) or raise max_share; nothing was written"
+        )
 
 
 def _link_copies(cfg: Any, eligible: list[str], matrix: np.ndarray, pending: list[int], scores: CopyScores,

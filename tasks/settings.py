@@ -103,6 +103,9 @@ class OutlierSettings(_Section):
     min_mean: float = Field(default=10.0, ge=0.0, le=255.0)  # below: too dark
     max_mean: float = Field(default=245.0, ge=0.0, le=255.0)  # above: too bright
     min_side: int = Field(default=8, gt=0)  # decoded width or height below: too small
+    # A rule that flags more than this share of the images (and at least 10) does not fit the data:
+    # curation stops with the numbers instead of dropping them quietly. 1 = never stop.
+    max_share: float = Field(default=0.05, gt=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _means(self) -> "OutlierSettings":

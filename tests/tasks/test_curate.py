@@ -309,3 +309,26 @@ def test_a_chain_drops_only_copies_of_kept_images_and_conflicts_only_between_cop
                                      threshold=0.9974)
     assert kept == ["a", "d"]
     assert sorted((s, r) for s, r, _, _ in removed) == [("b", "label_conflict"), ("c", "label_conflict")]
+
+
+def test_a_bad_image_rule_that_fires_on_a_large_share_stops_curation_instead_of_dropping_quietly(settings, tmp_path):
+    """Real photo tiles (flat sky, soft backgrounds) under the digits' absolute blur floor: the rule would drop
+    far more than max_share, so curation stops with the numbers and writes nothing; a threshold set for the data
+    (or a higher max_share) lets it through."""
+    from tasks.sample_data import write_photos
+
+    landing = tmp_path / "photos"
+    write_photos(landing, limit=160)  # the first photos' tiles, real JPEGs
+    photos = settings.model_copy(update={"ingest": settings.ingest.model_copy(update={"allowed_labels": "discover"})})
+    raw = ingest_landing(photos, run_id="ing", logical_date="2026-11-21", landing=landing).raw_version
+    strict = photos.model_copy(update={"curation": photos.curation.model_copy(
+        update={"outliers": photos.curation.outliers.model_copy(update={"min_blur": 400.0})})})
+    from tasks.curate import OutlierRuleError
+
+    with pytest.raises(OutlierRuleError, match=r"blurry would drop \d+ of 160 images \(.*min_blur 400; this data's median blur"):
+        curate(strict, raw, run_id="c1", logical_date="2026-11-21")
+    assert lake.current_version(photos.curated_table) is None  # nothing written
+    allowed = strict.model_copy(update={"curation": strict.curation.model_copy(
+        update={"outliers": strict.curation.outliers.model_copy(update={"max_share": 1.0})})})
+    result = curate(allowed, raw, run_id="c2", logical_date="2026-11-21")
+    assert result.dropped_by_reason.get("blurry", 0) > 0.05 * 160  # the person asked for it: dropped, each with a row
