@@ -61,6 +61,7 @@ CACHE_FORMAT = 2
 META_FILE = "meta.json"
 SCAN_ROWS = 256  # rows per streamed record batch
 PARALLEL_FROM = 2000  # rows: below this, worker start-up costs more than it saves
+FAULT_AROUND_BYTES = 64 << 10  # Linux maps up to 16 pages around a faulting page of a file mapping
 
 
 class NoTrainingDataError(DataError, ValueError):
@@ -125,7 +126,7 @@ class SplitStore:
         if index.min() < 0 or index.max() >= self.n:
             raise IndexError(f"row positions outside 0..{self.n - 1}")
         out = self._mapped()[index]  # a copy
-        self._touched += out.nbytes
+        self._touched += len(index) * max(self.row_bytes, FAULT_AROUND_BYTES)  # the kernel maps ~64 KB per fault
         if self._touched >= self.release_bytes and self._map is not None:
             self._map.madvise(mmap.MADV_DONTNEED)
             self._touched = 0
