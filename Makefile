@@ -20,7 +20,7 @@ export PYTHONPATH := $(CURDIR):$(CURDIR)/plugins
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEMO_DATE ?= 2026-11-21
 
-.PHONY: venv demo test test-fast ui bench lock clean
+.PHONY: venv demo demo-photos test test-fast ui bench lock clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,16 @@ demo: $(STAMP)
 	$(BIN)/airflow dags test cd4ml_ingest $(DEMO_DATE)
 	$(BIN)/airflow dags test cd4ml_curate $(DEMO_DATE)
 	$(BIN)/airflow dags test cd4ml_train $(DEMO_DATE)
+	$(BIN)/cd4ml summary
+
+## Optional: the same chain on the colour sample (photo tiles, classes discovered), in its own home .cd4ml-photos/.
+demo-photos: $(STAMP)
+	export CD4ML_DATASET=photos CD4ML_HOME=$(CURDIR)/.cd4ml-photos AIRFLOW_HOME=$(CURDIR)/.cd4ml-photos/airflow; \
+	$(BIN)/cd4ml sample-data --dataset photos --with-bad-files && \
+	$(BIN)/airflow db migrate > /dev/null && \
+	$(BIN)/airflow dags test cd4ml_ingest $(DEMO_DATE) && \
+	$(BIN)/airflow dags test cd4ml_curate $(DEMO_DATE) && \
+	$(BIN)/airflow dags test cd4ml_train $(DEMO_DATE) && \
 	$(BIN)/cd4ml summary
 
 ## Unit tests, DAG integrity tests and whole-DAG runs in a temporary AIRFLOW_HOME.
@@ -64,4 +74,4 @@ lock:
 	$(BIN)/pip freeze --exclude-editable | grep -v '^cd4ml' | sed 's/^torch==2.13.0+cpu$$/torch==2.13.0/' > constraints.txt
 
 clean:
-	rm -rf $(CD4ML_HOME)
+	rm -rf $(CD4ML_HOME) $(CURDIR)/.cd4ml-photos

@@ -60,7 +60,7 @@ def _save(folder: Path, label: int, name: str, img: Image.Image, fmt: str = "PNG
 
 def write_images(folder: Path, n: int, seed: int, prefix: str) -> dict[str, int]:
     """``n`` images under ``folder/<label>/``: 97.8% augmented digits, 2% near-copies, 0.2% bad."""
-    from tasks.sample_data import digits_arrays
+    from tasks.data.sample_data import digits_arrays
 
     images, labels = digits_arrays()
     rng = np.random.default_rng(seed)
@@ -103,8 +103,8 @@ def main() -> None:
 
     import fastdup  # warm import: every timed row below starts with fastdup loaded
 
-    from tasks.curate import curate
-    from tasks.ingest import ingest_landing
+    from tasks.curation.curate import curate
+    from tasks.data.ingest import ingest_landing
     from tasks.settings import load_settings
 
     root = Path(tempfile.mkdtemp(prefix="cd4ml-bench-curate-"))

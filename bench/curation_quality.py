@@ -5,7 +5,7 @@ its most similar distinct image). This runs the product itself on the same real 
 cell (scikit-learn digits at 8, 32 and 64 px; tiles of 15 bundled photos at 32, 64 and 128 px;
 ``dedup_calibration.build_cells``) a fresh lake, then
 
-1. the pool of distinct images lands and is ingested and curated (raw v1, ``tasks.curate.curate``),
+1. the pool of distinct images lands and is ingested and curated (raw v1, ``tasks.curation.curate.curate``),
 2. one copy of each sampled original per transformation (resize, rescale, JPEG, brightness,
    shift, crop; 6 per original) lands, and the raw version holding both is curated again:
    candidate search, copy scores, components and drops exactly as in production.
@@ -69,9 +69,9 @@ def _settings(home: Path, labels: list[str]):
 
 def run_cell(cell: Cell, root: Path) -> dict:
     """Curate the pool, then pool + copies, in a fresh lake; count what the second curation dropped."""
-    from tasks import lake
-    from tasks.curate import REPORT_TABLE, curate
-    from tasks.ingest import ingest_landing
+    from tasks.curation.curate import REPORT_TABLE, curate
+    from tasks.data import lake
+    from tasks.data.ingest import ingest_landing
 
     home = root / cell.name.replace(" ", "_")
     settings = _settings(home, cell.labels)

@@ -1,11 +1,11 @@
 """Calibration of near-duplicate detection: which embedding and threshold tell planted copies from distinct images.
 
-Curation embeds each image (``tasks.curation_features``) and calls two images near-duplicates
+Curation embeds each image (``tasks.curation.curation_features``) and calls two images near-duplicates
 when the cosine of their embeddings is at or above a threshold; the copy is then dropped. This
 measures, on real images that ship inside installed packages (nothing is downloaded):
 
 * cells (source x size):
-  - ``digits``: scikit-learn's 1,797 8x8 digits (0..16 scaled to 0..255, ``tasks.sample_data``)
+  - ``digits``: scikit-learn's 1,797 8x8 digits (0..16 scaled to 0..255, ``tasks.data.sample_data``)
     at 8 px (native), 32 px and 64 px (upscaled, bilinear); class = the digit's label;
   - ``tiles``: non-overlapping 32, 64 and 128 px tiles of real photos (scikit-learn's
     ``china.jpg``/``flower.jpg`` and scikit-image's bundled photos, ``SKIMAGE_PHOTOS``); class = the photo.
@@ -25,7 +25,7 @@ own model via ``compute_features`` (``embedding: fastdup``; one fastdup run for 
 every cell; skip it with ``--no-fastdup``). Every image is encoded (PNG, or JPEG for ``jpeg``)
 and embedded from its bytes, exactly as curation does.
 
-Pairwise candidate ``aligned``: ``tasks.copy_score.copy_score`` (alignment-, blur- and
+Pairwise candidate ``aligned``: ``tasks.curation.copy_score.copy_score`` (alignment-, blur- and
 brightness-tolerant NCC; skip it with ``--no-aligned``), scored on exactly the same copies. It
 re-scores candidate pairs, so its hardest distinct image of an original is the highest aligned
 score among the original's top-5 same-class neighbours by ``pixels fs=8`` cosine (alignment can
@@ -83,7 +83,7 @@ FLAT_STD = 8.0  # grey std (0..255) below which a tile counts as flat and is lef
 SKIMAGE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "moon", "brick", "grass",
                   "gravel", "hubble_deep_field", "immunohistochemistry", "retina")
 SCOPES = {"all": ("digits", "tiles"), "digits": ("digits",), "tiles": ("tiles",)}
-ALIGNED = "aligned"  # candidate name of tasks.copy_score.copy_score
+ALIGNED = "aligned"  # candidate name of tasks.curation.copy_score.copy_score
 ALIGNED_BASE = "pixels fs=8"  # the embedding whose cosine proposes the candidate pairs the aligned score re-scores
 ALIGNED_TOP_DISTINCT = 5  # hardest distinct for the aligned score: max over this many top same-class neighbours
 DIGITS_TOP_NEIGHBOURS = 10  # digits count for the aligned score: each digit's top neighbours by base cosine
@@ -176,7 +176,7 @@ class Cell:
 
 
 def build_cells(mode: dict, seed: int) -> list[Cell]:
-    from tasks.sample_data import digits_arrays
+    from tasks.data.sample_data import digits_arrays
 
     digits, digit_labels = digits_arrays()
     photos = _photos()
@@ -233,7 +233,7 @@ def _unit(m: np.ndarray) -> np.ndarray:
 
 
 def pixel_embeddings(cells: list[Cell], size: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    from tasks.curation_features import pixel_embedding
+    from tasks.curation.curation_features import pixel_embedding
 
     out = []
     for cell in cells:
@@ -258,7 +258,7 @@ def _stdout_to_stderr():
 
 def fastdup_embeddings(cells: list[Cell], seed: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict]:
     """fastdup's model for every image of every cell in ONE ``compute_features`` call (NaN rows: fastdup refused)."""
-    from tasks.curation_features import compute_features
+    from tasks.curation.curation_features import compute_features
     from tasks.settings import load_settings
 
     root = Path(tempfile.mkdtemp(prefix="cd4ml-bench-dedup-"))
@@ -372,7 +372,7 @@ def digits_at_threshold(pool: np.ndarray, labels: list[str], t: float) -> dict:
             "pairs_same_label": int((((sims >= t) & same).sum()) // 2)}
 
 
-# ---------------------------------------------------------------- aligned copy score (tasks.copy_score)
+# ---------------------------------------------------------------- aligned copy score (tasks.curation.copy_score)
 
 
 def top_distinct(pool: np.ndarray, labels: list[str], rows: list[int], k: int) -> np.ndarray:
@@ -389,7 +389,7 @@ class AlignedScorer:
     """``copy_signature`` once per image (cached by cell and pool index), ``copy_score`` per pair, both timed."""
 
     def __init__(self) -> None:
-        from tasks import copy_score as copy_similarity
+        from tasks.curation import copy_score as copy_similarity
 
         self.cs = copy_similarity
         self.sigs: dict[tuple[int, int], np.ndarray] = {}
@@ -479,7 +479,7 @@ def _f(x: float, nd: int = 3) -> str:
 
 
 def _aligned_config() -> dict:
-    from tasks import copy_score as cs
+    from tasks.curation import copy_score as cs
 
     names = ("GRID", "MARGIN", "TAPER", "SIGMA", "FINE_SCALES", "FINE_SHIFTS", "COARSE_SCALE_STEP",
              "COARSE_SHIFT_STEP", "COARSE_BLURS", "REFINE_SCALE", "REFINE_SHIFT", "BLURS", "RHO0", "RHO_MIN",
@@ -491,7 +491,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sample (under ~2 minutes)")
     parser.add_argument("--no-fastdup", action="store_true", help="pixel embeddings only")
-    parser.add_argument("--no-aligned", action="store_true", help="skip the aligned copy score (tasks.copy_score)")
+    parser.add_argument("--no-aligned", action="store_true", help="skip the aligned copy score (tasks.curation.copy_score)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -661,7 +661,7 @@ def main() -> None:
     if ALIGNED in results:
         r = results[ALIGNED]
         c = r["cost"]
-        print(f"\n## Aligned copy score (tasks.copy_score.copy_score, re-scoring pairs proposed by {ALIGNED_BASE})\n")
+        print(f"\n## Aligned copy score (tasks.curation.copy_score.copy_score, re-scoring pairs proposed by {ALIGNED_BASE})\n")
         print(f"Cost: {c['us_per_pair']} us per pair over {c['pairs']} pairs; {c['us_per_signature']} us per "
               f"signature over {c['signatures']} images (one core, load average {os.getloadavg()[0]:.1f} now). "
               f"Hardest distinct = max of the aligned score over the top-{ALIGNED_TOP_DISTINCT} same-class neighbours "

@@ -1,4 +1,4 @@
-"""False rejects and false passes of the promotion gate (tasks/evaluate.py) on real models.
+"""False rejects and false passes of the promotion gate (tasks/release/evaluate.py) on real models.
 
 Everything runs through the product's own steps in a private ``CD4ML_HOME`` (temporary unless
 ``--home``): ``write_digits`` (1,797 real digits as PNGs) -> ``ingest_landing`` -> ``curate``
@@ -66,8 +66,8 @@ def write_shuffled(settings: Any, curated_table: str, curated_version: int, shar
     import numpy as np
     import pyarrow as pa
 
-    from tasks import lake
-    from tasks.train import raw_version_of
+    from tasks.data import lake
+    from tasks.training.train import raw_version_of
 
     rows = lake.read(curated_table, curated_version).sort_by([("sha256", "ascending")])
     labels = rows["label"].to_pylist()
@@ -152,12 +152,12 @@ def main() -> None:
 
     import torch
 
-    from tasks.curate import curate
-    from tasks.evaluate import evaluate
-    from tasks.ingest import ingest_landing
-    from tasks.registry import register_candidate
-    from tasks.release import promote
-    from tasks.sample_data import write_digits
+    from tasks.curation.curate import curate
+    from tasks.data.ingest import ingest_landing
+    from tasks.data.sample_data import write_digits
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import register_candidate
+    from tasks.release.release import promote
     from tasks.settings import load_settings
 
     started = time.perf_counter()
@@ -194,7 +194,7 @@ def main() -> None:
                       "data": f"curated; 1 epoch at learning_rate {lr:g}"})
 
     def train_and_register(name: str, tbl: str, ver: int, overrides: dict[str, Any]) -> dict[str, Any]:
-        from tasks.train import train
+        from tasks.training.train import train
 
         t0 = time.perf_counter()
         result = train(train_settings, tbl, ver, f"bench__{name}", LOGICAL_DATE, force=True, overrides=overrides)
@@ -292,12 +292,12 @@ def all_pairs(envs: dict[str, Any], champion: dict[str, Any], rows: list[dict[st
 
     One champion is one draw: a lucky or unlucky champion moves the false-reject count of the
     retrains gated against it. Here every equal model plays champion to every other, with the
-    gate's floor and paired checks (``tasks.evaluate``: ``score`` and the checks ``evaluate``
+    gate's floor and paired checks (``tasks.release.evaluate``: ``score`` and the checks ``evaluate``
     builds with ``_comparison_checks``) on the same frozen test set; smoke, latency and size do
     not depend on the pair and are left out. The pairs with the real champion must reproduce
     the gate's verdicts (``matches_gate``).
     """
-    from tasks.evaluate import _comparison_checks, _predict, frozen_test_set, score
+    from tasks.release.evaluate import _comparison_checks, _predict, frozen_test_set, score
 
     settings = envs[first_env]
     name = settings.registry.model_name

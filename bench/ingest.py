@@ -5,7 +5,7 @@ For each size (default 10,000 and 100,000 32x32 PNGs, written once under /tmp an
 * ``cp -r``: copying the landing folder (the floor for touching every byte once).
 * ``bare``: a minimal script: walk, read, sha256, full PIL decode, one streamed
   ``write_deltalake`` of the rows in batches. No quarantine, no dedup, no incremental state.
-* ``ingest (first)``: ``tasks.ingest.ingest_landing`` into an empty lake.
+* ``ingest (first)``: ``tasks.data.ingest.ingest_landing`` into an empty lake.
 * ``ingest (unchanged)``: the same call again over the unchanged landing zone (a settled zone:
   its listing and two Delta logs), the median of ``--repeats`` runs.
 * ``find -printf``: one ``stat`` per file from C, the floor of any stat-based unchanged check.
@@ -68,7 +68,7 @@ import json, sys
 # here so the in-function time is the ingest's own work; the wall column still pays for them.
 import pandas  # noqa: F401
 import pyarrow.dataset  # noqa: F401
-from tasks.ingest import ingest_landing
+from tasks.data.ingest import ingest_landing
 from tasks.settings import load_settings
 r = ingest_landing(load_settings(), run_id=sys.argv[2], logical_date="2026-11-21", landing=sys.argv[1])
 print(json.dumps(r.to_dict()))
@@ -80,7 +80,7 @@ def make_landing(root: Path, n: int) -> Path:
     import numpy as np
     from PIL import Image
 
-    from tasks.sample_data import digits_arrays
+    from tasks.data.sample_data import digits_arrays
 
     landing = root / f"landing-{n}"
     marker = landing / ".complete"

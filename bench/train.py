@@ -4,7 +4,7 @@
   ``train_loader`` (DistributedSampler shard, one gather per batch, pinned on CUDA) ->
   ``batches`` (uint8 -> float on the device, random shift, memory format) ->
   ``train_one_epoch`` (autocast bf16 + channels_last on CUDA, Adam, per-step LR schedule):
-  the functions ``tasks.train`` runs, called the same way.
+  the functions ``tasks.training.train`` runs, called the same way.
 * bare: the same images already as a float32 tensor on the device, a random permutation,
   slicing, forward, backward, optimizer step. Same model, batch size, optimizer, thread count
   and device plan (autocast and memory format included), no data path at all.
@@ -38,11 +38,11 @@ import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from tasks import lake  # noqa: E402
-from tasks.model import build_model  # noqa: E402
+from tasks.data import lake  # noqa: E402
 from tasks.settings import load_settings  # noqa: E402
-from tasks.train_data import augment_generator, device_plan, ensure_cache, load_cache, set_epoch, train_loader  # noqa: E402
-from tasks.train_ddp import lr_factor, train_one_epoch  # noqa: E402
+from tasks.training.model import build_model  # noqa: E402
+from tasks.training.train_data import augment_generator, device_plan, ensure_cache, load_cache, set_epoch, train_loader  # noqa: E402
+from tasks.training.train_ddp import lr_factor, train_one_epoch  # noqa: E402
 
 # Steps measured per round: enough for ~1-3 s per round on one CPU thread.
 DEFAULT_STEPS = {("cpu", "small_cnn"): 200, ("cpu", "resnet18"): 6, ("cuda", "small_cnn"): 600, ("cuda", "resnet18"): 300}
@@ -50,7 +50,7 @@ DEFAULT_STEPS = {("cpu", "small_cnn"): 200, ("cpu", "resnet18"): 6, ("cuda", "sm
 
 def write_digits_table(uri: str) -> int:
     """All real digits as a curated table (the columns training reads), 70/15/15 by index."""
-    from tasks.sample_data import digits_arrays
+    from tasks.data.sample_data import digits_arrays
 
     images, labels = digits_arrays()
     rows = []
@@ -112,7 +112,7 @@ def measure(model_name: str, cache_path: str, batch_size: int, steps: int, round
         model = build_model(model_name, n_classes, cfg.image_size).to(plan.device, memory_format=plan.memory_format)
         return model, torch.optim.Adam(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
 
-    # Pipeline: the loader, augmentation and epoch function tasks.train runs.
+    # Pipeline: the loader, augmentation and epoch function tasks.training.train runs.
     p_model, p_opt = fresh()
     loader = train_loader(data.x_train, data.y_train, batch_size, cfg.seed, 0, 1, plan, cfg.num_workers)
     scheduler = torch.optim.lr_scheduler.LambdaLR(p_opt, lr_factor(cfg.model_copy(update={"epochs": 10_000}), len(loader)))

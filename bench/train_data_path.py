@@ -1,7 +1,7 @@
 """The training data path at scale: cache build, streamed batches and memory, on real colour photos.
 
 Images: random crops (random position and size, 0.3-1 of the shorter side) of the seven packaged
-colour photos (tasks.sample_data.photo_sources), resized to ``--source`` px and saved as JPEG
+colour photos (tasks.data.sample_data.photo_sources), resized to ``--source`` px and saved as JPEG
 (quality 90), written into a curated Delta table (70% train, 15% val, 15% test by index).
 
 Measured in one process per phase (peak RSS is the phase's own ``ru_maxrss``):
@@ -41,9 +41,9 @@ def make_table(uri: str, n: int, source: int, seed: int = 0) -> int:
     import pyarrow as pa
     from PIL import Image
 
-    from tasks import lake
-    from tasks.curate import CURATED_SCHEMA
-    from tasks.sample_data import photo_sources
+    from tasks.curation.curate import CURATED_SCHEMA
+    from tasks.data import lake
+    from tasks.data.sample_data import photo_sources
 
     photos = list(photo_sources().items())
     rng = np.random.default_rng(seed)
@@ -77,7 +77,7 @@ def make_table(uri: str, n: int, source: int, seed: int = 0) -> int:
 
 
 def phase_build(uri: str, version: int, size: int, cache: str) -> dict:
-    from tasks.train_data import ensure_cache
+    from tasks.training.train_data import ensure_cache
 
     started = time.perf_counter()
     path = ensure_cache(cache, uri, version, size, channels=3, fit="crop")
@@ -86,7 +86,7 @@ def phase_build(uri: str, version: int, size: int, cache: str) -> dict:
 
 def phase_bare_decode(uri: str, version: int, size: int) -> dict:
     from cd4ml_runtime.preprocess import PreprocessSpec, decode
-    from tasks import lake
+    from tasks.data import lake
 
     spec = PreprocessSpec(3, size, "crop")
     images = lake.read(uri, version, columns=["image"], filter=[("split", "in", ["train", "val"])])["image"].to_pylist()
@@ -100,8 +100,8 @@ def _epoch(loader, data, plan, model: str, steps: int) -> tuple[float, int]:
     """One pass (or ``steps`` batches with a model): each batch becomes the model's input (and a train step)."""
     import torch
 
-    from tasks.model import build_model
-    from tasks.train_data import model_input, set_epoch
+    from tasks.training.model import build_model
+    from tasks.training.train_data import model_input, set_epoch
 
     net = opt = None
     if model != "none":
@@ -126,7 +126,7 @@ def _epoch(loader, data, plan, model: str, steps: int) -> tuple[float, int]:
 def phase_epoch(path: str, workers: int, batch: int, model: str = "none", steps: int = 0) -> dict:
     import torch
 
-    from tasks.train_data import device_plan, load_cache, train_loader
+    from tasks.training.train_data import device_plan, load_cache, train_loader
 
     torch.set_num_threads(1)
     data = load_cache(path)
@@ -141,7 +141,7 @@ def phase_bare_epoch(path: str, batch: int, model: str = "none", steps: int = 0)
     import numpy as np
     import torch
 
-    from tasks.train_data import device_plan, load_cache, train_loader
+    from tasks.training.train_data import device_plan, load_cache, train_loader
 
     torch.set_num_threads(1)
     data = load_cache(path)
@@ -182,7 +182,7 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="cd4ml-bench-datapath-"))
     uri = str(work / "curated")
     started = time.perf_counter()
-    from tasks import lake
+    from tasks.data import lake
 
     reused = lake.current_version(uri)  # a workdir from an earlier run: same images, table not rebuilt
     version = reused if reused is not None else make_table(uri, args.images, source)

@@ -1,7 +1,7 @@
 """cd4ml's inference runtime: preprocessing, networks and the predictor every model carries a copy of.
 
 Small on purpose (torch, numpy, Pillow; no import of ``tasks``, Airflow or MLflow outside
-``pyfunc``): ``tasks.model.log_pyfunc_model`` copies these files into each model, and the model
+``pyfunc``): ``tasks.training.model.log_pyfunc_model`` copies these files into each model, and the model
 runs its copy, so serving preprocesses exactly as training did, whatever the serving process
 has imported. Imports inside the package are relative, so the copy works under any name.
 """

@@ -1,6 +1,6 @@
 """The MLflow pyfunc of a cd4ml model: a loader that runs the runtime copied into the model.
 
-``log_pyfunc_model`` (tasks.model) pickles this class by value, so unpickling imports nothing of
+``log_pyfunc_model`` (tasks.training.model) pickles this class by value, so unpickling imports nothing of
 the project, and stores a copy of this package as the artifact ``runtime``. ``load_context``
 imports that copy under a private module name derived from its contents
 (``_cd4ml_runtime_<sha256>``): a model registered months ago runs the preprocessing and network

@@ -36,7 +36,7 @@ def cd4ml_curate():
     @task(outlets=[CURATED_IMAGES])
     def curate(*, outlet_events=None, **context) -> dict:
         """fastdup near-duplicates, label conflicts, leakage-free split, new curated version."""
-        from tasks.curate import curate as run_curation
+        from tasks.curation.curate import curate as run_curation
         from tasks.settings import load_settings
 
         settings = load_settings()

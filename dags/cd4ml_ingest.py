@@ -64,7 +64,7 @@ def cd4ml_ingest():
         """Hash, decode and MERGE new images; quarantine bad files."""
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from tasks.ingest import EmptyLandingError, ingest_landing
+        from tasks.data.ingest import EmptyLandingError, ingest_landing
         from tasks.settings import load_settings
 
         p = context["params"]
@@ -89,10 +89,10 @@ def cd4ml_ingest():
     @task(outlets=[RAW_IMAGES])
     def validate(batch: dict, *, outlet_events=None, **context) -> dict:
         """great-expectations suite on the raw version; publishes (and names) it only when it passes."""
-        from tasks import lake
-        from tasks.alerts import first_line, send
+        from tasks.data import lake
+        from tasks.data.validate import ValidationFailedError, validate_batch
+        from tasks.ops.alerts import first_line, send
         from tasks.settings import load_settings
-        from tasks.validate import ValidationFailedError, validate_batch
 
         settings = load_settings()
         name = context["params"]["dataset_version_name"]

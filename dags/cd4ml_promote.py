@@ -54,7 +54,7 @@ def cd4ml_promote():
     @task
     def copy_candidate(**context) -> dict:
         """The candidate: a copy of the upstream champion (deploy model) or the Param `version` (deploy code)."""
-        from tasks.release import ReleaseError, copy_from_upstream
+        from tasks.release.release import ReleaseError, copy_from_upstream
         from tasks.settings import load_settings
 
         settings = load_settings()
@@ -81,8 +81,8 @@ def cd4ml_promote():
     @task
     def test_data(**context) -> dict:
         """This environment's frozen test split: the curated version of this run (or a sample of it)."""
-        from tasks import lake
-        from tasks.sampling import training_data
+        from tasks.data import lake
+        from tasks.data.sampling import training_data
         from tasks.settings import load_settings
 
         settings = load_settings()

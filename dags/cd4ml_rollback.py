@@ -2,7 +2,7 @@
 ### cd4ml_rollback: champion back to the previous champion (or a named version), in one step
 
 Trigger by hand with a `reason` (required) and optionally `to_version`. One task: `champion`
-moves back (tasks/release.py `rollback`), the demoted version is tagged `cd4ml.rolled_back` with
+moves back (tasks/release/release.py `rollback`), the demoted version is tagged `cd4ml.rolled_back` with
 the reason so no automatic release promotes it again, the release ledger gets its row (who: the
 user who triggered the run), on-call is alerted, and no data is touched. Triggering the same
 rollback again changes nothing.
@@ -35,7 +35,7 @@ def cd4ml_rollback():
     @task(outlets=[CHAMPION_MODEL])
     def rollback(*, outlet_events=None, **context) -> dict:
         """Move champion back; a no-op when it is already where this rollback would put it."""
-        from tasks.release import rollback as roll_back
+        from tasks.release.release import rollback as roll_back
         from tasks.settings import load_settings
 
         params = context["params"]

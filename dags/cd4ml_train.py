@@ -5,7 +5,7 @@ Triggered by the `curated_images` Asset, or by hand with an explicit `curated_ve
 `dataset_version` (a version number, a name such as `release-3`, or a timestamp).
 
 1. **drift_check**: the images added since the champion's training data against that data, on
-   the champion's own softmax (KS) and embedding (MMD) plus a label chi-square (tasks/drift.py);
+   the champion's own softmax (KS) and embedding (MMD) plus a label chi-square (tasks/data/drift.py);
    a detected drift is harmful when it costs the champion more than `drift.max_accuracy_drop` of
    accuracy on the new labelled images. `drift.policy` `warn` alerts and trains, `block` (prod)
    stops here with one alert on harmful drift (a harmless one warns and trains), `retrain`
@@ -28,7 +28,7 @@ Triggered by the `curated_images` Asset, or by hand with an explicit `curated_ve
    page where it is `required` (prod). A reject or timeout is recorded and alerted.
 
 In an environment with `release.sample_fraction` below 1 (sit), training, drift and the gate
-use a deterministic, named sample of the curated version (tasks/sampling.py).
+use a deterministic, named sample of the curated version (tasks/data/sampling.py).
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def cd4ml_train():
     @task
     def resolve_input(**context) -> dict:
         """Pin the curated version this run works on (and, in a sampling environment, its named sample)."""
-        from tasks import lake
-        from tasks.sampling import training_data
+        from tasks.data import lake
+        from tasks.data.sampling import training_data
         from tasks.settings import load_settings
 
         settings = load_settings()
@@ -117,9 +117,9 @@ def cd4ml_train():
     @task
     def drift_check(data: dict, **context) -> dict:
         """New training data against the champion's training data."""
-        from tasks.alerts import send
-        from tasks.drift import DriftReference, blocks, check_drift, enforce_policy
-        from tasks.registry import champion
+        from tasks.data.drift import DriftReference, blocks, check_drift, enforce_policy
+        from tasks.ops.alerts import send
+        from tasks.release.registry import champion
         from tasks.settings import load_settings
 
         settings = load_settings()
@@ -148,7 +148,7 @@ def cd4ml_train():
     @task.short_circuit
     def retrain_gate(drift: dict, **context) -> bool:
         """Policy `retrain`: go on only when the new data drifted (or no champion, or force_retrain)."""
-        from tasks.drift import DriftResult, should_train
+        from tasks.data.drift import DriftResult, should_train
         from tasks.settings import load_settings
 
         go, why = should_train(load_settings(), DriftResult(**drift), bool(context["params"]["force_retrain"]))
@@ -159,7 +159,7 @@ def cd4ml_train():
     def create_study(data: dict, **context) -> dict:
         """Create (or reopen, on retry) the Optuna study and its parent MLflow run."""
         from tasks.settings import load_settings
-        from tasks.tune import create_study as create
+        from tasks.training.tune import create_study as create
 
         if not context["params"]["tune"]:
             return {"enabled": False, "n_trials": 0}
@@ -179,7 +179,7 @@ def cd4ml_train():
     def tune_trial(trial_index: int, study: dict, data: dict) -> dict:
         """One trial (a nested MLflow run); the pruner may stop it early. Retries are keyed by index."""
         from tasks.settings import load_settings
-        from tasks.tune import run_trial
+        from tasks.training.tune import run_trial
 
         with fail_fast_on_data_errors():
             result = run_trial(load_settings(), study["study_name"], trial_index, data["curated_table"],
@@ -191,7 +191,7 @@ def cd4ml_train():
     def best_params(study: dict) -> dict:
         """The best completed trial's parameters ({} when tuning is off)."""
         from tasks.settings import load_settings
-        from tasks.tune import best_params as best
+        from tasks.training.tune import best_params as best
 
         if not study["enabled"]:
             return {}
@@ -215,7 +215,7 @@ def cd4ml_train():
         def trainer_pod(data: dict, drift: dict, best: dict, **context) -> dict:
             """The per-run part of the trainer pod: its name and `cd4ml train` arguments."""
             from tasks.settings import load_settings
-            from tasks.train import trainer_pod_spec
+            from tasks.training.train import trainer_pod_spec
 
             return trainer_pod_spec(
                 load_settings(), data["curated_table"], data["curated_version"], run_id=context["run_id"],
@@ -232,7 +232,7 @@ def cd4ml_train():
         def train(data: dict, drift: dict, best: dict, **context) -> dict:
             """Train on the pinned curated version; tracked in MLflow; resumes from its checkpoint on retry."""
             from tasks.settings import load_settings
-            from tasks.train import train as run_training
+            from tasks.training.train import train as run_training
 
             with fail_fast_on_data_errors():
                 result = run_training(
@@ -251,8 +251,8 @@ def cd4ml_train():
     @task
     def register(trained: dict, drift: dict) -> dict:
         """Register the candidate with its lineage (the drift report among its run's artifacts); no alias moves."""
-        from tasks.drift import log_report
-        from tasks.registry import register_candidate
+        from tasks.data.drift import log_report
+        from tasks.release.registry import register_candidate
         from tasks.settings import load_settings
 
         settings = load_settings()

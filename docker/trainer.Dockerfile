@@ -1,6 +1,6 @@
 # The cd4ml trainer image: what a `training.launcher: kubernetes` pod runs (`cd4ml train ...`,
 # with torchrun over the pod's GPUs when it has more than one). No Airflow, no curation or
-# validation libraries: only what tasks.train imports. torch comes as a CUDA build (the wheels
+# validation libraries: only what tasks.training.train imports. torch comes as a CUDA build (the wheels
 # carry the CUDA runtime, cuDNN and NCCL; the node only needs the NVIDIA driver), so the same
 # image also trains on CPU nodes. Build from the repository root:
 #   docker build -f docker/trainer.Dockerfile --build-arg GIT_COMMIT=$(git rev-parse HEAD) -t cd4ml-trainer:latest .
@@ -33,7 +33,7 @@ RUN mkdir -p plugins/cd4ml_airflow && touch plugins/cd4ml_airflow/__init__.py \
  && mkdir -p /data/cd4ml && chown -R cd4ml /data/cd4ml
 USER cd4ml
 
-# CD4ML_ENV and the args come from the pod spec (tasks.train.trainer_pod_spec); MLFLOW_TRACKING_URI
+# CD4ML_ENV and the args come from the pod spec (tasks.training.train.trainer_pod_spec); MLFLOW_TRACKING_URI
 # (and CD4ML_OPTUNA_STORAGE for tuning) from a Secret. /data/cd4ml is the state volume: the decode
 # cache and the checkpoints a retried pod resumes from.
 ENTRYPOINT ["cd4ml"]

@@ -12,7 +12,7 @@ from tasks.settings import ENVIRONMENTS, SettingsError, load_settings
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from tasks.status import status
+    from tasks.ops.status import status
 
     envs = tuple(args.env) if args.env else ENVIRONMENTS
     print(json.dumps(status(envs), indent=2, sort_keys=True, default=str))
@@ -20,14 +20,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from tasks.status import summary
+    from tasks.ops.status import summary
 
     print(summary(load_settings()))
     return 0
 
 
 def _cmd_sample_data(args: argparse.Namespace) -> int:
-    from tasks.sample_data import SAMPLES
+    from tasks.data.sample_data import SAMPLES
 
     landing = args.landing or load_settings().storage.landing_uri
     n = SAMPLES[args.dataset](landing, limit=args.limit, with_bad_files=args.with_bad_files)
@@ -57,7 +57,7 @@ def _data_plane_errors(fn):
 
 @_data_plane_errors
 def _cmd_tag(args: argparse.Namespace) -> int:
-    from tasks import lake
+    from tasks.data import lake
 
     uri = _table_uri(args.table)
     version = lake.resolve_version(uri, args.version)
@@ -68,7 +68,7 @@ def _cmd_tag(args: argparse.Namespace) -> int:
 
 @_data_plane_errors
 def _cmd_classes(args: argparse.Namespace) -> int:
-    from tasks import classes
+    from tasks.data import classes
 
     settings = load_settings()
     if args.accept:
@@ -83,7 +83,7 @@ def _cmd_classes(args: argparse.Namespace) -> int:
 
 @_data_plane_errors
 def _cmd_versions(args: argparse.Namespace) -> int:
-    from tasks import lake
+    from tasks.data import lake
 
     uri = _table_uri(args.table)
     rows = [
@@ -103,7 +103,7 @@ def _cmd_versions(args: argparse.Namespace) -> int:
 
 @_data_plane_errors
 def _cmd_vacuum(args: argparse.Namespace) -> int:
-    from tasks import retention
+    from tasks.data import retention
 
     settings = load_settings()
     if args.table:
@@ -119,7 +119,7 @@ def _cmd_vacuum(args: argparse.Namespace) -> int:
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from tasks.ingest import ingest_landing
+    from tasks.data.ingest import ingest_landing
 
     settings = load_settings()
     result = ingest_landing(
@@ -137,7 +137,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from tasks.train import train
+    from tasks.training.train import train
 
     settings = load_settings()
     overrides: dict[str, object] = {}
@@ -171,7 +171,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 @_data_plane_errors
 def _cmd_rollback(args: argparse.Namespace) -> int:
-    from tasks.release import rollback
+    from tasks.release.release import rollback
 
     result = rollback(load_settings(args.env), reason=args.reason, to_version=args.to, actor=args.by,
                       run_id=args.run_id or "")
@@ -181,7 +181,7 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
 
 @_data_plane_errors
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from tasks import audit
+    from tasks.release import audit
 
     rows = audit.read(load_settings(args.env))
     if args.json:
@@ -193,8 +193,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 @_data_plane_errors
 def _cmd_alerts(args: argparse.Namespace) -> int:
-    from tasks import incidents
-    from tasks.alerts import INCIDENT_KINDS, resolve_incident
+    from tasks.ops import incidents
+    from tasks.ops.alerts import INCIDENT_KINDS, resolve_incident
 
     settings = load_settings(args.env)
     found = incidents.open_incidents(settings, kinds=None if args.all else INCIDENT_KINDS)
@@ -216,7 +216,7 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
 
 @_data_plane_errors
 def _cmd_lineage(args: argparse.Namespace) -> int:
-    from tasks.lineage import format_lineage, lineage
+    from tasks.release.lineage import format_lineage, lineage
 
     info = lineage(args.model_uri)
     print(json.dumps(info, indent=2, sort_keys=True, default=str) if args.json else format_lineage(info))

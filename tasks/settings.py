@@ -56,10 +56,10 @@ class IngestSettings(_Section):
     min_side: int = Field(gt=0)
     max_side: int = Field(gt=0)
     max_pixels: int = Field(gt=0)
-    # The class names, or "discover": the first validated version names them (tasks/classes.py).
+    # The class names, or "discover": the first validated version names them (tasks/data/classes.py).
     allowed_labels: tuple[str, ...] | Literal["discover"]
     batch_size: int = Field(gt=0)
-    # Data plane (tasks/sources.py, tasks/ingest.py, tasks/spark_ingest.py); defaults keep old confs valid.
+    # Data plane (tasks/data/sources.py, tasks/data/ingest.py, tasks/data/spark_ingest.py); defaults keep old confs valid.
     label_source: Literal["folders", "csv", "jsonl"] = "folders"
     manifest_uri: str | None = None  # csv/jsonl manifest; relative = inside the landing root
     keep_modes: tuple[str, ...] = ("L", "RGB")  # stored as they are
@@ -97,7 +97,7 @@ class RetentionSettings(_Section):
 
 
 class OutlierSettings(_Section):
-    """Bad-image thresholds on fastdup's image statistics (see tasks/curate.py for the tuning)."""
+    """Bad-image thresholds on fastdup's image statistics (see tasks/curation/curate.py for the tuning)."""
 
     min_blur: float = Field(default=50.0, ge=0.0)  # variance of the Laplacian of the exported copy
     min_mean: float = Field(default=10.0, ge=0.0, le=255.0)  # below: too dark
@@ -116,7 +116,7 @@ class OutlierSettings(_Section):
 
 class CurationSettings(_Section):
     # Grouping is generous (components decide splits: near-copies never straddle them), dropping
-    # precise: an image is dropped only as a copy of a kept image, by the copy score (tasks/copy_pairs.py).
+    # precise: an image is dropped only as a copy of a kept image, by the copy score (tasks/curation/copy_pairs.py).
     near_duplicate_threshold: float = Field(gt=0.0, le=1.0)  # embedding cosine: grouping only
     copy_similarity: float = Field(default=0.9974, gt=0.0, le=1.0)  # copy score: a copy at or above
     copy_candidates: int = Field(default=8, ge=1, le=256)  # nearest neighbours per new image to score
@@ -138,7 +138,7 @@ class CurationSettings(_Section):
 
 
 class DriftSettings(_Section):
-    """tasks/drift.py: new data against the champion's training data, on the champion's own features."""
+    """tasks/data/drift.py: new data against the champion's training data, on the champion's own features."""
 
     p_value: float = Field(gt=0.0, lt=1.0)  # family-wise level of the whole check (its tests share it)
     max_samples: int = Field(gt=1)  # new images tested per check (hash sample)
@@ -155,7 +155,7 @@ class DriftSettings(_Section):
 
 
 class KubernetesTrainerSettings(_Section):
-    """The trainer pod a ``kubernetes`` launcher asks for (spec built by ``tasks.train.trainer_pod_spec``)."""
+    """The trainer pod a ``kubernetes`` launcher asks for (spec built by ``tasks.training.train.trainer_pod_spec``)."""
 
     image: str = "cd4ml-trainer:latest"
     namespace: str = "cd4ml"
@@ -259,7 +259,7 @@ class TuningSettings(_Section):
 
 
 class GateSettings(_Section):
-    """The automatic gate (tasks/evaluate.py): floors, a paired test, per-class recall, smoke, latency, size."""
+    """The automatic gate (tasks/release/evaluate.py): floors, a paired test, per-class recall, smoke, latency, size."""
 
     metric: Literal["accuracy", "macro_f1"]
     min_value: float = Field(ge=0.0, le=1.0)  # absolute floor of the candidate on the test split
@@ -278,7 +278,7 @@ class GateSettings(_Section):
 
 
 class ReleaseSettings(_Section):
-    """How a model reaches this environment's champion alias (tasks/release.py)."""
+    """How a model reaches this environment's champion alias (tasks/release/release.py)."""
 
     # deploy_code: this environment trains on its own data; deploy_model: it copies the champion of
     # ``upstream`` into its own registered model (MLflow copy_model_version) and gates it here.
@@ -318,7 +318,7 @@ class DeadlineSettings(_Section):
 
 
 class AlertSettings(_Section):
-    """Where alerts go (tasks/alerts.py): channels per severity, the Airflow Connections behind them."""
+    """Where alerts go (tasks/ops/alerts.py): channels per severity, the Airflow Connections behind them."""
 
     # severity -> channels. "log" is in every route: the log line is the record of every alert.
     routes: dict[Literal["info", "warning", "critical"], tuple[Channel, ...]]

@@ -30,7 +30,7 @@ def settings(cd4ml_home: Path):
 @pytest.fixture(scope="session")
 def digits_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """All 1,797 real digits as PNGs, written once per test session (read-only for tests)."""
-    from tasks.sample_data import write_digits
+    from tasks.data.sample_data import write_digits
 
     landing = tmp_path_factory.mktemp("landing")
     write_digits(landing)
@@ -40,6 +40,6 @@ def digits_landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def raw_digits(settings, digits_landing: Path):
     """The digits ingested into this test's raw table; returns the IngestResult."""
-    from tasks.ingest import ingest_landing
+    from tasks.data.ingest import ingest_landing
 
     return ingest_landing(settings, run_id="fixture-ingest", logical_date="2026-11-21", landing=digits_landing)

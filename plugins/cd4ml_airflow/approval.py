@@ -4,7 +4,7 @@ On Approve the operator returns the response (XCom: chosen option, who, when, th
 and ``promote`` moves the champion with it. On Reject, and on a timeout (the scheduler applies
 the default, Reject, with no responder), the stock operator only skips ``promote`` and pushes no
 XCom, so the decision would be lost: this subclass first writes it to the release ledger through
-``tasks.release.record_decision`` (who, why, rejected or timeout), which also alerts on-call.
+``tasks.release.release.record_decision`` (who, why, rejected or timeout), which also alerts on-call.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class ReleaseApprovalOperator(ApprovalOperator):
         return super().execute_complete(context=context, event=event)
 
     def _record(self, context, event: dict[str, Any]) -> None:
-        from tasks.release import REJECTED, TIMEOUT, record_decision
+        from tasks.release.release import REJECTED, TIMEOUT, record_decision
         from tasks.settings import load_settings
 
         gate = context["ti"].xcom_pull(task_ids=self.gate_task_id)

@@ -1,6 +1,6 @@
 """Alert channels through Airflow's own provider notifiers: Slack webhook, PagerDuty Events API v2, SMTP.
 
-``tasks.alerts`` loads these by name (``CHANNELS``) and calls ``channel(alert, settings, action)``
+``tasks.ops.alerts`` loads these by name (``CHANNELS``) and calls ``channel(alert, settings, action)``
 with ``action`` ``trigger`` or ``resolve``; retries, back-off and routing live there. Each
 channel reads its endpoint and secret from the Airflow Connection named in settings
 (``alerts.slack_conn_id`` ...; an ``AIRFLOW_CONN_<ID>`` environment variable works too) and
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tasks.alerts import Action, Alert, ChannelError, ChannelNotConfigured, message
+from tasks.ops.alerts import Action, Alert, ChannelError, ChannelNotConfigured, message
 from tasks.settings import Settings
 
 PD_SEVERITY = {"info": "info", "warning": "warning", "critical": "critical"}
@@ -76,7 +76,7 @@ def pagerduty(alert: Alert, settings: Settings, action: Action) -> None:
     )
     # The provider's hook posts to events.pagerduty.com; the connection's host (an EU service
     # region, a proxy, a test peer) is honoured here, and the client's own retries are off
-    # because tasks.alerts retries every channel alike.
+    # because tasks.ops.alerts retries every channel alike.
     notifier.__dict__["hook"] = _events_hook(settings, conn)
     with _failures_redacted(conn):
         notifier.notify({})

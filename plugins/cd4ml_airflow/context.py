@@ -32,7 +32,7 @@ def input_version(context, *, param: str, asset: Asset, extra_key: str, table_ur
                 return int(extra[extra_key])
     except KeyError:
         pass
-    from tasks import lake
+    from tasks.data import lake
 
     return lake.version_as_of(table_uri, logical_date_of(context))
 

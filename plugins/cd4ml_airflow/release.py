@@ -13,7 +13,7 @@ within ``release.approval_timeout_hours`` takes the default, Reject, with no res
 recorded (who, why) in the release ledger and alerted by the operator itself. ``finish`` runs
 whatever happened before it and prints what the run changed, read back from the ledger;
 ``inputs_failed`` fails the run when the candidate or the test data could not be produced. Logic
-lives in ``tasks.release`` and ``tasks.evaluate``; this module only wires.
+lives in ``tasks.release.release`` and ``tasks.release.evaluate``; this module only wires.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ APPROVAL_REQUIRED = SETTINGS.release.approval == "required"
 
 @task
 def evaluate_gate(candidate: dict, test_data: dict) -> dict:
-    """The candidate against this environment's champion on the frozen test split (tasks/evaluate.py)."""
-    from tasks.evaluate import evaluate
+    """The candidate against this environment's champion on the frozen test split (tasks/release/evaluate.py)."""
+    from tasks.release.evaluate import evaluate
     from tasks.settings import load_settings
 
     with fail_fast_on_data_errors():
@@ -48,8 +48,8 @@ def mark_challenger(gate: dict, **context) -> dict:
     """A passing candidate becomes `challenger`; otherwise on-call hears why and nothing downstream runs."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from tasks.alerts import send
-    from tasks.release import mark_challenger as mark
+    from tasks.ops.alerts import send
+    from tasks.release.release import mark_challenger as mark
     from tasks.settings import load_settings
 
     settings = load_settings()
@@ -70,7 +70,7 @@ def mark_challenger(gate: dict, **context) -> dict:
 @task
 def approval_request(gate: dict, **context) -> dict:
     """Subject and markdown body of the approval: metrics with per-class deltas, drift, data, reports."""
-    from tasks.release_notes import approval_body
+    from tasks.release.release_notes import approval_body
     from tasks.settings import load_settings
 
     settings = load_settings()
@@ -82,8 +82,8 @@ def approval_request(gate: dict, **context) -> dict:
 @task(outlets=[CHAMPION_MODEL])
 def promote(gate: dict, challenger: dict, *, outlet_events=None, **context) -> dict:
     """Move `champion` to the challenger (with the approval where one is required); publish the champion Asset."""
-    from tasks.release import APPROVED
-    from tasks.release import promote as move
+    from tasks.release.release import APPROVED
+    from tasks.release.release import promote as move
     from tasks.settings import load_settings
 
     approval = None
@@ -104,7 +104,7 @@ def promote(gate: dict, challenger: dict, *, outlet_events=None, **context) -> d
 @task(trigger_rule="all_done")
 def finish(gate: dict, **context) -> dict:
     """What this run did to the aliases, read back from the release ledger (the truth)."""
-    from tasks import audit
+    from tasks.release import audit
     from tasks.settings import load_settings
 
     settings = load_settings()

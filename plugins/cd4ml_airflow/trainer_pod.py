@@ -19,7 +19,7 @@ def trainer_operator(settings: Settings, task_id: str = "train"):
     from airflow.providers.cncf.kubernetes.secret import Secret
     from kubernetes.client import models as k8s
 
-    from tasks.train import trainer_pod_spec
+    from tasks.training.train import trainer_pod_spec
 
     static = trainer_pod_spec(settings, curated_table=settings.curated_table, curated_version=0,
                               run_id="parse", logical_date="")

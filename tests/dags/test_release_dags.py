@@ -66,7 +66,7 @@ def _settings(world: dict, env: str, conf: str):
 
 
 def _aliases(settings) -> dict[str, int]:
-    from tasks.registry import mlflow_client
+    from tasks.release.registry import mlflow_client
 
     client = mlflow_client(settings)
     try:
@@ -76,7 +76,7 @@ def _aliases(settings) -> dict[str, int]:
 
 
 def _audit(settings) -> list:
-    from tasks import audit
+    from tasks.release import audit
 
     return [r for r in audit.read(settings) if r.model_name == settings.registry.model_name]
 
@@ -205,7 +205,7 @@ def test_deploy_model_sit_to_uat_to_prod_with_reject_timeout_and_approve(world, 
 
 
 def test_deploy_code_prod_trains_on_all_data_and_waits_for_approval_then_rollback(world, prod_services) -> None:
-    from tasks import lake
+    from tasks.data import lake
 
     env = {**world["cli_env"], "CD4ML_ENV": "prod"}
     sit, prod = _settings(world, "sit", "code"), _settings(world, "prod", "code")
@@ -224,7 +224,7 @@ def test_deploy_code_prod_trains_on_all_data_and_waits_for_approval_then_rollbac
     assert wait_for_run(h, "cd4ml_train", run, 300) == "success"
     assert _aliases(prod)["champion"] == candidate
 
-    from tasks.registry import mlflow_client
+    from tasks.release.registry import mlflow_client
 
     client = mlflow_client(prod)
     prod_tags = client.get_model_version(prod.registry.model_name, str(candidate)).tags

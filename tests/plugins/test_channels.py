@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.alerts import Alert, resolve, send
+from tasks.ops.alerts import Alert, resolve, send
 from tests.peers import (
     PD_ROUTING_KEY,
     SECRETS,

@@ -56,7 +56,7 @@ def test_dag_level_callback_shares_the_runs_dedup_key_and_is_not_sent_twice(sett
 
 def test_success_callback_resolves_what_earlier_runs_left_open(settings, caplog):
     from cd4ml_airflow.notifier import ResolveNotifier
-    from tasks.incidents import open_incidents
+    from tasks.ops.incidents import open_incidents
 
     OnCallNotifier().notify({"dag": SimpleNamespace(dag_id="cd4ml_curate"), "run_id": "r1", "reason": "task_failure"})
     assert len(open_incidents(settings, dag_id="cd4ml_curate")) == 1
@@ -87,7 +87,7 @@ def test_data_errors_fail_fast_and_others_propagate():
     from airflow.sdk.exceptions import AirflowFailException
 
     from cd4ml_airflow.context import fail_fast_on_data_errors
-    from tasks.validate import ValidationFailedError
+    from tasks.data.validate import ValidationFailedError
 
     with pytest.raises(AirflowFailException, match="^ValidationFailedError: 3 expectations failed"):
         with fail_fast_on_data_errors():

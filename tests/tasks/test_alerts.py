@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tasks.alerts import ALERT_KINDS, ALERT_MARKER, Alert, message, resolve, routed, send
+from tasks.ops.alerts import ALERT_KINDS, ALERT_MARKER, Alert, message, resolve, routed, send
 
 
 def _alert(severity="critical", kind="task_failed", dag_id="cd4ml_ingest", run_id="r1", **kw):
@@ -45,7 +45,7 @@ def test_routing_per_environment_and_severity(cd4ml_home):
 
 
 def test_one_incident_per_key_until_a_later_success_resolves_it(settings, caplog):
-    from tasks.incidents import open_incidents
+    from tasks.ops.incidents import open_incidents
 
     with caplog.at_level(logging.INFO, logger="cd4ml.alerts"):
         assert not send(_alert(), settings)[0].suppressed  # the task's callback
@@ -129,7 +129,7 @@ def test_every_alert_kind_has_a_runbook_and_every_raised_kind_is_known():
             code = path.read_text()
             if "Alert(" in code or "alert_from_context(" in code:  # files that raise alerts
                 raised |= set(re.findall(r'kind="([a-z_]+)"', code))
-    raised |= {f"approval_{d}" for d in ("rejected", "timeout")} | {"rollback"}  # tasks/release.py's _alert(kind)
+    raised |= {f"approval_{d}" for d in ("rejected", "timeout")} | {"rollback"}  # tasks/release/release.py's _alert(kind)
     assert raised <= set(ALERT_KINDS), raised - set(ALERT_KINDS)
     assert set(ALERT_KINDS) <= raised | {"task_failed"}, set(ALERT_KINDS) - raised  # every kind is raised somewhere
     with pytest.raises(ValueError, match="unknown alert kind"):
@@ -138,7 +138,7 @@ def test_every_alert_kind_has_a_runbook_and_every_raised_kind_is_known():
 
 def test_cli_lists_open_incidents_and_resolves_one_by_hand(settings, capsys):
     from tasks.cli import main
-    from tasks.incidents import open_incidents
+    from tasks.ops.incidents import open_incidents
 
     send(_alert(), settings)
     send(_alert(kind="gate_failed", run_id="r9"), settings)

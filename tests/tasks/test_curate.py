@@ -10,8 +10,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image, ImageEnhance, ImageFilter
 
-from tasks import lake
-from tasks.curate import (
+from tasks.curation.curate import (
     COMPONENTS_TABLE,
     CURATED_SCHEMA,
     EMBEDDINGS_TABLE,
@@ -22,9 +21,10 @@ from tasks.curate import (
     outlier_reason,
     split_for,
 )
-from tasks.curation_features import ImageFeatures
-from tasks.ingest import RAW_SCHEMA, ingest_landing
-from tasks.sample_data import digits_arrays, write_digits
+from tasks.curation.curation_features import ImageFeatures
+from tasks.data import lake
+from tasks.data.ingest import RAW_SCHEMA, ingest_landing
+from tasks.data.sample_data import digits_arrays, write_digits
 from tasks.settings import OutlierSettings
 
 IMAGES, LABELS = digits_arrays()
@@ -92,7 +92,7 @@ def report_details(settings, result) -> dict[str, str]:
 
 
 def copy_score_of(settings, result, a: str, b: str) -> float:
-    from tasks.copy_score import copy_score, copy_signature
+    from tasks.curation.copy_score import copy_score, copy_signature
 
     raw = lake.read(settings.raw_table, result.raw_version, columns=["sha256", "image"]).to_pylist()
     images = {r["sha256"]: r["image"] for r in raw if r["sha256"] in (a, b)}
@@ -282,9 +282,9 @@ def test_empty_raw_version_is_a_clear_error(settings):
 
 
 def test_a_chain_drops_only_copies_of_kept_images_and_conflicts_only_between_copies():
-    from tasks.copy_pairs import CopyScores
-    from tasks.curate import dedupe_component
-    from tasks.curation_features import Features
+    from tasks.curation.copy_pairs import CopyScores
+    from tasks.curation.curate import dedupe_component
+    from tasks.curation.curation_features import Features
 
     # A, B, C on a line: A~B and B~C are copies (score 0.999), A and C are not (0.99).
     # D is another label, a copy of nobody but in the same component (grouped generously).
@@ -315,7 +315,7 @@ def test_a_bad_image_rule_that_fires_on_a_large_share_stops_curation_instead_of_
     """Real photo tiles (flat sky, soft backgrounds) under the digits' absolute blur floor: the rule would drop
     far more than max_share, so curation stops with the numbers and writes nothing; a threshold set for the data
     (or a higher max_share) lets it through."""
-    from tasks.sample_data import write_photos
+    from tasks.data.sample_data import write_photos
 
     landing = tmp_path / "photos"
     write_photos(landing, limit=160)  # the first photos' tiles, real JPEGs
@@ -323,7 +323,7 @@ def test_a_bad_image_rule_that_fires_on_a_large_share_stops_curation_instead_of_
     raw = ingest_landing(photos, run_id="ing", logical_date="2026-11-21", landing=landing).raw_version
     strict = photos.model_copy(update={"curation": photos.curation.model_copy(
         update={"outliers": photos.curation.outliers.model_copy(update={"min_blur": 400.0})})})
-    from tasks.curate import OutlierRuleError
+    from tasks.curation.curate import OutlierRuleError
 
     with pytest.raises(OutlierRuleError, match=r"blurry would drop \d+ of 160 images \(.*min_blur 400; this data's median blur"):
         curate(strict, raw, run_id="c1", logical_date="2026-11-21")

@@ -4,9 +4,9 @@ import shutil
 import pytest
 from PIL import Image
 
-from tasks import lake
-from tasks.ingest import META_COLUMNS, EmptyLandingError, ingest_landing
-from tasks.sample_data import write_digits
+from tasks.data import lake
+from tasks.data.ingest import META_COLUMNS, EmptyLandingError, ingest_landing
+from tasks.data.sample_data import write_digits
 
 
 def _png(size=(16, 16), value=128) -> bytes:

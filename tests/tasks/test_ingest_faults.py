@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from PIL import Image
 
-from tasks import lake
-from tasks.ingest import RAW_SCHEMA, ingest_landing
-from tasks.sample_data import write_digits
+from tasks.data import lake
+from tasks.data.ingest import RAW_SCHEMA, ingest_landing
+from tasks.data.sample_data import write_digits
 from tasks.settings import REPO_ROOT
 
 
@@ -52,7 +52,7 @@ def _child_env(conf_dir: Path | None = None) -> dict[str, str]:
 
 _CHILD = (
     "import sys, time, json; from pathlib import Path\n"
-    "from tasks.ingest import ingest_landing; from tasks.settings import load_settings\n"
+    "from tasks.data.ingest import ingest_landing; from tasks.settings import load_settings\n"
     "go = Path(sys.argv[3])\n"
     "while not go.exists(): time.sleep(0.01)\n"
     "r = ingest_landing(load_settings(), sys.argv[2], '2026-11-21', sys.argv[1])\n"

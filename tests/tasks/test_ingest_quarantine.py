@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 
 from cd4ml_runtime.preprocess import PreprocessSpec, decode
-from tasks import lake
-from tasks.ingest import ingest_landing
-from tasks.sample_data import write_digits
+from tasks.data import lake
+from tasks.data.ingest import ingest_landing
+from tasks.data.sample_data import write_digits
 from tasks.settings import REPO_ROOT
 
 
@@ -186,7 +186,7 @@ def test_unreadable_file_is_quarantined_with_a_real_permission_error(settings, t
     if probe.returncode == 0:
         pytest.skip("cannot drop CAP_DAC_OVERRIDE here (no CAP_SETPCAP): root would read a 000 file")
     code = (
-        "from tasks.ingest import ingest_landing; from tasks.settings import load_settings; "
+        "from tasks.data.ingest import ingest_landing; from tasks.settings import load_settings; "
         f"r = ingest_landing(load_settings(), 'perm', '2026-11-21', {str(landing)!r}); print(r.inserted, r.rejected)"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from tasks import ingest_zones, lake
-from tasks.ingest import MANIFEST_TABLE, ingest_landing
-from tasks.sources import LISTING_SCHEMA, Source
+from tasks.data import ingest_zones, lake
+from tasks.data.ingest import MANIFEST_TABLE, ingest_landing
+from tasks.data.sources import LISTING_SCHEMA, Source
 
 
 def _png(seed: int, side: int = 16) -> bytes:

@@ -1,7 +1,7 @@
 import pyarrow as pa
 import pytest
 
-from tasks import lake
+from tasks.data import lake
 
 
 def _rows(keys):
@@ -220,11 +220,11 @@ def test_a_process_that_read_a_table_exits_cleanly(tmp_path) -> None:
 
     import pyarrow as pa
 
-    from tasks import lake
+    from tasks.data import lake
 
     uri = str(tmp_path / "t")
     lake.overwrite(uri, pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]}), metadata={"step": "test"})
-    code = "import sys; from tasks import lake; print(lake.read(sys.argv[1], 0).num_rows)"
+    code = "import sys; from tasks.data import lake; print(lake.read(sys.argv[1], 0).num_rows)"
     for _ in range(6):
         proc = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, timeout=120)
         assert (proc.returncode, proc.stdout.strip()) == (0, "3"), proc.stderr[-2000:]

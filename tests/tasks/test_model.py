@@ -14,7 +14,7 @@ from tests.tasks.test_train import write_curated_digits
 @pytest.mark.parametrize("name,channels,size", [("small_cnn", 1, 16), ("small_cnn", 3, 16), ("resnet18", 1, 16),
                                                ("resnet18", 3, 112), ("resnet50", 3, 32)])
 def test_every_model_maps_a_batch_to_class_logits_and_trains(name: str, channels: int, size: int) -> None:
-    from tasks.model import build_model
+    from tasks.training.model import build_model
 
     torch.manual_seed(0)
     model = build_model(name, num_classes=10, image_size=size, in_channels=channels)
@@ -28,20 +28,20 @@ def test_every_model_maps_a_batch_to_class_logits_and_trains(name: str, channels
 
 
 def test_resnet18_is_resnet18_sized() -> None:
-    from tasks.model import build_model
+    from tasks.training.model import build_model
 
     params = sum(p.numel() for p in build_model("resnet18", 10, 16).parameters())
     assert 11_000_000 < params < 11_300_000  # torchvision's resnet18 has 11.2M with 1000 classes
     # ResNet-50 at 224 px with the ImageNet stem: torchvision's has 25.56M with 1000 classes (2.05M in the head)
     params = sum(p.numel() for p in build_model("resnet50", 1000, 224, in_channels=3).parameters())
     assert params == 25_557_032
-    from tasks.model import architecture
+    from tasks.training.model import architecture
 
     assert architecture("resnet50", 5, 224, 3)["stem"] == "imagenet" and architecture("resnet18", 5, 32)["stem"] == "small"
 
 
 def test_unknown_model_is_a_clear_error() -> None:
-    from tasks.model import MODEL_NAMES, build_model
+    from tasks.training.model import MODEL_NAMES, build_model
 
     assert set(MODEL_NAMES) == {"small_cnn", "resnet18", "resnet50"}
     with pytest.raises(ValueError, match="unknown model 'vgg'"):
@@ -49,7 +49,7 @@ def test_unknown_model_is_a_clear_error() -> None:
 
 
 def test_transfer_keeps_the_backbone_and_starts_a_new_head_when_classes_change() -> None:
-    from tasks.model import build_model, transfer_weights
+    from tasks.training.model import build_model, transfer_weights
 
     torch.manual_seed(1)
     source = build_model("small_cnn", 10, 16)
@@ -64,7 +64,7 @@ def test_transfer_keeps_the_backbone_and_starts_a_new_head_when_classes_change()
 
 
 def test_random_shift_moves_pixels_within_bounds_and_is_seeded() -> None:
-    from tasks.train_data import random_shift
+    from tasks.training.train_data import random_shift
 
     x = torch.zeros(64, 1, 8, 8)
     x[:, 0, 3:5, 3:5] = 1.0  # a centred 2x2 square: any shift up to 2 keeps it inside
@@ -78,7 +78,7 @@ def test_random_shift_moves_pixels_within_bounds_and_is_seeded() -> None:
 
 
 def test_distributed_shards_are_disjoint_and_cover_the_split() -> None:
-    from tasks.train_data import device_plan, set_epoch, train_loader
+    from tasks.training.train_data import device_plan, set_epoch, train_loader
 
     plan = device_plan("cpu", amp=True, channels_last=True)
     assert plan.amp_dtype is None and not plan.pin_memory and plan.backend == "gloo"
@@ -104,7 +104,7 @@ def test_the_decode_cache_is_built_once_per_version_and_matches_the_serving_deco
     import numpy as np
 
     from cd4ml_runtime.preprocess import PreprocessSpec, decode_many
-    from tasks.train_data import NoTrainingDataError, ensure_cache, load_cache, load_split_rows
+    from tasks.training.train_data import NoTrainingDataError, ensure_cache, load_cache, load_split_rows
 
     uri = str(tmp_path / "curated")
     version = write_curated_digits(uri, limit=120)
@@ -122,7 +122,7 @@ def test_the_decode_cache_is_built_once_per_version_and_matches_the_serving_deco
     served = decode_many(rows["image"].to_pylist(), PreprocessSpec(1, 16))
     assert np.array_equal(cached.train.read(np.arange(len(cached.train))), served)
     assert np.array_equal(cached.train.read([5, 2, 5]), served[[5, 2, 5]])  # any order, repeats
-    from tasks.train_data import SplitStore
+    from tasks.training.train_data import SplitStore
 
     eager = SplitStore(cached.train.path, cached.train.n, cached.train.shape, release_bytes=1)  # pages handed back each read
     assert all(np.array_equal(eager.read([i, 0]), served[[i, 0]]) for i in range(len(served)))
@@ -139,7 +139,7 @@ def test_the_decode_cache_is_built_once_per_version_and_matches_the_serving_deco
 
 def test_learning_rate_scales_with_the_global_batch() -> None:
     from tasks.settings import TrainingSettings
-    from tasks.train_ddp import lr_factor, scaled_learning_rate
+    from tasks.training.train_ddp import lr_factor, scaled_learning_rate
 
     base = {
         "model": "small_cnn", "image_size": 16, "epochs": 2, "batch_size": 64, "learning_rate": 0.001,

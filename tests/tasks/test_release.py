@@ -38,7 +38,7 @@ class Models:
 
 
 def write_shuffled_digits(uri: str, share: float = 0.6, seed: int = 3) -> int:
-    from tasks import lake
+    from tasks.data import lake
 
     rows = [dict(r) for r in curated_rows()]
     rng = np.random.default_rng(seed)
@@ -54,7 +54,7 @@ def write_shuffled_digits(uri: str, share: float = 0.6, seed: int = 3) -> int:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Models]:
-    from tasks.train import train
+    from tasks.training.train import train
 
     with private_home(tmp_path_factory, "release-home") as base_settings:
         s = fast(base_settings, epochs=4)
@@ -75,9 +75,9 @@ def _model(models: Models, suffix: str, **gate: Any) -> Any:
 
 
 def _first_champion(models: Models, s: Any) -> int:
-    from tasks.evaluate import evaluate
-    from tasks.registry import register_candidate
-    from tasks.release import mark_challenger, promote
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import register_candidate
+    from tasks.release.release import mark_challenger, promote
 
     v = register_candidate(s, models.base.mlflow_run_id)
     gate = evaluate(s, v, s.curated_table, models.version)
@@ -88,16 +88,15 @@ def _first_champion(models: Models, s: Any) -> int:
 
 
 def _alias(s: Any, alias: str) -> int | None:
-    from tasks.registry import alias_version, mlflow_client
+    from tasks.release.registry import alias_version, mlflow_client
 
     return alias_version(mlflow_client(s), s.registry.model_name, alias)
 
 
 def test_first_candidate_becomes_challenger_then_champion_with_audit_rows(models: Models) -> None:
-    from tasks import audit
-    from tasks.evaluate import evaluate
-    from tasks.registry import mlflow_client, register_candidate
-    from tasks.release import mark_challenger, promote
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import mlflow_client, register_candidate
+    from tasks.release.release import audit, mark_challenger, promote
 
     s = _model(models, "first")
     v = register_candidate(s, models.base.mlflow_run_id)
@@ -134,9 +133,9 @@ def test_first_candidate_becomes_challenger_then_champion_with_audit_rows(models
 
 
 def test_a_worse_candidate_is_never_promoted_and_an_equal_retrain_is(models: Models) -> None:
-    from tasks.evaluate import evaluate
-    from tasks.registry import register_candidate
-    from tasks.release import ReleaseError, mark_challenger, promote
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import register_candidate
+    from tasks.release.release import ReleaseError, mark_challenger, promote
 
     s = _model(models, "worse")
     champion = _first_champion(models, s)
@@ -170,9 +169,9 @@ def test_a_worse_candidate_is_never_promoted_and_an_equal_retrain_is(models: Mod
 
 
 def test_too_small_a_test_set_leaves_the_gate_undecided(models: Models) -> None:
-    from tasks.evaluate import evaluate
-    from tasks.registry import register_candidate
-    from tasks.release import ReleaseError, promote
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import register_candidate
+    from tasks.release.release import ReleaseError, promote
 
     s = _model(models, "small", min_test_images=10_000)
     v = register_candidate(s, models.base.mlflow_run_id)
@@ -184,8 +183,8 @@ def test_too_small_a_test_set_leaves_the_gate_undecided(models: Models) -> None:
 
 
 def test_per_class_recall_floor_and_serving_limits_fail_the_gate(models: Models) -> None:
-    from tasks.evaluate import evaluate
-    from tasks.registry import register_candidate
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import register_candidate
 
     s = _model(models, "limits")
     _first_champion(models, s)
@@ -199,7 +198,7 @@ def test_per_class_recall_floor_and_serving_limits_fail_the_gate(models: Models)
 
 
 def test_a_class_fails_only_for_a_drop_beyond_the_limit_that_is_not_noise(settings) -> None:
-    from tasks.evaluate import _comparison_checks
+    from tasks.release.evaluate import _comparison_checks
 
     truth = ["8"] * 20 + ["1"] * 200
     champion = list(truth)
@@ -217,7 +216,7 @@ def test_a_class_fails_only_for_a_drop_beyond_the_limit_that_is_not_noise(settin
 
 
 def test_smoke_test_fails_cleanly_for_a_model_that_cannot_load(models: Models, tmp_path: Path) -> None:
-    from tasks.evaluate import smoke_test
+    from tasks.release.evaluate import smoke_test
     from tests.tasks.test_train import split_rows
 
     image = split_rows("test")[0]["image"]
@@ -226,10 +225,9 @@ def test_smoke_test_fails_cleanly_for_a_model_that_cannot_load(models: Models, t
 
 
 def test_two_promotions_racing_end_with_one_champion_and_a_truthful_ledger(models: Models) -> None:
-    from tasks import audit
-    from tasks.evaluate import evaluate
-    from tasks.registry import StaleGateError, register_candidate
-    from tasks.release import promote
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import StaleGateError, register_candidate
+    from tasks.release.release import audit, promote
 
     s = _model(models, "race", max_regression=1.0, alpha=1e-12, min_value=0.0, max_class_recall_drop=1.0)
     champion = _first_champion(models, s)
@@ -263,8 +261,8 @@ def test_two_promotions_racing_end_with_one_champion_and_a_truthful_ledger(model
 
 _RACER = """
 import json, os, sys, time
-from tasks.registry import StaleGateError
-from tasks.release import promote
+from tasks.release.registry import StaleGateError
+from tasks.release.release import promote
 from tasks.settings import Settings
 settings = Settings.model_validate_json(open(sys.argv[1]).read())
 gate = json.load(open(sys.argv[2]))
@@ -282,9 +280,9 @@ def test_two_promotions_racing_in_two_processes(models: Models, tmp_path: Path) 
     import sys
     import time
 
-    from tasks import audit
-    from tasks.evaluate import evaluate
-    from tasks.registry import register_candidate
+    from tasks.release import audit
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import register_candidate
 
     s = _model(models, "race-proc", max_regression=1.0, alpha=1e-12, min_value=0.0, max_class_recall_drop=1.0,
                smoke_test=False)
@@ -313,10 +311,9 @@ def test_rollback_restores_the_previous_champion_and_is_a_no_op_when_repeated(mo
     import mlflow
     import pandas as pd
 
-    from tasks import audit
-    from tasks.evaluate import evaluate
-    from tasks.registry import mlflow_client, register_candidate
-    from tasks.release import RolledBackError, promote, rollback
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import mlflow_client, register_candidate
+    from tasks.release.release import RolledBackError, audit, promote, rollback
     from tests.tasks.test_train import split_rows
 
     s = _model(models, "rollback")
@@ -350,10 +347,9 @@ def test_rollback_restores_the_previous_champion_and_is_a_no_op_when_repeated(mo
 def test_bad_release_requests_are_clear_errors_that_change_nothing(models: Models, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from tasks import audit
-    from tasks.evaluate import LineageError, evaluate
-    from tasks.registry import UnknownModelVersionError, mlflow_client, register_candidate
-    from tasks.release import NoChampionError, ReleaseError, rollback
+    from tasks.release.evaluate import LineageError, evaluate
+    from tasks.release.registry import UnknownModelVersionError, mlflow_client, register_candidate
+    from tasks.release.release import NoChampionError, ReleaseError, audit, rollback
     from tasks.settings import SettingsError, load_settings
 
     s = _model(models, "bad")
@@ -382,10 +378,17 @@ def test_bad_release_requests_are_clear_errors_that_change_nothing(models: Model
 def test_deploy_model_with_no_upstream_champion_or_a_rolled_back_one_copies_nothing(
     models: Models, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tasks.release as release
-    from tasks.evaluate import evaluate
-    from tasks.registry import mlflow_client, register_candidate
-    from tasks.release import NoChampionError, ReleaseError, RolledBackError, copy_from_upstream, promote, rollback
+    import tasks.release.release as release
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import mlflow_client, register_candidate
+    from tasks.release.release import (
+        NoChampionError,
+        ReleaseError,
+        RolledBackError,
+        copy_from_upstream,
+        promote,
+        rollback,
+    )
     from tasks.settings import load_settings
 
     sit = _model(models, "upstream")
@@ -411,10 +414,9 @@ def test_deploy_model_with_no_upstream_champion_or_a_rolled_back_one_copies_noth
 
 
 def test_prod_needs_an_approval_and_a_rejection_is_recorded(models: Models) -> None:
-    from tasks import audit
-    from tasks.evaluate import evaluate
-    from tasks.registry import mlflow_client, register_candidate
-    from tasks.release import ApprovalRequiredError, promote, record_decision
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import mlflow_client, register_candidate
+    from tasks.release.release import ApprovalRequiredError, audit, promote, record_decision
 
     s = _model(models, "approval")
     s = s.model_copy(update={"release": s.release.model_copy(update={"approval": "required"})})
@@ -437,9 +439,9 @@ def test_prod_needs_an_approval_and_a_rejection_is_recorded(models: Models) -> N
 
 
 def test_deploy_model_copies_the_upstream_champion_with_its_lineage(models: Models) -> None:
-    from tasks.lineage import format_lineage, lineage
-    from tasks.registry import mlflow_client
-    from tasks.release import copy_from_upstream
+    from tasks.release.lineage import format_lineage, lineage
+    from tasks.release.registry import mlflow_client
+    from tasks.release.release import copy_from_upstream
     from tasks.settings import load_settings
 
     sit = models.settings  # the real sit model name: uat's upstream
@@ -462,8 +464,8 @@ def test_deploy_model_copies_the_upstream_champion_with_its_lineage(models: Mode
 
 
 def test_sit_sample_is_deterministic_named_and_a_subset(models: Models) -> None:
-    from tasks import lake
-    from tasks.sampling import training_data
+    from tasks.data import lake
+    from tasks.data.sampling import training_data
 
     s = models.settings
     assert s.release.sample_fraction == 0.5
@@ -482,9 +484,9 @@ def test_sit_sample_is_deterministic_named_and_a_subset(models: Models) -> None:
 
 
 def test_retention_keeps_the_sample_a_model_trained_on_and_the_curated_version_it_was_cut_from(models: Models) -> None:
-    from tasks.registry import TAG_CURATED_TABLE, TAG_CURATED_VERSION, mlflow_client, register_candidate
-    from tasks.retention import protected_versions
-    from tasks.sampling import training_data
+    from tasks.data.retention import protected_versions
+    from tasks.data.sampling import training_data
+    from tasks.release.registry import TAG_CURATED_TABLE, TAG_CURATED_VERSION, mlflow_client, register_candidate
 
     s = _model(models, "retention")
     sample = training_data(s, s.curated_table, models.version, "run-r")
@@ -497,9 +499,9 @@ def test_retention_keeps_the_sample_a_model_trained_on_and_the_curated_version_i
 
 
 def test_the_approval_text_compares_class_by_class_with_names(models: Models) -> None:
-    from tasks.evaluate import evaluate
-    from tasks.registry import register_candidate
-    from tasks.release_notes import approval_body
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import register_candidate
+    from tasks.release.release_notes import approval_body
 
     s = _model(models, "notes")
     _first_champion(models, s)

@@ -112,7 +112,7 @@ def logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """A small colour model with normalisation, logged in a private store."""
     import mlflow
 
-    from tasks.model import architecture, build_model, log_pyfunc_model
+    from tasks.training.model import architecture, build_model, log_pyfunc_model
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -213,7 +213,7 @@ def test_a_model_predicts_the_same_after_the_project_runtime_changes(
 def test_models_logged_before_format_2_still_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The meta of a format-1 model (grey, squashed, x / 255) rebuilds the same network and input."""
     from cd4ml_runtime.predictor import Predictor
-    from tasks.model import build_model
+    from tasks.training.model import build_model
 
     torch.manual_seed(3)
     net = build_model("small_cnn", 10, 16).eval()

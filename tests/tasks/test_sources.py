@@ -6,7 +6,7 @@ import fsspec
 import pytest
 from PIL import Image
 
-from tasks.sources import LandingNotFoundError, SourceError, open_source
+from tasks.data.sources import LandingNotFoundError, SourceError, open_source
 
 
 def _png(value=128, size=(16, 16)) -> bytes:

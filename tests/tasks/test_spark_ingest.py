@@ -11,9 +11,9 @@ import sys
 import pytest
 from PIL import Image
 
-from tasks.ingest import ingest_landing
-from tasks.sample_data import write_digits
-from tasks.spark_ingest import RESULT_FIELDS, SparkUnavailableError, process_partition
+from tasks.data.ingest import ingest_landing
+from tasks.data.sample_data import write_digits
+from tasks.data.spark_ingest import RESULT_FIELDS, SparkUnavailableError, process_partition
 
 
 def _spark_settings(settings, **extra):
@@ -65,7 +65,7 @@ def test_executor_function_applies_the_local_rules(tmp_path):
 
 def test_spark_session_without_delta_jars_stops_with_a_clear_message(settings, tmp_path):
     pytest.importorskip("pyspark", reason="pyspark not installed (requirements-spark.txt)")
-    from tasks.spark_ingest import spark_session
+    from tasks.data.spark_ingest import spark_session
 
     spark_settings = _spark_settings(settings, spark_master="local[1]")
     try:

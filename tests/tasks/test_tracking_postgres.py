@@ -52,10 +52,10 @@ def test_train_evaluate_and_register_with_a_postgresql_tracking_store(
     import mlflow
     import pandas as pd
 
-    from tasks.evaluate import evaluate
-    from tasks.registry import champion, register_candidate
-    from tasks.release import promote
-    from tasks.train import train
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import champion, register_candidate
+    from tasks.release.release import promote
+    from tasks.training.train import train
     from tests.tasks.test_train import split_rows
 
     with private_home(tmp_path_factory, "pg-home") as base, pytest.MonkeyPatch.context() as mp:
@@ -95,7 +95,7 @@ def test_an_optuna_study_with_trials_lives_in_postgresql(
 ) -> None:
     import optuna
 
-    from tasks.tune import STORAGE_ENV, create_study, resolve_storage_uri, run_trial
+    from tasks.training.tune import STORAGE_ENV, create_study, resolve_storage_uri, run_trial
 
     with private_home(tmp_path_factory, "pg-tune-home") as base, pytest.MonkeyPatch.context() as mp:
         mp.setenv(STORAGE_ENV, databases["optuna"])

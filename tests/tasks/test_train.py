@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from tasks.curate import CURATED_SCHEMA
+from tasks.curation.curate import CURATED_SCHEMA
 
 
 def encode(array: Any, fmt: str = "PNG") -> bytes:
@@ -35,7 +35,7 @@ def encode(array: Any, fmt: str = "PNG") -> bytes:
 @lru_cache(maxsize=1)
 def curated_rows() -> tuple[dict[str, Any], ...]:
     """All real digits as curated rows: PNG bytes, deduplicated by sha256, split 70/15/15 by index."""
-    from tasks.sample_data import digits_arrays
+    from tasks.data.sample_data import digits_arrays
 
     images, labels = digits_arrays()
     rows, seen = [], set()
@@ -56,8 +56,8 @@ def curated_rows() -> tuple[dict[str, Any], ...]:
 def write_curated_digits(
     uri: str, raw_version: int | None = 3, limit: int | None = None, splits: tuple[str, ...] = ("train", "val", "test")
 ) -> int:
-    """Write a curated snapshot of the digits like tasks.curate would; returns the new version."""
-    from tasks import lake
+    """Write a curated snapshot of the digits like tasks.curation.curate would; returns the new version."""
+    from tasks.data import lake
 
     rows = [r for r in curated_rows()[:limit] if r["split"] in splits]
     metadata: dict[str, Any] = {"run_id": "test-curate", "logical_date": "2026-11-21", "step": "curate"}
@@ -96,7 +96,7 @@ def private_home(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterato
 
 
 def runs_in_experiment(settings: Any) -> list[Any]:
-    from tasks.registry import ensure_experiment, mlflow_client
+    from tasks.release.registry import ensure_experiment, mlflow_client
 
     client = mlflow_client(settings)
     return client.search_runs([ensure_experiment(settings, client)], max_results=1000)
@@ -112,7 +112,7 @@ class Trained:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
-    from tasks.train import train
+    from tasks.training.train import train
 
     with private_home(tmp_path_factory, "train-home") as base:
         settings = fast(base)
@@ -124,8 +124,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
 
 
 def test_trains_on_the_exact_curated_version_and_logs_lineage(trained: Trained) -> None:
-    from tasks.registry import mlflow_client
-    from tasks.train import training_config_hash
+    from tasks.release.registry import mlflow_client
+    from tasks.training.train import training_config_hash
 
     s, r = trained.settings, trained.result
     assert trained.newer_version > trained.version
@@ -170,7 +170,7 @@ def test_trains_on_the_exact_curated_version_and_logs_lineage(trained: Trained) 
 
 
 def test_same_curated_version_and_config_is_reused_unless_forced(trained: Trained) -> None:
-    from tasks.train import train
+    from tasks.training.train import train
 
     s, first = trained.settings, trained.result
     before = {run.info.run_id for run in runs_in_experiment(s)}
@@ -193,8 +193,8 @@ def test_early_stopping_stops_and_keeps_the_best_weights(trained: Trained) -> No
     import mlflow
     import pandas as pd
 
-    from tasks.registry import mlflow_client
-    from tasks.train import train
+    from tasks.release.registry import mlflow_client
+    from tasks.training.train import train
 
     # Val accuracy climbs past 0.9 in two or three epochs and then creeps up by less than
     # min_delta per epoch: with patience 2 the run must stop long before 40 epochs.
@@ -234,7 +234,7 @@ print(json.dumps({"labels": out["label"].tolist(), "confidence": out["confidence
 
 
 def test_logged_pyfunc_loads_in_a_fresh_process_and_classifies_png_and_jpeg(trained: Trained, tmp_path: Path) -> None:
-    from tasks.sample_data import digits_arrays
+    from tasks.data.sample_data import digits_arrays
 
     images, labels = digits_arrays()
     paths, expected = [], []
@@ -263,7 +263,7 @@ def test_logged_pyfunc_loads_in_a_fresh_process_and_classifies_png_and_jpeg(trai
 
 
 def test_raw_version_is_none_when_the_curated_commit_does_not_name_it(tmp_path: Path) -> None:
-    from tasks.train import raw_version_of
+    from tasks.training.train import raw_version_of
 
     uri = str(tmp_path / "curated")
     v0 = write_curated_digits(uri, raw_version=None, limit=50)
@@ -273,7 +273,7 @@ def test_raw_version_is_none_when_the_curated_commit_does_not_name_it(tmp_path: 
 
 
 def test_a_version_without_val_rows_is_refused_with_a_clear_error(trained: Trained, tmp_path: Path) -> None:
-    from tasks.train import NoTrainingDataError, train
+    from tasks.training.train import NoTrainingDataError, train
 
     uri = str(tmp_path / "curated")
     version = write_curated_digits(uri, splits=("train", "test"))
@@ -284,8 +284,8 @@ def test_a_version_without_val_rows_is_refused_with_a_clear_error(trained: Train
 def test_fine_tuning_starts_from_a_registered_version_and_names_it(trained: Trained) -> None:
     from mlflow import MlflowClient
 
-    from tasks.registry import mlflow_client
-    from tasks.train import train, training_config_hash
+    from tasks.release.registry import mlflow_client
+    from tasks.training.train import train, training_config_hash
 
     s = with_model_name(trained.settings, "finetune")
     client: MlflowClient = mlflow_client(s)
@@ -321,7 +321,7 @@ def test_cli_train_prints_the_result_and_reuses_the_finished_run(
 
 def test_the_kubernetes_launcher_builds_a_trainer_pod_that_runs_the_cli(trained: Trained) -> None:
     from tasks.cli import build_parser
-    from tasks.train import LauncherError, train, trainer_pod_spec, with_training
+    from tasks.training.train import LauncherError, train, trainer_pod_spec, with_training
 
     s = with_training(trained.settings, {"launcher": "kubernetes", "kubernetes": {"gpus": 4, "image": "reg/cd4ml-trainer:1"}})
     pod = trainer_pod_spec(s, s.curated_table, trained.version, "scheduled__2026-11-21", "2026-11-21")

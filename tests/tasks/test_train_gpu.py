@@ -17,7 +17,7 @@ pytestmark = [
 
 
 def test_the_cuda_plan_uses_bf16_channels_last_pinned_memory_and_nccl() -> None:
-    from tasks.train_data import device_plan, to_device
+    from tasks.training.train_data import device_plan, to_device
 
     plan = device_plan("auto", amp=True, channels_last=True)
     assert plan.device.type == "cuda" and plan.backend == "nccl"
@@ -34,8 +34,8 @@ def test_resnet18_trains_on_the_gpu_and_serves_on_cpu(tmp_path_factory: pytest.T
     import mlflow
     import pandas as pd
 
-    from tasks.registry import mlflow_client
-    from tasks.train import train
+    from tasks.release.registry import mlflow_client
+    from tasks.training.train import train
     from tests.tasks.test_train import split_rows
 
     with private_home(tmp_path_factory, "gpu-home") as base:
@@ -53,7 +53,7 @@ def test_resnet18_trains_on_the_gpu_and_serves_on_cpu(tmp_path_factory: pytest.T
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices for NCCL DDP")
 def test_two_gpus_with_nccl_reach_the_accuracy_of_one(tmp_path_factory: pytest.TempPathFactory) -> None:
-    from tasks.train import train, with_training
+    from tasks.training.train import train, with_training
 
     with private_home(tmp_path_factory, "nccl-home") as base:
         one = fast(base, epochs=3, device="cuda")

@@ -20,7 +20,7 @@ KILL_AFTER_EPOCH = 2
 CHILD = """
 import json, logging, sys
 from tasks.settings import Settings
-from tasks.train import train
+from tasks.training.train import train
 logging.basicConfig(level=logging.INFO)
 args = json.loads(sys.argv[1])
 settings = Settings.model_validate(args["settings"])
@@ -31,8 +31,8 @@ train(settings, args["table"], args["version"], args["run_id"], "2026-11-21", fo
 def test_a_run_killed_after_epoch_k_resumes_in_the_same_mlflow_run_and_ends_like_an_unbroken_one(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    from tasks.registry import mlflow_client
-    from tasks.train import checkpoint_dir_for, train, training_config_hash
+    from tasks.release.registry import mlflow_client
+    from tasks.training.train import checkpoint_dir_for, train, training_config_hash
 
     with private_home(tmp_path_factory, "resume-home") as base:
         # Smaller batches make an epoch long enough (~0.3 s) to kill between two checkpoints;
@@ -96,7 +96,7 @@ def test_a_run_killed_after_epoch_k_resumes_in_the_same_mlflow_run_and_ends_like
 
 
 def test_the_checkpoint_folder_is_deterministic_per_table_version_config_and_run(settings) -> None:
-    from tasks.train import checkpoint_dir_for, training_config_hash, with_training
+    from tasks.training.train import checkpoint_dir_for, training_config_hash, with_training
 
     table = settings.curated_table
     h = training_config_hash(settings)

@@ -33,9 +33,9 @@ def tuning_settings(base, pruner: str):
 def test_a_pruner_stops_clearly_bad_trials_and_the_best_trial_trains_the_candidate(
     tmp_path_factory: pytest.TempPathFactory, pruner: str
 ) -> None:
-    from tasks.registry import mlflow_client
-    from tasks.train import train
-    from tasks.tune import best_params, create_study, resolve_storage_uri, run_trial
+    from tasks.release.registry import mlflow_client
+    from tasks.training.train import train
+    from tasks.training.tune import best_params, create_study, resolve_storage_uri, run_trial
 
     with private_home(tmp_path_factory, f"tune-{pruner}") as base:
         settings = tuning_settings(base, pruner)
@@ -91,7 +91,7 @@ def test_a_pruner_stops_clearly_bad_trials_and_the_best_trial_trains_the_candida
 
 
 def test_a_trial_whose_worker_died_is_failed_and_asked_again(tmp_path_factory: pytest.TempPathFactory) -> None:
-    from tasks.tune import NoFinishedTrialError, best_params, create_study, resolve_storage_uri, run_trial
+    from tasks.training.tune import NoFinishedTrialError, best_params, create_study, resolve_storage_uri, run_trial
 
     with private_home(tmp_path_factory, "tune-orphan") as base:
         settings = tuning_settings(base, "median")
@@ -120,7 +120,7 @@ def test_a_trial_whose_worker_died_is_failed_and_asked_again(tmp_path_factory: p
     ],
 )
 def test_the_pruner_is_chosen_by_settings(settings, name: str, kind: type) -> None:
-    from tasks.tune import make_pruner
+    from tasks.training.tune import make_pruner
 
     assert isinstance(make_pruner(settings.tuning.model_copy(update={"pruner": name})), kind)
 

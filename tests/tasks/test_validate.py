@@ -9,9 +9,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tasks import lake
-from tasks.ingest import RAW_SCHEMA
-from tasks.validate import ValidationFailedError, ValidationResult, validate_batch
+from tasks.data import lake
+from tasks.data.ingest import RAW_SCHEMA
+from tasks.data.validate import ValidationFailedError, ValidationResult, validate_batch
 
 EXPECTED_CHECKS = {
     "row_count",
@@ -200,7 +200,7 @@ def test_bad_arguments_are_refused(settings, raw_digits):
 
 
 def test_discovered_classes_come_from_the_first_validated_version_and_a_new_class_is_a_finding(settings, raw_digits):
-    from tasks import classes
+    from tasks.data import classes
 
     discover = settings.model_copy(update={"ingest": settings.ingest.model_copy(update={"allowed_labels": "discover"})})
     first = validate_batch(discover, raw_digits.raw_version, raw_digits.files_seen, raw_digits.rejected, "run-d")

@@ -13,12 +13,12 @@ What happens to each image of the raw version, in order (the first rule that app
    near-duplicates (cosine of the embeddings at or above ``near_duplicate_threshold``) and copies
    (below) are edges; connected components are built with union-find. A component decides a
    split, so near-copies never straddle splits; it drops nothing by itself. Features are
-   computed once per image and kept in ``curation_embeddings`` (``tasks.curation_features``);
+   computed once per image and kept in ``curation_embeddings`` (``tasks.curation.curation_features``);
    only images that have no component yet are compared, against all eligible images of the raw
    version.
-4. Copies (``tasks.copy_pairs``): each new image's ``copy_candidates`` nearest neighbours by the
+4. Copies (``tasks.curation.copy_pairs``): each new image's ``copy_candidates`` nearest neighbours by the
    embedding (and, for pixels, by the blurred embedding) get the copy score
-   (``tasks.copy_score``: alignment-, blur- and brightness-tolerant correlation); a pair at or
+   (``tasks.curation.copy_score``: alignment-, blur- and brightness-tolerant correlation); a pair at or
    above ``copy_similarity`` is a copy. Scores are cached in ``curation_pairs``.
 5. Inside a component (dropping, precise: ``dedupe_component``): members are walked first
    assigned first (lowest ``first_raw_version``, then smallest sha256), so a new copy never
@@ -93,9 +93,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks import lake
-from tasks.copy_pairs import PAIRS_TABLE, CopyScores, blurred, candidate_pairs, load_scores, score_config, store_scores
-from tasks.curation_features import (
+from tasks.curation.copy_pairs import (
+    PAIRS_TABLE,
+    CopyScores,
+    blurred,
+    candidate_pairs,
+    load_scores,
+    score_config,
+    store_scores,
+)
+from tasks.curation.curation_features import (
     FEATURES_SCHEMA,
     GALLERY_IMAGES,
     Features,
@@ -110,8 +117,9 @@ from tasks.curation_features import (
     store_features,
     write_galleries,
 )
+from tasks.data import lake
 from tasks.errors import DataError
-from tasks.reports import write_json
+from tasks.ops.reports import write_json
 from tasks.settings import OutlierSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -539,7 +547,7 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
     """Which members of one component are kept: drop precisely, never through a chain.
 
     ``order`` is the component's members, first assigned first. Two members are copies when
-    their decoded pixels are identical or their copy score (``tasks.copy_score``) is at least
+    their decoded pixels are identical or their copy score (``tasks.curation.copy_score``) is at least
     ``threshold`` (``curation.copy_similarity``, calibrated on planted copies against distinct
     images). Walking in order, a member is dropped only when it is a copy of a member already
     KEPT with its label (not of something that was itself dropped, nor of a chain A~B~C), as

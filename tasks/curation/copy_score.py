@@ -1,10 +1,10 @@
 """Alignment-tolerant copy score for candidate pairs of near-duplicate images.
 
-The curation embedding (``tasks.curation_features.pixel_embedding``: grey pixels area-averaged
+The curation embedding (``tasks.curation.curation_features.pixel_embedding``: grey pixels area-averaged
 to 8x8, cosine) finds candidate pairs cheaply but cannot tell a shifted or cropped copy from a
 different image of the same class. This module scores ONE candidate pair at a time (about
 0.3-0.5 ms per pair on one core, numpy only; operators are cached per pair of image sizes), so
-it re-scores the pairs the embedding proposes (``tasks.copy_pairs``), it does not search a
+it re-scores the pairs the embedding proposes (``tasks.curation.copy_pairs``), it does not search a
 collection. ``VERSION`` names the score: change it with anything that changes a score, so
 that stored scores (the ``curation_pairs`` table) are never misread.
 

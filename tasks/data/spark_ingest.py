@@ -3,10 +3,10 @@
 Chosen by ``ingest.engine: spark`` (or ``ingest_landing(..., engine="spark")``). Same inputs,
 same rules, same tables, same ``IngestResult``:
 
-* Listing and listing-level quarantine run on the driver with ``tasks.sources`` (paths, labels,
+* Listing and listing-level quarantine run on the driver with ``tasks.data.sources`` (paths, labels,
   manifests, symlinks, traversal: identical code). For millions of objects give a manifest.
 * Reading, hashing, decoding and normalising run on the executors, through the very function
-  the local engine uses (``tasks.images.prepare_image``) inside ``process_partition``; files
+  the local engine uses (``tasks.data.images.prepare_image``) inside ``process_partition``; files
   are opened by their fsspec URL, so executors need the same fsspec extras and credentials.
 * Label conflicts, duplicate copies and "already in the table" are Spark joins and windows
   with the local engine's rules; new rows go in with one delta-spark MERGE (WHEN NOT MATCHED
@@ -37,14 +37,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks import lake
+from tasks.data import lake
+from tasks.data.images import Rejection, prepare_image
+from tasks.data.sources import LandingNotFoundError, open_source
 from tasks.errors import DataError
-from tasks.images import Rejection, prepare_image
 from tasks.settings import Settings
-from tasks.sources import LandingNotFoundError, open_source
 
 if TYPE_CHECKING:
-    from tasks.ingest import IngestResult
+    from tasks.data.ingest import IngestResult
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def ingest_with_spark(
 ) -> IngestResult:
     """``ingest_landing`` as a Spark job (module doc); returns the same ``IngestResult``."""
     require_pyspark()  # before any listing: a missing engine is a configuration error, said at once
-    from tasks.ingest import EmptyLandingError, IngestResult, _reject_row
+    from tasks.data.ingest import EmptyLandingError, IngestResult, _reject_row
 
     started = time.perf_counter()
     cfg = settings.ingest
@@ -284,7 +284,7 @@ def ingest_with_spark(
     if rejects:  # small: the rejects table goes through the same helper as the local engine
         import pyarrow as pa
 
-        from tasks.ingest import REJECT_SCHEMA
+        from tasks.data.ingest import REJECT_SCHEMA
 
         lake.merge_new_rows(rejects_uri, pa.Table.from_pylist(rejects, schema=REJECT_SCHEMA), "reject_id",
                             {k[len(lake.META_PREFIX):]: v for k, v in metadata.items()})

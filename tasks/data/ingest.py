@@ -1,8 +1,8 @@
 """Ingest a landing zone of images into the versioned ``raw_images`` Delta table.
 
-Where files come from and where labels come from is ``tasks.sources`` (local path or fsspec
+Where files come from and where labels come from is ``tasks.data.sources`` (local path or fsspec
 URL; label = folder, or a CSV/JSONL manifest). What is stored per image is
-``tasks.images.prepare_image``. This module decides, streams and commits:
+``tasks.data.images.prepare_image``. This module decides, streams and commits:
 
 * Key: ``sha256`` of the file's bytes. Only keys absent from the table snapshot the run planned
   against are written, and the commit is refused if that snapshot is no longer the latest, so a
@@ -25,17 +25,17 @@ URL; label = folder, or a CSV/JSONL manifest). What is stored per image is
   same label: one row, the other copies count as ``already_present``.
 * Every file that cannot be used becomes a row of the ``rejects`` table with a reason code and
   a detail; the batch goes on. Reject rows are keyed by (source, content, reason), so re-running
-  over the same bad file records it once. Codes: the listing's (``tasks.sources``: path_traversal,
+  over the same bad file records it once. Codes: the listing's (``tasks.data.sources``: path_traversal,
   outside_landing, missing_file, bad_manifest_row, symlink_outside_landing, broken_symlink,
   not_a_file), the label's (``no_label``, ``unknown_label``, ``label_conflict``),
-  ``bad_extension``, ``unreadable`` and the content's (``tasks.images``: empty_file,
+  ``bad_extension``, ``unreadable`` and the content's (``tasks.data.images``: empty_file,
   not_an_image, corrupt_image, too_many_pixels, animated, too_small, too_large, unsupported_mode).
 * Incremental: the ``ingest_manifest`` table remembers, per source URI, size, mtime (ns), ETag
   and what the content was (sha256, or its reject code). A file whose size, mtime and ETag are
   unchanged is not opened again: its sha256 decides (already present, conflicting, or cached
   reject). An unchanged zone therefore costs one listing (stat) and two small table reads, and
   commits nothing anywhere. Unknown size or mtime (some object stores) is never "unchanged".
-* Settled zones (``tasks.ingest_zones``): after a run has decided every file, a digest of the
+* Settled zones (``tasks.data.ingest_zones``): after a run has decided every file, a digest of the
   whole listing and the raw version are recorded per zone; a later run whose listing has the
   same digest, while ``raw_images`` is still at that version, returns at once without reading
   the manifest or the raw keys. ``full=True`` re-decides every file, opening each again.
@@ -68,10 +68,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from tasks import ingest_zones, lake
-from tasks.images import Rejection, prepare_image
+from tasks.data import ingest_zones, lake
+from tasks.data.images import Rejection, prepare_image
+from tasks.data.sources import Entry, LandingNotFoundError, SourceError, open_source
 from tasks.settings import Settings
-from tasks.sources import Entry, LandingNotFoundError, SourceError, open_source
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,7 @@ def ingest_landing(
     label_source = label_source or cfg.label_source
     manifest = manifest if manifest is not None else (cfg.manifest_uri if label_source != "folders" else None)
     if engine == "spark":
-        from tasks.spark_ingest import ingest_with_spark
+        from tasks.data.spark_ingest import ingest_with_spark
 
         return ingest_with_spark(settings, run_id, logical_date, landing, label_source=label_source, manifest=manifest)
     if engine != "local":

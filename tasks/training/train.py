@@ -1,8 +1,8 @@
 """Train the classifier on one explicit version of the curated table and log it to MLflow.
 
 ``train(settings, curated_table, curated_version, run_id, logical_date, force)`` is what the DAG
-calls; the training loop itself lives in ``tasks.train_ddp`` and the data path in
-``tasks.train_data``.
+calls; the training loop itself lives in ``tasks.training.train_ddp`` and the data path in
+``tasks.training.train_data``.
 
 * Input: ``curated_table`` at ``curated_version`` (time travel), never "latest". Train and val
   are decoded once into a local cache (``training.cache_dir``), in sha256 order, so row order in
@@ -39,8 +39,8 @@ from typing import Any
 
 from mlflow import MlflowClient
 
-from tasks import lake
-from tasks.registry import (
+from tasks.data import lake
+from tasks.release.registry import (
     TAG_AIRFLOW_RUN_ID,
     TAG_CONFIG_HASH,
     TAG_CURATED_TABLE,
@@ -55,8 +55,8 @@ from tasks.registry import (
     mlflow_client,
 )
 from tasks.settings import REPO_ROOT, Settings, SettingsError, TrainingSettings
-from tasks.train_data import NoTrainingDataError, class_order, ensure_cache, load_cache, load_split_rows
-from tasks.train_ddp import (
+from tasks.training.train_data import NoTrainingDataError, class_order, ensure_cache, load_cache, load_split_rows
+from tasks.training.train_ddp import (
     REQUEST_FILE,
     RESULT_FILE,
     TAG_BEST_EPOCH,
@@ -268,7 +268,7 @@ def _die_with_parent() -> None:
 
 
 def _run_torchrun(request_path: Path, nproc: int, num_threads: int, tracking_uri: str) -> WorkerOutcome:
-    """``torchrun --standalone --nproc_per_node N -m tasks.train_ddp``; rank 0 leaves result.json."""
+    """``torchrun --standalone --nproc_per_node N -m tasks.training.train_ddp``; rank 0 leaves result.json."""
     result_path = request_path.with_name(RESULT_FILE)
     result_path.unlink(missing_ok=True)
     env = {
@@ -279,7 +279,7 @@ def _run_torchrun(request_path: Path, nproc: int, num_threads: int, tracking_uri
     }
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        "-m", "tasks.train_ddp", "--request", str(request_path),
+        "-m", "tasks.training.train_ddp", "--request", str(request_path),
     ]
     log.info("launching %s", " ".join(command))
     done = subprocess.run(command, env=env, check=False, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
@@ -323,7 +323,7 @@ def train(
     if cfg.launcher == "kubernetes":
         raise LauncherError(
             "training.launcher is 'kubernetes': run the trainer image with the spec from "
-            "tasks.train.trainer_pod_spec() (KubernetesPodOperator); the pod runs `cd4ml train`"
+            "tasks.training.train.trainer_pod_spec() (KubernetesPodOperator); the pod runs `cd4ml train`"
         )
 
     cache_path = ensure_cache(cfg.cache_dir, curated_table, curated_version, cfg.image_size, cfg.channels, cfg.fit)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from tasks import lake
+from tasks.data import lake
 from tasks.settings import Settings
 
 CLASSES_TABLE = "classes"

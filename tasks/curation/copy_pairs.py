@@ -1,9 +1,9 @@
 """Which pairs of images are copies: candidates from the embedding, the decision from the copy score.
 
-The curation embedding (``tasks.curation_features``) is cheap and searches the whole raw version,
+The curation embedding (``tasks.curation.curation_features``) is cheap and searches the whole raw version,
 but a cosine cannot tell a shifted or cropped copy from a different image of the same class
 (bench/dedup_calibration.py: at the cosine that keeps false drops <= 1%, a pixel embedding finds
-12% of 5-10% crops). The copy score (``tasks.copy_score``: alignment-, blur- and
+12% of 5-10% crops). The copy score (``tasks.curation.copy_score``: alignment-, blur- and
 brightness-tolerant correlation, ~0.4 ms a pair) tells them apart but scores one pair at a time.
 So:
 
@@ -14,7 +14,7 @@ So:
    8 of each find the original of >= 96% of copies in every cell and transformation (a resized
    8 px digit is the hardest) and of >= 98% of all others.
 2. Scores (``CopyScores``): every candidate pair, and inside a component each member against the
-   members already kept (``tasks.curate.dedupe_component``), gets the copy score. A pair is a copy
+   members already kept (``tasks.curation.curate.dedupe_component``), gets the copy score. A pair is a copy
    at ``curation.copy_similarity`` or above (0.9974, calibrated on the benchmark).
 3. Scores are a content-addressed cache: the ``curation_pairs`` table holds every pair ever
    scored, keyed by (sha256_a, sha256_b, config) with sha256_a < sha256_b and ``config`` naming
@@ -36,7 +36,8 @@ from multiprocessing import get_context
 import numpy as np
 import pyarrow as pa
 
-from tasks import copy_score, lake
+from tasks.curation import copy_score
+from tasks.data import lake
 
 log = logging.getLogger(__name__)
 

@@ -4,14 +4,14 @@
 * ``champion``: moved only by ``promote`` (after the gate, and after a person's approval where
   ``release.approval`` is ``required``) and by ``rollback``.
 
-Every change is first a row of the ``release_audit`` ledger (tasks/audit.py), committed against
+Every change is first a row of the ``release_audit`` ledger (tasks/release/audit.py), committed against
 the snapshot the decision was made on, then the MLflow alias, then a tag on the model version.
 So two promotions racing for one environment end with one champion and a ledger that says what
 really happened; a crash between the row and the alias is repaired by ``reconcile`` at the start
 of the next release. Nothing here touches data.
 
 Two release patterns (``release.pattern``): ``deploy_code`` trains in every environment on its
-own data (tasks/train.py, with a sample in sit); ``deploy_model`` copies the champion of
+own data (tasks/training/train.py, with a sample in sit); ``deploy_model`` copies the champion of
 ``release.upstream`` into this environment's registered model with ``copy_from_upstream``
 (MLflow ``copy_model_version``, lineage tags kept) and gates the copy here, no retraining.
 """
@@ -29,10 +29,10 @@ from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
-from tasks import audit
-from tasks.audit import AuditRow
 from tasks.errors import DataError
-from tasks.registry import (
+from tasks.release import audit
+from tasks.release.audit import AuditRow
+from tasks.release.registry import (
     EXTRA_LINEAGE_TAGS,
     LINEAGE_RUN_TAGS,
     TAG_COPIED_FROM,
@@ -91,7 +91,7 @@ def actor_default() -> str:
 
 
 def _alert(settings: Settings, kind: str, summary: str, dedup_key: str, row: AuditRow) -> None:
-    from tasks.alerts import Alert, send
+    from tasks.ops.alerts import Alert, send
 
     send(Alert(summary=summary, severity="warning", source="release", env=settings.env, dedup_key=dedup_key,
                details=row.to_dict(), kind=kind, run_id=row.airflow_run_id, error=row.reason,

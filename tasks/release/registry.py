@@ -3,10 +3,10 @@
 * ``register_candidate`` registers a training run's model (once: a second call for the same
   run reuses its version) and copies the lineage (curated table and version, raw version,
   environment, drift status, requirements hash) onto the model version as tags. Aliases move
-  only in ``tasks.release`` (challenger after the gate, champion through promotion).
+  only in ``tasks.release.release`` (challenger after the gate, champion through promotion).
 * ``champion`` answers "which model serves, trained on which data" from those tags.
 * ``mlflow_client`` / ``ensure_experiment`` are the one place the tracking and registry URIs
-  are set from the settings (also used by ``tasks.train`` and ``tasks.evaluate``).
+  are set from the settings (also used by ``tasks.training.train`` and ``tasks.release.evaluate``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# Tag keys shared by runs (set by tasks.train) and model versions (set here).
+# Tag keys shared by runs (set by tasks.training.train) and model versions (set here).
 TAG_ENV = "cd4ml.env"
 TAG_CURATED_TABLE = "cd4ml.curated_table"
 TAG_CURATED_VERSION = "cd4ml.curated_version"
@@ -253,7 +253,7 @@ def register_candidate(settings: Settings, candidate_run_id: str) -> int:
     """Register a finished training run's model in this environment's registered model, with its lineage.
 
     Idempotent: a second call for the same run reuses its version. No alias moves here: the gate
-    decides about ``challenger``, promotion about ``champion`` (tasks/release.py).
+    decides about ``challenger``, promotion about ``champion`` (tasks/release/release.py).
     """
     client = mlflow_client(settings)
     name = settings.registry.model_name

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from tasks import classes, lake
+from tasks.data import classes, lake
+from tasks.data.ingest import META_COLUMNS
 from tasks.errors import DataError
-from tasks.ingest import META_COLUMNS
-from tasks.reports import write_json
+from tasks.ops.reports import write_json
 from tasks.settings import Settings
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ Rules, in the order the report lists them (settings: ``gate`` of the environment
 * **Frozen test set.** The test split of this environment's curated table at an explicit
   version, minus every image either model trained or validated on (their train and val splits
   are read from their lineage tags: curated table and version). Splits never move once
-  recorded (tasks/curate.py), so this removes nothing in deploy-code; in deploy-model the
+  recorded (tasks/curation/curate.py), so this removes nothing in deploy-code; in deploy-model the
   candidate was trained on another environment's data, and the overlap is removed and counted.
   A model version without lineage tags is a ``LineageError``: nobody can say what it saw.
 * **Too small to decide.** Fewer than ``min_test_images`` images left: decision ``undecided``;
@@ -60,9 +60,10 @@ from mlflow.entities.model_registry import ModelVersion
 from scipy.stats import binomtest
 from sklearn.metrics import accuracy_score, f1_score
 
-from tasks import lake
+from tasks.data import lake
 from tasks.errors import DataError
-from tasks.registry import (
+from tasks.ops.reports import write_json
+from tasks.release.registry import (
     TAG_ROLLED_BACK,
     LineageError,
     champion_model_version,
@@ -71,9 +72,8 @@ from tasks.registry import (
     set_version_tags,
     trained_on,
 )
-from tasks.reports import write_json
 from tasks.settings import Settings
-from tasks.train_data import load_split_rows
+from tasks.training.train_data import load_split_rows
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """One training process: the loop every launcher runs, alone or as one rank of a DDP job.
 
-``run_worker`` is called directly by ``tasks.train.train`` (launcher ``in_process``) and by
-``tasks.tune`` for each trial; under ``torchrun`` each rank runs
-``python -m tasks.train_ddp --request <checkpoint_dir>/request.json`` (launcher ``torchrun``,
+``run_worker`` is called directly by ``tasks.training.train.train`` (launcher ``in_process``) and by
+``tasks.training.tune`` for each trial; under ``torchrun`` each rank runs
+``python -m tasks.training.train_ddp --request <checkpoint_dir>/request.json`` (launcher ``torchrun``,
 and the same inside a Kubernetes trainer pod). Same code, so a 2-process run on CPU tests
 what a multi-GPU run does.
 
@@ -53,10 +53,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cd4ml_runtime.networks import build as build_network
 from cd4ml_runtime.preprocess import PreprocessSpec
-from tasks.model import architecture, load_logged_weights, log_pyfunc_model, transfer_weights
-from tasks.registry import TAG_MODEL_URI, client_for
+from tasks.release.registry import TAG_MODEL_URI, client_for
 from tasks.settings import Settings, TrainingSettings
-from tasks.train_data import (
+from tasks.training.model import architecture, load_logged_weights, log_pyfunc_model, transfer_weights
+from tasks.training.train_data import (
     Augment,
     DevicePlan,
     SplitStore,
@@ -546,9 +546,9 @@ def _train(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """torchrun entry point: ``torchrun --nproc_per_node N -m tasks.train_ddp --request FILE``."""
-    parser = argparse.ArgumentParser(prog="python -m tasks.train_ddp", description=__doc__.splitlines()[0])
-    parser.add_argument("--request", required=True, help="request.json written by tasks.train")
+    """torchrun entry point: ``torchrun --nproc_per_node N -m tasks.training.train_ddp --request FILE``."""
+    parser = argparse.ArgumentParser(prog="python -m tasks.training.train_ddp", description=__doc__.splitlines()[0])
+    parser.add_argument("--request", required=True, help="request.json written by tasks.training.train")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s rank{os.environ.get('RANK', '0')} %(name)s: %(message)s")
     path = Path(args.request)

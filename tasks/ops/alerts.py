@@ -5,7 +5,7 @@ task, the gate, a drift check, a release decision, a missed deadline) and handed
 
 1. the ``log`` channel, always: one JSON line on the ``cd4ml.alerts`` logger, the record of
    every alert whatever else happens (a log shipper can route it too);
-2. the alert ledger (``tasks/incidents.py``): a dedup key that was already delivered and is
+2. the alert ledger (``tasks/ops/incidents.py``): a dedup key that was already delivered and is
    not resolved is not delivered again, so the task-level and DAG-level callbacks of one run,
    a retried task or a cleared run raise one incident, not several;
 3. every other channel routed for the alert's severity in this environment's settings
@@ -238,7 +238,7 @@ def send(alert: Alert, settings: Settings | None) -> list[Delivery]:
         _log_line(alert, "trigger")
         return [Delivery("log", True, 1)]
     channels = routed(alert, settings)
-    from tasks import incidents
+    from tasks.ops import incidents
 
     try:
         first = incidents.claim(settings, alert, channels)
@@ -259,7 +259,7 @@ def resolve(settings: Settings, dag_id: str, run_id: str) -> list[Delivery]:
     Each incident is resolved on the channels its trigger went to (PagerDuty by its dedup key,
     Slack with a resolved message, email not: a resolved email nobody needs is noise). Never raises.
     """
-    from tasks import incidents
+    from tasks.ops import incidents
 
     try:
         opened = incidents.open_incidents(settings, dag_id=dag_id, kinds=INCIDENT_KINDS)
@@ -272,7 +272,7 @@ def resolve(settings: Settings, dag_id: str, run_id: str) -> list[Delivery]:
 
 def resolve_incident(settings: Settings, incident, resolver: str, reason: str) -> list[Delivery]:
     """Close one open incident in the ledger (once, whoever races), then tell the channels it went to."""
-    from tasks import incidents
+    from tasks.ops import incidents
 
     if not incidents.close(settings, incident.dedup_key, resolver):
         return []  # another process resolved it first

@@ -18,7 +18,7 @@ import logging
 
 import pyarrow as pa
 
-from tasks import lake
+from tasks.data import lake
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)

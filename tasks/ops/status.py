@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks import lake
+from tasks.data import lake
 from tasks.settings import ENVIRONMENTS, Settings, load_settings
 
 TABLES = (
@@ -46,7 +46,7 @@ def _tracking_store_exists(settings: Settings) -> bool:
 
 def _champion(settings: Settings, models: list[dict]) -> dict | None:
     """The champion with its lineage and the ledger row that made it champion."""
-    from tasks import audit
+    from tasks.release import audit
 
     holders = [m for m in models if settings.registry.champion_alias in m["aliases"]]
     if not holders:
@@ -65,7 +65,7 @@ def _champion(settings: Settings, models: list[dict]) -> dict | None:
 def environment_status(settings: Settings) -> dict:
     models: list[dict] = []
     if _tracking_store_exists(settings):
-        from tasks.registry import model_versions
+        from tasks.release.registry import model_versions
 
         models = model_versions(settings)
     return {

@@ -62,8 +62,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.core import url_to_fs
 
+from tasks.data.images import Rejection
 from tasks.errors import DataError
-from tasks.images import Rejection
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks import lake
+from tasks.data import lake
 
 log = logging.getLogger(__name__)
 

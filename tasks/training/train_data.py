@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 
 from cd4ml_runtime.preprocess import ChannelStats, ImageDecodeError, PreprocessSpec, decode_many, normalise, standardise
-from tasks import lake
+from tasks.data import lake
 from tasks.errors import DataError
 
 CACHE_FORMAT = 2

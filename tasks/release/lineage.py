@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tasks import audit, lake
-from tasks.registry import (
+from tasks.data import lake
+from tasks.release import audit
+from tasks.release.registry import (
     TAG_COPIED_FROM,
     TAG_CURATED_TABLE,
     TAG_CURATED_VERSION,

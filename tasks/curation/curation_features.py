@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image, ImageOps
 
-from tasks import lake
+from tasks.data import lake
 from tasks.settings import CurationSettings
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ row against the same snapshot with no automatic rebase. If another release commi
 Delta refuses ours, and the caller decides again from the new rows: so two promotions racing for
 one environment cannot both win, and every row's ``from_version`` is what really held the alias.
 The MLflow alias is set after the row commits; a crash in between is repaired by the next
-release of that environment (``tasks.release`` reconciles the alias to the ledger first).
+release of that environment (``tasks.release.release`` reconciles the alias to the ledger first).
 
 Rows are never updated or deleted. ``request_id`` makes a retried request a no-op: the same
 Airflow run asking for the same change finds its row and commits nothing.
@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks import lake
+from tasks.data import lake
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)

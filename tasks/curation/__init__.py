@@ -1,0 +1,1 @@
+"""The curation stage of the pipeline."""

@@ -1,0 +1,1 @@
+"""The ops stage of the pipeline."""

@@ -1,0 +1,1 @@
+"""The release stage of the pipeline."""

@@ -1,0 +1,1 @@
+"""The training stage of the pipeline."""
