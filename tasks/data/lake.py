@@ -111,17 +111,20 @@ def scan(table: DeltaTable, columns: Iterable[str] | None = None, filters: Any =
     called without an active exception", SIGABRT, measured with deltalake 1.6.6 and pyarrow 25), so
     a CLI command printed its answer and still failed. pyarrow's native local filesystem avoids it.
     """
+    cols = list(columns) if columns is not None else None
+    return table.to_pyarrow_table(columns=cols, filters=filters, filesystem=_native_filesystem(table))
+
+
+def _native_filesystem(table: DeltaTable) -> Any:
+    """pyarrow's own local filesystem rooted at a local table (None elsewhere): see ``scan``."""
     from urllib.parse import unquote, urlparse
 
     from pyarrow import fs as pafs
 
-    cols = list(columns) if columns is not None else None
     parsed = urlparse(table.table_uri)
-    filesystem = None
-    if parsed.scheme in ("", "file"):
-        filesystem = pafs.SubTreeFileSystem(unquote(parsed.path).rstrip("/") or "/", pafs.LocalFileSystem())
-    return table.to_pyarrow_table(columns=cols, filters=filters, filesystem=filesystem)
-
+    if parsed.scheme not in ("", "file"):
+        return None
+    return pafs.SubTreeFileSystem(unquote(parsed.path).rstrip("/") or "/", pafs.LocalFileSystem())
 
 
 def _plain_local_files(table: DeltaTable) -> list[str] | None:
@@ -163,8 +166,9 @@ def scan_batches(
     table = open_table(uri, version)
     files = _plain_local_files(table)
     if files is None:
-        yield from table.to_pyarrow_dataset().to_batches(columns=cols, filter=expression, batch_size=batch_rows,
-                                                         batch_readahead=2, fragment_readahead=1)
+        dataset = table.to_pyarrow_dataset(filesystem=_native_filesystem(table))
+        yield from dataset.to_batches(columns=cols, filter=expression, batch_size=batch_rows,
+                                      batch_readahead=2, fragment_readahead=1)
         return
     schema = pa.schema(table.schema().to_arrow())  # arro3 -> pyarrow through the C data interface
     needed = cols + [c for c in where if c not in cols]

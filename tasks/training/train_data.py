@@ -76,11 +76,12 @@ def class_order(labels: list[str]) -> list[str]:
     return unique
 
 
-def load_split_rows(curated_table: str, curated_version: int, splits: tuple[str, ...]) -> pa.Table:
-    """The rows of ``splits`` (sha256, image, label, split) at that exact version, in sha256 order."""
-    table = lake.read(
-        curated_table, curated_version, columns=["sha256", "image", "label", "split"], filter=[("split", "in", list(splits))]
-    )
+def load_split_rows(
+    curated_table: str, curated_version: int, splits: tuple[str, ...],
+    columns: tuple[str, ...] = ("sha256", "image", "label", "split"),
+) -> pa.Table:
+    """The rows of ``splits`` (``columns``: sha256, label and split at least) at that exact version, in sha256 order."""
+    table = lake.read(curated_table, curated_version, columns=list(columns), filter=[("split", "in", list(splits))])
     return table.sort_by([("sha256", "ascending"), ("split", "ascending"), ("label", "ascending")])
 
 
@@ -262,8 +263,7 @@ class _Layout:
 
 
 def _layout(curated_table: str, curated_version: int) -> _Layout:
-    rows = lake.read(curated_table, curated_version, columns=["sha256", "label", "split"],
-                     filter=[("split", "in", ["train", "val"])]).sort_by([("sha256", "ascending")])
+    rows = load_split_rows(curated_table, curated_version, ("train", "val"), columns=("sha256", "label", "split"))
     rows = rows.set_column(1, "label", pc.cast(rows["label"], pa.string()))
     where = f"{curated_table}@v{curated_version}"
     counts = {s: int(pc.sum(pc.equal(rows["split"], s)).as_py() or 0) for s in ("train", "val")}
