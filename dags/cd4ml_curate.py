@@ -17,7 +17,7 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, task
 
 from cd4ml_airflow.assets import CURATED_IMAGES, RAW_IMAGES
-from cd4ml_airflow.context import fail_fast_on_data_errors, input_version, logical_date_of
+from cd4ml_airflow.context import check_run_params, fail_fast_on_data_errors, input_version, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
 
 
@@ -40,6 +40,7 @@ def cd4ml_curate():
         from tasks.settings import load_settings
 
         settings = load_settings()
+        check_run_params(context, settings)
         with fail_fast_on_data_errors():
             raw_version = input_version(
                 context, param="raw_version", asset=RAW_IMAGES, extra_key="raw_version", table_uri=settings.raw_table

@@ -18,7 +18,7 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, task
 
 from cd4ml_airflow.assets import RAW_IMAGES
-from cd4ml_airflow.context import fail_fast_on_data_errors, logical_date_of
+from cd4ml_airflow.context import check_run_params, fail_fast_on_data_errors, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
 from cd4ml_airflow.notifier import alert_from_context
 
@@ -68,10 +68,12 @@ def cd4ml_ingest():
         from tasks.settings import load_settings
 
         p = context["params"]
+        settings = load_settings()
+        check_run_params(context, settings)
         try:
             with fail_fast_on_data_errors():  # a wrong path, manifest or engine will not fix itself
                 result = ingest_landing(
-                    load_settings(),
+                    settings,
                     run_id=context["run_id"],
                     logical_date=logical_date_of(context),
                     landing=p["source_uri"],

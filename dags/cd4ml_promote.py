@@ -23,7 +23,7 @@ from airflow.sdk import Param, dag, task
 
 from cd4ml_airflow.assets import UPSTREAM_CHAMPION
 from cd4ml_airflow.config import SETTINGS
-from cd4ml_airflow.context import fail_fast_on_data_errors, logical_date_of
+from cd4ml_airflow.context import check_run_params, fail_fast_on_data_errors, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
 from cd4ml_airflow.release import release_flow
 
@@ -59,6 +59,7 @@ def cd4ml_promote():
 
         settings = load_settings()
         params = context["params"]
+        check_run_params(context, settings)
         with fail_fast_on_data_errors():
             if params["version"] is not None:
                 print(f"candidate: {settings.registry.model_name} v{params['version']} (Param version)")
@@ -86,6 +87,7 @@ def cd4ml_promote():
         from tasks.settings import load_settings
 
         settings = load_settings()
+        check_run_params(context, settings)
         with fail_fast_on_data_errors():
             version = context["params"]["test_version"]
             if version is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, task
 
 from cd4ml_airflow.assets import CHAMPION_MODEL
-from cd4ml_airflow.context import fail_fast_on_data_errors
+from cd4ml_airflow.context import check_run_params, fail_fast_on_data_errors
 from cd4ml_airflow.defaults import dag_kwargs
 
 
@@ -39,10 +39,12 @@ def cd4ml_rollback():
         from tasks.settings import load_settings
 
         params = context["params"]
+        settings = load_settings()
+        check_run_params(context, settings)
         run = context["dag_run"]
         actor = getattr(run, "triggering_user_name", None) or "airflow"
         with fail_fast_on_data_errors():
-            result = roll_back(load_settings(), reason=params["reason"], to_version=params["to_version"], actor=actor,
+            result = roll_back(settings, reason=params["reason"], to_version=params["to_version"], actor=actor,
                                run_id=context["run_id"])
         print(result.message)
         outlet_events[CHAMPION_MODEL].extra = {"model_name": result.model_name, "version": result.to_version,

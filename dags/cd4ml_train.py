@@ -37,7 +37,7 @@ from airflow.sdk import Param, dag, task
 
 from cd4ml_airflow.assets import CURATED_IMAGES
 from cd4ml_airflow.config import SETTINGS
-from cd4ml_airflow.context import fail_fast_on_data_errors, input_version, logical_date_of
+from cd4ml_airflow.context import check_run_params, fail_fast_on_data_errors, input_version, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
 from cd4ml_airflow.notifier import alert_from_context
 from cd4ml_airflow.release import release_flow
@@ -99,6 +99,7 @@ def cd4ml_train():
 
         settings = load_settings()
         params = context["params"]
+        check_run_params(context, settings)  # every Param, before drift, tuning and training
         with fail_fast_on_data_errors():
             if params["curated_version"] is None and params["dataset_version"]:
                 version = lake.resolve_dataset_version(settings.curated_table, params["dataset_version"],
@@ -187,12 +188,16 @@ def cd4ml_train():
         print(f"trial {trial_index}: {result.state} value={result.value} params={result.params}")
         return result.to_dict()
 
-    @task(trigger_rule="all_done")
-    def best_params(study: dict) -> dict:
+    @task(trigger_rule="all_done")  # failed trials must not stop the study's best one from training
+    def best_params(study: dict | None) -> dict:
         """The best completed trial's parameters ({} when tuning is off)."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
         from tasks.settings import load_settings
         from tasks.training.tune import best_params as best
 
+        if study is None:  # all_done also runs it when create_study failed: nothing to choose from, no retries
+            raise AirflowSkipException("no tuning study: create_study did not finish")
         if not study["enabled"]:
             return {}
         with fail_fast_on_data_errors():

@@ -48,3 +48,11 @@ def fail_fast_on_data_errors() -> Iterator[None]:
         yield
     except DataError as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
+def check_run_params(context, settings) -> None:
+    """Fail the run's first task, without retries, when a Param names something that does not exist."""
+    from tasks.ops.params import check_params
+
+    with fail_fast_on_data_errors():
+        check_params(context["dag"].dag_id, settings, context["params"])

@@ -85,6 +85,16 @@ def test_pipeline_end_to_end_and_idempotent(private_env):
     summary = _cd4ml(["summary"], env)
     assert "holds alias 'champion'" in summary
 
+    # A manual run with a version that does not exist and a misspelt override stops in its first task,
+    # naming both, before the drift check, tuning or training run.
+    out = _dag_test("cd4ml_train", env, conf={"curated_version": 99, "training_overrides": {"epoch": 3}},
+                    expect_rc=1)
+    last = tables["curated_images"]["version"]
+    assert f"curated_version=99: curated_images has versions 0..{last}" in out
+    assert "training_overrides: invalid training overrides {'epoch': 3}" in out
+    assert "drift:" not in out and "MLflow run:" not in out
+    assert "up_for_retry" not in out  # nothing downstream fails in turn and waits out its retries
+
 
 def test_empty_landing_ends_the_run_with_a_message_and_no_version(private_env, tmp_path):
     env = private_env
