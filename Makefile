@@ -19,8 +19,9 @@ export GIT_PYTHON_REFRESH := quiet
 export PYTHONPATH := $(CURDIR):$(CURDIR)/plugins
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEMO_DATE ?= 2026-11-21
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv demo demo-photos test test-fast ui bench lock clean
+.PHONY: venv demo demo-photos test test-stack test-all test-fast browser-deps up up-scaleout down ui bench lock clean
 
 venv: $(STAMP)
 
@@ -50,21 +51,39 @@ demo-photos: $(STAMP)
 	$(BIN)/airflow dags test cd4ml_train $(DEMO_DATE) && \
 	$(BIN)/cd4ml summary
 
-## Unit tests, DAG integrity tests and whole-DAG runs in a temporary AIRFLOW_HOME.
+## Unit tests, DAG integrity tests and whole-DAG runs in a temporary AIRFLOW_HOME (under 20 min on 2 cores).
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -m "not stack and not browser"
+
+## The running stacks: `cd4ml up` in scale-out mode (PostgreSQL, Redis, Celery workers, MLflow server) with a
+## worker killed mid-task, auth refusals, and the Airflow UI in headless Chromium (installed from Debian if missing).
+test-stack: $(STAMP) browser-deps
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m "stack or browser"
+
+test-all: test test-stack
+
+browser-deps:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  echo "installing Debian's chromium and chromium-driver for the browser test"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium chromium-driver; }
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not airflow"
 
-## Optional: Airflow UI (http://localhost:8080) and MLflow UI (http://localhost:5000) on the demo's state.
-ui: $(STAMP)
-	$(BIN)/airflow db migrate > /dev/null
-	@echo "Airflow UI: http://localhost:8080 (airflow standalone prints the login)   MLflow UI: http://localhost:5000"
-	trap 'kill 0' EXIT INT TERM; \
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CD4ML_HOME)/mlflow.db --default-artifact-root $(CD4ML_HOME)/mlartifacts --host 127.0.0.1 --port 5000 & \
-	$(BIN)/airflow standalone
+## Airflow's real services on the embedded defaults (SQLite, LocalExecutor sized to this machine); Ctrl-C stops all.
+up: $(STAMP)
+	$(BIN)/cd4ml up
+
+## The scale-out mode on this machine's PostgreSQL and Redis: CeleryExecutor, two workers, FAB auth, MLflow server.
+up-scaleout: $(STAMP)
+	CD4ML_STACK=scaleout $(BIN)/cd4ml up
+
+down: $(STAMP)
+	$(BIN)/cd4ml down; CD4ML_STACK=scaleout $(BIN)/cd4ml down
+
+## The same as `make up` (it used to be `airflow standalone`, which starts 32 worker processes).
+ui: up
 
 bench: $(STAMP)
 	$(BIN)/python bench/dag_parse.py

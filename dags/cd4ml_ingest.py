@@ -18,6 +18,7 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, task
 
 from cd4ml_airflow.assets import RAW_IMAGES
+from cd4ml_airflow.config import SETTINGS
 from cd4ml_airflow.context import check_run_params, fail_fast_on_data_errors, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
 from cd4ml_airflow.notifier import alert_from_context
@@ -26,7 +27,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
 @dag(
-    schedule="@daily",
+    schedule=SETTINGS.ingest.schedule,
     params={
         "source_uri": Param(
             None, type=["null", "string"],

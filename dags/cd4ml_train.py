@@ -83,7 +83,8 @@ def _overrides(params, best: dict) -> dict:
             description='Training settings for this run only, e.g. {"epochs": 30, "finetune_from": '
             '"models:/digits-classifier-sit@champion"}. Validated like the settings file.',
         ),
-        "tune": Param(False, type="boolean", description="Run an Optuna study first and train with its best trial."),
+        "tune": Param(SETTINGS.tuning.on_by_default, type="boolean",
+                      description="Run an Optuna study first and train with its best trial."),
         "force_retrain": Param(False, type="boolean", description="Train again even if a finished run exists."),
     },
     render_template_as_native_obj=ON_KUBERNETES,  # the pod's arguments render as a list

@@ -215,6 +215,24 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
 
 
 @_data_plane_errors
+def _cmd_up(args: argparse.Namespace) -> int:
+    from tasks.ops.stack import StackError, plan, up
+
+    try:
+        return up(plan(args.mode, port=args.port, mlflow_port=args.mlflow_port, workers=args.workers))
+    except StackError as exc:
+        print(f"cd4ml up: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from tasks.ops.stack import down
+
+    stopped = down(mode=args.mode)
+    print(f"stopping {', '.join(stopped)}" if stopped else "no stack is running under this CD4ML_HOME")
+    return 0
+
+
 def _cmd_lineage(args: argparse.Namespace) -> int:
     from tasks.release.lineage import format_lineage, lineage
 
@@ -295,6 +313,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", help="with --resolve: who (default: CD4ML_ACTOR or USER)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_alerts)
+    p = sub.add_parser("up", help="Airflow's real services (and, scale-out, Celery workers and MLflow), sized to "
+                       "this machine; Ctrl-C stops them all. Mode: CD4ML_STACK or --mode (conf/stack/<mode>.env)")
+    p.add_argument("--mode", choices=["embedded", "scaleout"], default=None)
+    p.add_argument("--port", type=int, default=8080, help="Airflow API server and UI")
+    p.add_argument("--mlflow-port", type=int, default=5000, help="MLflow tracking server (scale-out)")
+    p.add_argument("--workers", type=int, default=None, help="Celery worker processes, one task each (scale-out); "
+                   "default: this machine's task slots, at least 2")
+    p.set_defaults(func=_cmd_up)
+    p = sub.add_parser("down", help="stop a stack that `cd4ml up` started in another shell")
+    p.add_argument("--mode", choices=["embedded", "scaleout"], default=None)
+    p.set_defaults(func=_cmd_down)
     p = sub.add_parser("lineage", help="the whole chain behind models:/<name>/<version> or models:/<name>@<alias>")
     p.add_argument("model_uri")
     p.add_argument("--json", action="store_true")

@@ -52,6 +52,7 @@ class RegistrySettings(_Section):
 
 
 class IngestSettings(_Section):
+    schedule: str | None = "@daily"  # cd4ml_ingest's schedule (cron or preset); null = triggered only
     image_extensions: tuple[str, ...]
     min_side: int = Field(gt=0)
     max_side: int = Field(gt=0)
@@ -237,6 +238,7 @@ class SearchParam(_Section):
 
 
 class TuningSettings(_Section):
+    on_by_default: bool = False  # the `tune` Param's default: scheduled (asset-triggered) runs tune too
     n_trials: int = Field(gt=0)
     epochs_per_trial: int = Field(gt=0)  # the pruner's maximum resource
     sampler: Literal["tpe", "random"] = "tpe"

@@ -99,6 +99,19 @@ def client_for(uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+def _artifact_location(settings: Settings) -> str | None:
+    """``tracking.artifact_root``, except that a tracking server keeps a local-path root to itself.
+
+    A local path means "this machine" to a local store; next to an ``http(s)://`` tracking server the
+    server's ``--artifacts-destination`` decides (artifacts go through it), else every client
+    would write to its own disk. A URI root (``s3://``, ``mlflow-artifacts:/``) is used as given.
+    """
+    root = settings.tracking.artifact_root
+    if settings.tracking_uri.startswith(("http://", "https://")) and "://" not in root and ":/" not in root:
+        return None
+    return root
+
+
 def ensure_experiment(settings: Settings, client: MlflowClient | None = None) -> str:
     """The experiment's id, created with ``settings.tracking.artifact_root`` when missing."""
     client = client or mlflow_client(settings)
@@ -106,7 +119,7 @@ def ensure_experiment(settings: Settings, client: MlflowClient | None = None) ->
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
-            return client.create_experiment(name, artifact_location=settings.tracking.artifact_root)
+            return client.create_experiment(name, artifact_location=_artifact_location(settings))
         except MlflowException:
             experiment = client.get_experiment_by_name(name)  # created concurrently
             if experiment is None:

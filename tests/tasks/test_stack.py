@@ -1,0 +1,120 @@
+"""`cd4ml up` without starting Airflow: sizing, env files, secrets, plans, and the supervisor on real processes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.ops import stack as st
+
+
+def test_sizing_never_starts_the_stock_32_workers():
+    gib = 2**30
+    assert st.size_for(2, 24 * gib, "embedded", 2) == st.Sizing(2, 2, 0, 0)
+    assert st.size_for(2, 24 * gib, "scaleout") == st.Sizing(2, 2, 1, 2)
+    assert st.size_for(16, 24 * gib, "scaleout") == st.Sizing(8, 8, 1, 8)  # memory-bound: 24 GiB / 3
+    assert st.size_for(16, 24 * gib, "scaleout", 3) == st.Sizing(8, 3, 1, 3)  # --workers 3
+    assert st.size_for(64, 512 * gib, "embedded", 2).parallelism == 64
+    assert st.size_for(1, 2 * gib, "embedded", 2).parallelism == 2  # a floor: one task may wait on another
+
+
+def test_env_file_expands_defaults_nested_and_names_what_is_missing(tmp_path):
+    path = tmp_path / "x.env"
+    path.write_text("# comment\nA=${HOME_DIR}/a\nB=${UNSET:-${HOME_DIR}/b}\nC=${A}:${B}\nD=${EMPTY:-fallback}\n")
+    values = st.read_env_file(path, {"HOME_DIR": "/h", "EMPTY": ""})
+    assert values == {"A": "/h/a", "B": "/h/b", "C": "/h/a:/h/b", "D": "fallback"}
+    path.write_text("A=ok\nB=${NOPE}\n")
+    with pytest.raises(st.StackError, match=r"x.env:2: \$\{NOPE\} is not set"):
+        st.read_env_file(path, {})
+    path.write_text("not a line\n")
+    with pytest.raises(st.StackError, match="not KEY=value"):
+        st.read_env_file(path, {})
+
+
+def test_secrets_are_generated_once_private_and_the_environment_wins(tmp_path):
+    first = st.stack_secrets(tmp_path, {})
+    assert set(first) == set(st.SECRET_NAMES) and all(len(v) >= 24 for v in first.values())
+    assert stat.S_IMODE((tmp_path / "secrets.env").stat().st_mode) == 0o600
+    assert st.stack_secrets(tmp_path, {}) == first  # reused, not regenerated
+    assert st.stack_secrets(tmp_path, {"CD4ML_ADMIN_PASSWORD": "from-env"})["CD4ML_ADMIN_PASSWORD"] == "from-env"
+    from cryptography.fernet import Fernet
+
+    Fernet(first["AIRFLOW__CORE__FERNET_KEY"])  # a valid key, or Airflow refuses to start
+
+
+def test_plans_for_both_modes_carry_no_secret_from_the_repository(tmp_path):
+    base = {"PATH": os.environ["PATH"], "AIRFLOW__CORE__PARALLELISM": "7"}
+    embedded = st.plan("embedded", home=str(tmp_path), port=8111, base_env=base)
+    assert set(embedded.commands) == {"api-server", "scheduler", "dag-processor", "triggerer", "mlflow-ui"}
+    assert embedded.env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert embedded.env["AIRFLOW__CORE__PARALLELISM"] == "7"  # an operator's AIRFLOW__* wins over the file
+    assert embedded.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{tmp_path}/airflow/airflow.db"
+
+    scale = st.plan("scaleout", home=str(tmp_path), port=8112, mlflow_port=5111, workers=3,
+                    base_env={"PATH": os.environ["PATH"], "CD4ML_PG_PREFIX": "p1"})
+    assert [n for n in scale.commands if n.startswith("worker-")] == ["worker-1", "worker-2", "worker-3"]
+    assert scale.env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert scale.env["AIRFLOW__CORE__AUTH_MANAGER"] == "cd4ml_airflow.auth.Cd4mlFabAuthManager"
+    assert scale.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].endswith("/p1_airflow")
+    assert scale.env["CD4ML_OPTUNA_STORAGE"].endswith("/p1_optuna")
+    assert scale.databases == ("p1_airflow", "p1_mlflow", "p1_mlflow_auth", "p1_optuna")
+    assert "--app-name" in scale.commands["mlflow"] and "basic-auth" in scale.commands["mlflow"]
+    secrets = st.stack_secrets(tmp_path / "stack", {})
+    for path in (st.STACK_DIR / "embedded.env", st.STACK_DIR / "scaleout.env"):
+        text = path.read_text()
+        assert not any(value in text for value in secrets.values())
+        for line in (raw for raw in text.splitlines() if raw and not raw.startswith("#")):
+            key = line.split("=", 1)[0]
+            if any(w in key for w in ("PASSWORD", "SECRET", "FERNET", "TOKEN")) and not key.endswith("_FILE"):
+                pytest.fail(f"{path.name} sets {key}: secrets come from the environment or secrets.env")
+    with pytest.raises(st.StackError, match="one of embedded, scaleout"):
+        st.plan("cluster", home=str(tmp_path))
+
+
+def _stack(tmp_path: Path, commands: dict[str, list[str]]) -> st.Stack:
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    return st.Stack("embedded", tmp_path, 0, 0, st.Sizing(2, 2, 0, 0), dict(os.environ), commands, state,
+                    state / "logs")
+
+
+def test_supervisor_restarts_what_dies_gives_up_when_it_keeps_dying_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(st.time, "sleep", lambda s: None)  # no back-off waits in the test
+    sup = st.Supervisor(_stack(tmp_path, {
+        "steady": ["sh", "-c", "sleep 300 & sleep 300"],  # a child in the group, as Airflow's workers are
+        "crashy": ["sh", "-c", "exit 3"],
+    }))
+    said: list[str] = []
+    for name in sup.stack.commands:
+        sup.start(name)
+    steady_group = sup.procs["steady"].pid
+    deadline = time.monotonic() + 5
+    while len(st._group_pids(steady_group)) < 2 and time.monotonic() < deadline:
+        pass
+    assert len(st._group_pids(steady_group)) >= 2
+    with pytest.raises(st.StackError, match=r"crashy exited 3 6 times in 10 min"):
+        for _ in range(20):
+            sup.procs["crashy"].wait(timeout=5)
+            sup.check(said.append)
+    assert said[0] == "crashy exited with 3; restarting it (1/5)" and len(said) == st.MAX_RESTARTS
+    assert sup.procs["steady"].poll() is None  # the healthy one was left alone
+    sup.stop()
+    assert st._group_pids(steady_group) == []
+    assert not (sup.stack.state_dir / "stack.json").exists()
+
+
+def test_down_stops_a_stack_whose_supervisor_is_gone(tmp_path):
+    proc = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300"], start_new_session=True)
+    state = tmp_path / "stack" / "embedded"
+    state.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (state / "stack.json").write_text(f'{{"supervisor": {dead.pid}, "groups": {{"scheduler": {proc.pid}}}}}')
+    assert st.down(home=str(tmp_path), mode="embedded") == ["scheduler"]
+    proc.wait(timeout=10)
+    assert st._group_pids(proc.pid) == []
