@@ -125,5 +125,5 @@ def summary(settings: Settings) -> str:
     else:
         lines.append(f"Model: no version of {settings.registry.model_name} holds '{settings.registry.champion_alias}' yet")
     lines += ["", "Reports:"] + [f"  {k:<11}{v}" for k, v in newest_reports(settings).items()]
-    lines += ["", "Full status as JSON: cd4ml status     UIs: make ui (Airflow :8080, MLflow :5000)"]
+    lines += ["", "Full status as JSON: cd4ml status     UIs: make up (Airflow :8080, MLflow :5000)"]
     return "\n".join(lines)
