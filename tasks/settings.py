@@ -459,6 +459,8 @@ def load_settings(
             raise SettingsError(f"CD4ML_DATASET {dataset!r} must be a plain name (a file conf/datasets/<name>.yaml)")
         merged = _deep_merge(merged, _read_yaml(conf / "datasets" / f"{dataset}.yaml"))
     merged = _fill(merged, {"home": str(root), "env": name})
+    if os.environ.get("CD4ML_LAKE_URI"):  # a deployment's bucket (terraform output lake_uri), like MLFLOW_TRACKING_URI
+        merged.setdefault("storage", {})["lake_uri"] = os.environ["CD4ML_LAKE_URI"]
     try:
         settings = Settings(env=name, home=str(root), **merged)
     except ValidationError as exc:

@@ -82,3 +82,14 @@ def test_an_mlflow_client_for_one_environment_does_not_capture_the_next(tmp_path
     monkeypatch.setenv("MLFLOW_TRACKING_URI", operator)  # an operator's override still wins
     mlflow_client(first)
     assert second.tracking_uri == operator
+
+
+def test_a_deployment_points_the_lake_at_its_bucket(monkeypatch, tmp_path):
+    from tasks.settings import load_settings
+
+    monkeypatch.setenv("CD4ML_HOME", str(tmp_path))
+    assert load_settings("uat").storage.lake_uri == f"{tmp_path}/uat/lake"
+    monkeypatch.setenv("CD4ML_LAKE_URI", "s3://cd4ml-uat-lake/lake")
+    settings = load_settings("uat")
+    assert settings.storage.lake_uri == "s3://cd4ml-uat-lake/lake"
+    assert settings.raw_table == "s3://cd4ml-uat-lake/lake/raw_images"
