@@ -57,7 +57,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -m "not stack and not browser"
 
 ## The running stacks: `cd4ml up` in scale-out mode (PostgreSQL, Redis, Celery workers, MLflow server) with a
-## worker killed mid-task, auth refusals, and the Airflow UI in headless Chromium (installed from Debian if missing).
+## worker killed mid-task and auth refusals, the Airflow UI in headless Chromium (installed from Debian if missing),
+## and the release and deadline DAGs under a real scheduler and API server (approvals, timeouts, rollback).
 test-stack: $(STAMP) browser-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m "stack or browser"
 

@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "plugins")]
 
 from tests.dags.airflow_services import AirflowHandle, free_port, q, trigger, wait_for_run  # noqa: E402
+from tests.stack import harness  # noqa: E402
 
 BIN = Path(sys.executable).parent
 DATE = "2026-11-21"
@@ -41,16 +42,8 @@ CONF = "\ningest: {schedule: null}\n"
 
 
 def _env(home: Path, mode: str) -> dict[str, str]:
-    conf = home / "conf"
-    conf.mkdir(parents=True)
-    for name in ("base.yaml", "sit.yaml", "uat.yaml", "prod.yaml"):
-        (conf / name).write_text((REPO / "conf" / name).read_text() + (CONF if name == "sit.yaml" else ""))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "MLFLOW", "CD4ML"))}
-    env.update({"CD4ML_HOME": str(home / "cd4ml"), "CD4ML_ENV": "sit", "CD4ML_STACK": mode,
-                "CD4ML_CONF_DIR": str(conf), "CD4ML_PG_PREFIX": f"bench{os.getpid()}", "CD4ML_REDIS_DB": "12",
-                "FASTDUP_PRODUCTION": "1", "GIT_PYTHON_REFRESH": "quiet",
-                "PYTHONPATH": f"{REPO}:{REPO / 'plugins'}", "PATH": f"{BIN}:{env.get('PATH', '')}"})
-    return env
+    conf = harness.write_conf(home / "conf", CONF)
+    return harness.stack_env(home, mode, conf, CD4ML_PG_PREFIX=f"bench{os.getpid()}", CD4ML_REDIS_DB="12")
 
 
 def _ts(value: str) -> float:
@@ -67,16 +60,6 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _asset_run(h: AirflowHandle, dag_id: str, timeout: float = 900) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        runs = h.request("GET", f"/api/v2/dags/{q(dag_id)}/dagRuns")["dag_runs"]
-        if runs:
-            return runs[0]["dag_run_id"]
-        time.sleep(1)
-    raise TimeoutError(dag_id)
-
-
 def run_stack(mode: str) -> dict:
     from tasks.ops.stack import plan
 
@@ -85,14 +68,8 @@ def run_stack(mode: str) -> dict:
     port, mlflow_port = free_port(), free_port()
     subprocess.run([str(BIN / "cd4ml"), "sample-data"], env=env, check=True, capture_output=True)
     started = time.monotonic()
-    up = subprocess.Popen([str(BIN / "cd4ml"), "up", "--port", str(port), "--mlflow-port", str(mlflow_port)],
-                          env=env, stdout=open(home / "up.log", "w"), stderr=subprocess.STDOUT,
-                          start_new_session=True)
+    up = harness.start(env, home / "up.log", port, mlflow_port)
     try:
-        while "stack up" not in (home / "up.log").read_text():
-            if up.poll() is not None:
-                raise RuntimeError((home / "up.log").read_text()[-3000:])
-            time.sleep(1)
         up_s = time.monotonic() - started
         stack = plan(mode, home=env["CD4ML_HOME"], port=port, mlflow_port=mlflow_port, base_env=env)
         h = AirflowHandle(home=str(home), base_url=f"http://127.0.0.1:{port}", env=stack.env,
@@ -103,7 +80,7 @@ def run_stack(mode: str) -> dict:
         runs = {"cd4ml_ingest": trigger(h, "cd4ml_ingest", {}, user="admin")}
         assert wait_for_run(h, "cd4ml_ingest", runs["cd4ml_ingest"], timeout=900) == "success"
         for dag_id in ("cd4ml_curate", "cd4ml_train"):
-            runs[dag_id] = _asset_run(h, dag_id)
+            runs[dag_id] = harness.asset_run(h, dag_id, timeout=900)
             assert wait_for_run(h, dag_id, runs[dag_id], timeout=1800) == "success", dag_id
         intervals, per_task = [], {}
         for dag_id, run_id in runs.items():
@@ -126,19 +103,7 @@ def run_stack(mode: str) -> dict:
         os.killpg(up.pid, signal.SIGTERM)
         up.wait(timeout=120)
         if mode == "scaleout":
-            _drop(env["CD4ML_PG_PREFIX"])
-
-
-def _drop(prefix: str) -> None:
-    import psycopg2
-
-    conn = psycopg2.connect(host="127.0.0.1", user="postgres", dbname="postgres")
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (f"{prefix}\\_%",))
-        for (name,) in cur.fetchall():
-            cur.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    conn.close()
+            harness.drop_databases(env["CD4ML_PG_PREFIX"])
 
 
 def run_dags_test() -> dict:

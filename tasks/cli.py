@@ -214,7 +214,6 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
     return 0
 
 
-@_data_plane_errors
 def _cmd_up(args: argparse.Namespace) -> int:
     from tasks.ops.stack import StackError, plan, up
 
@@ -233,6 +232,7 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+@_data_plane_errors
 def _cmd_lineage(args: argparse.Namespace) -> int:
     from tasks.release.lineage import format_lineage, lineage
 

@@ -30,7 +30,7 @@ from tests.dags.airflow_services import (
 )
 from tests.dags.conftest import DAGS, PLUGINS, edited_conf, run_airflow
 
-pytestmark = pytest.mark.airflow
+pytestmark = [pytest.mark.airflow, pytest.mark.stack]  # real scheduler + API server: make test-stack
 DATE = "2026-11-21"
 # Fewer epochs and a lower floor: these tests are about the release flow, not about accuracy.
 FAST = {"  epochs: 15": "  epochs: 5", "  patience: 4": "  patience: 2", "  min_value: 0.85": "  min_value: 0.8",
@@ -41,7 +41,7 @@ def _conf(target: Path, prod: str, uat: str = "") -> Path:
     return edited_conf(target, FAST, {
         "uat.yaml": {"  pattern: deploy_code": uat or "  pattern: deploy_code"},
         "prod.yaml": {"  pattern: deploy_code": prod,
-                      "  approval_timeout_hours: 72": "  approval_timeout_hours: 0.015\n  approvers: [approver]"},
+                      "  approval_timeout_hours: 72": "  approval_timeout_hours: 0.015"},  # prod's approvers stay
     })
 
 

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,11 +27,11 @@ from pathlib import Path
 import pytest
 
 from tests.dags.airflow_services import AirflowHandle, free_port, q, wait_for_run, wait_for_task_state
+from tests.stack import harness
+from tests.stack.harness import BIN
 
 pytestmark = pytest.mark.browser
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 DATE = "2026-11-21"
 CONF = """
 ingest: {schedule: null}
@@ -51,17 +50,9 @@ def ui(tmp_path_factory) -> Iterator[dict]:
     from tasks.ops.stack import plan
 
     home = tmp_path_factory.mktemp("ui")
-    conf = home / "conf"
-    conf.mkdir()
-    for name in ("base.yaml", "sit.yaml", "uat.yaml", "prod.yaml"):
-        text = (REPO / "conf" / name).read_text()
-        if name == "sit.yaml":
-            text = text.replace("  approval: none\n", "  approval: required\n  approvers: [approver]\n") + CONF
-        (conf / name).write_text(text)
+    conf = harness.write_conf(home / "conf", CONF, approvers="[approver]")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "MLFLOW", "CD4ML"))}
-    env.update({"CD4ML_HOME": str(home / "cd4ml"), "CD4ML_ENV": "sit", "CD4ML_STACK": "embedded",
-                "CD4ML_CONF_DIR": str(conf), "PATH": f"{BIN}:{env.get('PATH', '')}"})
+    env = harness.stack_env(home, "embedded", conf)
     stack_env = plan("embedded", home=env["CD4ML_HOME"], port=port, base_env=env).env
 
     # Data for the run the browser triggers: ingest and curate, as `make demo` does.
@@ -74,15 +65,8 @@ def ui(tmp_path_factory) -> Iterator[dict]:
     run(str(BIN / "airflow"), "dags", "test", "cd4ml_ingest", DATE)
     run(str(BIN / "airflow"), "dags", "test", "cd4ml_curate", DATE)
 
-    log = open(home / "up.log", "w")
-    up = subprocess.Popen([str(BIN / "cd4ml"), "up", "--port", str(port), "--mlflow-port", str(free_port())], env=env,
-                          stdout=log,
-                          stderr=subprocess.STDOUT, start_new_session=True)
+    up = harness.start(env, home / "up.log", port, free_port())
     try:
-        deadline = time.monotonic() + 300
-        while "stack up" not in (home / "up.log").read_text():
-            assert up.poll() is None and time.monotonic() < deadline, (home / "up.log").read_text()[-3000:]
-            time.sleep(1)
         passwords = json.loads(Path(stack_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]).read_text())
         handle = AirflowHandle(home=str(home), base_url=f"http://localhost:{port}", env=stack_env,
                                users={u: ("", pw) for u, pw in passwords.items()})
@@ -90,7 +74,6 @@ def ui(tmp_path_factory) -> Iterator[dict]:
     finally:
         os.killpg(up.pid, signal.SIGTERM)
         up.wait(timeout=90)
-        log.close()
 
 
 class Browser:

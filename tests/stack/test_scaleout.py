@@ -23,22 +23,20 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.dags.airflow_services import AirflowHandle, free_port, q, trigger, wait_for_run, wait_for_task_state
+from tests.stack import harness
+from tests.stack.harness import BIN
 
 pytestmark = pytest.mark.stack
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 REDIS_DB = "11"
 FAST_CONF = """
 ingest: {schedule: null}
@@ -57,18 +55,6 @@ def _services_or_skip() -> None:
         pytest.skip(f"PostgreSQL (5432) or Redis (6379) is not answering: {exc}")
 
 
-def _drop_databases(prefix: str) -> None:
-    import psycopg2
-
-    conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (f"{prefix}\\_%",))
-        for (name,) in cur.fetchall():
-            cur.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    conn.close()
-
-
 def _alive(pgid: int) -> list[int]:
     from tasks.ops.stack import _group_pids
 
@@ -81,36 +67,20 @@ def stack(tmp_path_factory) -> Iterator[dict]:
     import redis
 
     home = tmp_path_factory.mktemp("scaleout")
-    conf = home / "conf"
-    conf.mkdir()
-    for name in ("base.yaml", "sit.yaml", "uat.yaml", "prod.yaml"):
-        text = (REPO / "conf" / name).read_text()
-        if name == "sit.yaml":  # a person approves sit's champion here, so the approval path runs under FAB
-            assert "  approval: none\n" in text
-            text = text.replace("  approval: none\n", "  approval: required\n  approvers: ['role:Approver']\n")
-            text += FAST_CONF
-        (conf / name).write_text(text)
+    # a person approves sit's champion here, so the approval path runs under FAB
+    conf = harness.write_conf(home / "conf", FAST_CONF, approvers="['role:Approver']")
     prefix = f"t{uuid.uuid4().hex[:8]}"
     port, mlflow_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "MLFLOW", "CD4ML"))}
-    env.update({"CD4ML_HOME": str(home / "cd4ml"), "CD4ML_ENV": "sit", "CD4ML_STACK": "scaleout",
-                "CD4ML_CONF_DIR": str(conf), "CD4ML_PG_PREFIX": prefix, "CD4ML_REDIS_DB": REDIS_DB,
-                "CD4ML_HEARTBEAT_TIMEOUT": "15", "FASTDUP_PRODUCTION": "1", "GIT_PYTHON_REFRESH": "quiet",
-                "PYTHONPATH": f"{REPO}:{REPO / 'plugins'}", "PATH": f"{BIN}:{env.get('PATH', '')}"})
+    env = harness.stack_env(home, "scaleout", conf, CD4ML_PG_PREFIX=prefix, CD4ML_REDIS_DB=REDIS_DB,
+                            CD4ML_HEARTBEAT_TIMEOUT="15")
     redis.Redis(host="127.0.0.1", port=6379, db=int(REDIS_DB)).flushdb()
     subprocess.run([str(BIN / "cd4ml"), "sample-data", "--with-bad-files"], env=env, check=True, capture_output=True)
-    log = open(home / "up.log", "w")
-    up = subprocess.Popen([str(BIN / "cd4ml"), "up", "--port", str(port), "--mlflow-port", str(mlflow_port)],
-                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     state_file = home / "cd4ml" / "stack" / "scaleout" / "stack.json"
-    info = {"home": home, "env": env, "up": up, "log": home / "up.log", "port": port, "mlflow_port": mlflow_port,
+    info = {"home": home, "env": env, "log": home / "up.log", "port": port, "mlflow_port": mlflow_port,
             "prefix": prefix}
+    up = None
     try:
-        deadline = time.monotonic() + 420
-        while "stack up" not in info["log"].read_text():
-            assert up.poll() is None, f"cd4ml up exited {up.returncode}:\n{info['log'].read_text()[-4000:]}"
-            assert time.monotonic() < deadline, f"stack not up:\n{info['log'].read_text()[-4000:]}"
-            time.sleep(2)
+        up = info["up"] = harness.start(env, info["log"], port, mlflow_port)
         secrets = dict(line.split("=", 1) for line in (home / "cd4ml" / "stack" / "secrets.env").read_text()
                        .splitlines() if "=" in line and not line.startswith("#"))
         info["secrets"] = secrets
@@ -121,19 +91,19 @@ def stack(tmp_path_factory) -> Iterator[dict]:
                    "approver": ("User", secrets["CD4ML_APPROVER_PASSWORD"])})
         yield info
     finally:
-        up.send_signal(signal.SIGTERM)
         try:
-            up.wait(timeout=90)
+            if up is not None:
+                up.send_signal(signal.SIGTERM)
+                up.wait(timeout=90)
         finally:
-            log.close()
             groups = json.loads(state_file.read_text())["groups"] if state_file.exists() else info.get("groups", {})
             leftovers = {name: _alive(pgid) for name, pgid in (info.get("groups") or groups).items()}
             for pids in leftovers.values():
                 for pid in pids:
                     os.kill(pid, signal.SIGKILL)
-            _drop_databases(prefix)
+            harness.drop_databases(prefix)
             redis.Redis(host="127.0.0.1", port=6379, db=int(REDIS_DB)).flushdb()
-        assert up.returncode == 0, info["log"].read_text()[-3000:]
+        assert up is not None and up.returncode == 0, info["log"].read_text()[-3000:]
         assert not any(leftovers.values()), f"processes outlived cd4ml up: {leftovers}"
 
 
@@ -145,18 +115,6 @@ def _running_ti(h: AirflowHandle, dag_id: str, run_id: str, task_id: str, timeou
             return ti
         time.sleep(0.3)
     raise TimeoutError(f"{task_id} of {run_id} never ran")
-
-
-def _asset_run(h: AirflowHandle, dag_id: str, timeout: float = 600) -> str:
-    """The run the Asset event created (there is exactly one)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        runs = h.request("GET", f"/api/v2/dags/{q(dag_id)}/dagRuns")["dag_runs"]
-        if runs:
-            assert len(runs) == 1, [r["dag_run_id"] for r in runs]
-            return runs[0]["dag_run_id"]
-        time.sleep(2)
-    raise TimeoutError(f"no {dag_id} run was triggered by its Asset")
 
 
 def _tries(h: AirflowHandle, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> list[dict]:
@@ -191,9 +149,9 @@ def test_chain_survives_a_killed_worker_without_duplicates(stack) -> None:
     assert tries[0]["hostname"].startswith(victim) and tries[0]["state"] in ("failed", "up_for_retry"), tries[0]
     print(f"ingest: try 1 on {tries[0]['hostname']} (killed), retried on {tries[-1]['hostname']}")
 
-    curate = _asset_run(h, "cd4ml_curate")
+    curate = harness.asset_run(h, "cd4ml_curate")
     assert wait_for_run(h, "cd4ml_curate", curate, timeout=600) == "success"
-    train = _asset_run(h, "cd4ml_train")
+    train = harness.asset_run(h, "cd4ml_train")
 
     # sit requires a person here (conf above): only the role Approver may answer; others get 403.
     wait_for_task_state(h, "cd4ml_train", train, "approve", {"awaiting_input"}, timeout=1200)
