@@ -38,6 +38,8 @@ class StorageSettings(_Section):
     landing_uri: str
     lake_uri: str
     reports_dir: str
+    scoring_uri: str = "{home}/{env}/scoring"  # unlabelled images the scheduled cd4ml_score run scores
+    feedback_uri: str = "{home}/{env}/feedback"  # true labels that arrive later (*.csv, *.jsonl: image,label)
 
 
 class TrackingSettings(_Section):
@@ -346,6 +348,33 @@ class AlertSettings(_Section):
         return self
 
 
+class ServingSettings(_Section):
+    """The champion at work (tasks/serving/): batch scoring, the REST server, explanations."""
+
+    batch_size: int = Field(default=256, gt=0)  # images read, decoded and predicted together
+    commit_every: int = Field(default=5000, gt=0)  # predictions per Delta commit: a killed run keeps what it committed
+    port: int = Field(default=5001, gt=0, lt=65536)  # `cd4ml serve`
+    low_confidence: float = Field(default=0.5, ge=0.0, le=1.0)  # below: explained in the monitoring report
+    max_explanations: int = Field(default=24, ge=0)  # overlays per monitoring run (misclassified first)
+
+
+class MonitoringSettings(_Section):
+    """Live metrics of the champion (tasks/serving/monitor.py); each rule is judged against its own test split."""
+
+    window_days: int = Field(default=7, gt=0)  # predictions of scoring runs in the N days up to the logical date
+    min_predictions: int = Field(default=100, ge=1)  # fewer: distributions are reported, not judged
+    min_feedback: int = Field(default=50, ge=1)  # fewer labelled predictions: accuracy/recall/calibration not judged
+    p_value: float = Field(default=0.01, gt=0.0, lt=1.0)  # every rule needs significance AND effect size
+    max_accuracy_drop: float = Field(default=0.05, ge=0.0, le=1.0)  # live accuracy vs the champion's test accuracy
+    max_class_recall_drop: float = Field(default=0.15, ge=0.0, le=1.0)
+    min_class_support: int = Field(default=20, ge=1)
+    max_ece_increase: float = Field(default=0.05, ge=0.0, le=1.0)  # expected calibration error vs the test split's
+    max_label_shift: float = Field(default=0.15, ge=0.0, le=1.0)  # total variation of predicted labels vs test
+    max_confidence_shift: float = Field(default=0.15, ge=0.0, le=1.0)  # KS statistic of confidences vs test
+    retrain_on_breach: bool = False  # emit the retrain-request Asset event (cd4ml_train follows) on a breach
+    severity: Literal["info", "warning", "critical"] = "warning"
+
+
 class Settings(_Section):
     env: Literal["sit", "uat", "prod"]
     home: str
@@ -363,6 +392,8 @@ class Settings(_Section):
     gate: GateSettings
     release: ReleaseSettings = Field(default_factory=ReleaseSettings)
     alerts: AlertSettings
+    serving: ServingSettings = Field(default_factory=ServingSettings)
+    monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -389,6 +420,10 @@ class Settings(_Section):
     @property
     def sample_table(self) -> str:
         return self.table_uri("training_sample")
+
+    @property
+    def predictions_table(self) -> str:
+        return self.table_uri("predictions")
 
     @property
     def reports_path(self) -> Path:

@@ -43,3 +43,11 @@ def raw_digits(settings, digits_landing: Path):
     from tasks.data.ingest import ingest_landing
 
     return ingest_landing(settings, run_id="fixture-ingest", logical_date="2026-11-21", landing=digits_landing)
+
+
+@pytest.fixture(scope="session")
+def champion(tmp_path_factory: pytest.TempPathFactory):
+    """(settings, ServingModel): a private home whose champion is a real model (tests/champion.py)."""
+    from tests.champion import champion_home
+
+    return champion_home(str(tmp_path_factory.mktemp("champion-home")))

@@ -104,6 +104,75 @@ def _to_kept_mode(img: "Image.Image", mode: str) -> tuple["Image.Image", str]:
     raise ValueError(f"no conversion from mode {mode}")
 
 
+def _header_rejection(img: "Image.Image", max_pixels: int) -> Rejection | None:
+    """The checks a header answers: too many pixels (before any decode), more than one frame."""
+    width, height = img.size
+    fmt = img.format or "unknown"
+    if width * height > max_pixels:
+        return Rejection("too_many_pixels", f"{width}x{height} exceeds max_pixels {max_pixels}")
+    frames = getattr(img, "n_frames", 1) if getattr(img, "is_animated", False) else 1
+    if frames > 1:
+        return Rejection("animated", f"animated {fmt} with {frames} frames; only still images are accepted")
+    return None
+
+
+def _mode_rejection(mode: str, keep: set[str], convert: set[str]) -> Rejection | None:
+    if mode not in keep and mode not in convert:
+        return Rejection("unsupported_mode", f"mode {mode} is neither kept {sorted(keep)} nor converted {sorted(convert)}")
+    return None
+
+
+def _side_rejection(width: int, height: int, min_side: int, max_side: int) -> Rejection | None:
+    if min(width, height) < min_side:
+        return Rejection("too_small", f"{width}x{height} is below min_side {min_side}")
+    if max(width, height) > max_side:
+        return Rejection("too_large", f"{width}x{height} is above max_side {max_side}")
+    return None
+
+
+def _open_failure(exc: BaseException, data: bytes) -> Rejection:
+    """What an exception from opening or decoding an image means, as a reject reason."""
+    if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return Rejection("too_many_pixels", str(exc))
+    if isinstance(exc, UnidentifiedImageError):
+        sniffed = sniff_format(data)
+        if sniffed:
+            return Rejection("corrupt_image", f"{sniffed} signature but the file cannot be parsed (truncated or damaged)")
+        return Rejection("not_an_image", "bytes are not a known image format")
+    return Rejection("corrupt_image", f"decode failed (truncated or damaged): {exc}")
+
+
+_OPEN_ERRORS = (Image.DecompressionBombError, Image.DecompressionBombWarning, UnidentifiedImageError,
+                OSError, SyntaxError, ValueError, EOFError)
+
+
+def screen(
+    data: bytes,
+    *,
+    min_side: int,
+    max_side: int,
+    max_pixels: int,
+    keep_modes: Iterable[str] = ("L", "RGB"),
+    convert_modes: Iterable[str] = ("1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I"),
+) -> Rejection | None:
+    """Ingest's rules that the header decides, without decoding the pixels (scoring screens with this).
+
+    The same codes and order as ``prepare_image``; a body that is truncated or damaged is only
+    found by decoding it, which the scorer's model does (and reports as ``corrupt_image``).
+    """
+    if not data:
+        return Rejection("empty_file", "file has zero bytes")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                return (_header_rejection(img, max_pixels)
+                        or _mode_rejection(img.mode, set(keep_modes), set(convert_modes))
+                        or _side_rejection(*img.size, min_side, max_side))
+    except _OPEN_ERRORS as exc:
+        return _open_failure(exc, data)
+
+
 def prepare_image(
     data: bytes,
     *,
@@ -123,19 +192,15 @@ def prepare_image(
             with Image.open(io.BytesIO(data)) as img:
                 width, height = img.size
                 fmt = img.format or "unknown"
-                if width * height > max_pixels:
-                    return Rejection("too_many_pixels", f"{width}x{height} exceeds max_pixels {max_pixels}")
-                frames = getattr(img, "n_frames", 1) if getattr(img, "is_animated", False) else 1
-                if frames > 1:
-                    return Rejection("animated", f"animated {fmt} with {frames} frames; only still images are accepted")
+                header = _header_rejection(img, max_pixels)
+                if header is not None:
+                    return header
                 img.load()  # full decode: catches truncated files
                 source_mode = img.mode
                 orientation = img.getexif().get(_ORIENTATION_TAG, 1)
-                if source_mode not in keep and source_mode not in convert:
-                    return Rejection(
-                        "unsupported_mode",
-                        f"mode {source_mode} is neither kept {sorted(keep)} nor converted {sorted(convert)}",
-                    )
+                unsupported = _mode_rejection(source_mode, keep, convert)
+                if unsupported is not None:
+                    return unsupported
                 steps: list[str] = []
                 out = img
                 if orientation not in (1, None) and orientation in range(2, 9):
@@ -147,26 +212,14 @@ def prepare_image(
                     except ValueError as exc:
                         return Rejection("unsupported_mode", str(exc))
                     steps.append(step)
-                if not steps:
-                    if min(width, height) < min_side:
-                        return Rejection("too_small", f"{width}x{height} is below min_side {min_side}")
-                    if max(width, height) > max_side:
-                        return Rejection("too_large", f"{width}x{height} is above max_side {max_side}")
-                    return PreparedImage(data, width, height, fmt, source_mode, fmt, source_mode, None)
                 width, height = out.size
-                if min(width, height) < min_side:
-                    return Rejection("too_small", f"{width}x{height} is below min_side {min_side}")
-                if max(width, height) > max_side:
-                    return Rejection("too_large", f"{width}x{height} is above max_side {max_side}")
+                sides = _side_rejection(width, height, min_side, max_side)
+                if sides is not None:
+                    return sides
+                if not steps:
+                    return PreparedImage(data, width, height, fmt, source_mode, fmt, source_mode, None)
                 buf = io.BytesIO()
                 out.save(buf, format="PNG", compress_level=6)
                 return PreparedImage(buf.getvalue(), width, height, "PNG", out.mode, fmt, source_mode, "; ".join(steps))
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        return Rejection("too_many_pixels", str(exc))
-    except UnidentifiedImageError:
-        sniffed = sniff_format(data)
-        if sniffed:
-            return Rejection("corrupt_image", f"{sniffed} signature but the file cannot be parsed (truncated or damaged)")
-        return Rejection("not_an_image", "bytes are not a known image format")
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        return Rejection("corrupt_image", f"decode failed (truncated or damaged): {exc}")
+    except _OPEN_ERRORS as exc:
+        return _open_failure(exc, data)

@@ -51,6 +51,7 @@ ALERT_KINDS = (
     "approval_rejected",  # a person said no: the champion stays
     "approval_timeout",  # nobody answered in time: the champion stays
     "rollback",  # the champion was moved back
+    "model_degraded",  # the champion's live metrics broke a monitoring rule (accuracy, recall, calibration, shift)
 )
 # Kinds that say "this DAG is broken or late": a later successful run of the same DAG resolves them.
 # The others are events (one per gate, batch or decision) that a person closes.

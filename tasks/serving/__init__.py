@@ -1,0 +1,1 @@
+"""The champion at work: batch scoring, REST serving, feedback, monitoring and explanations."""

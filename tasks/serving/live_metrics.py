@@ -1,0 +1,205 @@
+"""The monitor's rules: live predictions (and the labels that came back) against the champion's test split.
+
+Every rule compares the live window with the same quantity on the champion's own test split
+(its reference, computed once per model version), so a rule fits any model and any data, and
+every rule needs both a real effect (larger than its limit) and evidence (a test at
+``monitoring.p_value``): a small sample never fires on noise, a huge one never fires on a
+change nobody would care about.
+
+* ``accuracy``: one-sided binomial test of H0 "live accuracy >= test accuracy - max_accuracy_drop";
+  judged with at least ``min_feedback`` labelled predictions.
+* ``recall:<class>``: the same per class, with ``max_class_recall_drop``, for classes with at
+  least ``min_class_support`` labelled images.
+* ``calibration_ece``: expected calibration error (10 equal-width confidence bins) above the
+  test split's by more than ``max_ece_increase``, and the live accuracy inside the confident bins
+  significantly below their mean confidence (binomial, pooled over the bins that are over-confident).
+* ``label_shift``: total variation distance between the live predicted-label shares and the test
+  split's predicted-label shares above ``max_label_shift``, and a chi-square test below p_value.
+* ``confidence_shift``: two-sample Kolmogorov-Smirnov statistic of confidences above
+  ``max_confidence_shift``, and its p-value below p_value.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tasks.settings import MonitoringSettings
+
+ECE_BINS = 10
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    value: float | None  # live
+    reference: float | None  # the champion's test split
+    limit: float | None  # the value beyond which the rule fires (with evidence)
+    n: int  # observations behind the live value
+    p_value: float | None
+    judged: bool  # enough data to decide
+    breached: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The champion on its own test split: true labels, predicted labels, confidences."""
+
+    classes: list[str]
+    truth: list[str]
+    predicted: list[str]
+    confidence: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def accuracy(self) -> float:
+        return float(np.mean([t == p for t, p in zip(self.truth, self.predicted)])) if self.truth else float("nan")
+
+
+def expected_calibration_error(confidence: Sequence[float], correct: Sequence[bool]) -> tuple[float, list[dict]]:
+    """ECE over ``ECE_BINS`` equal-width bins, and the bins (count, mean confidence, accuracy) for a plot."""
+    conf, hit = np.asarray(confidence, dtype=np.float64), np.asarray(correct, dtype=bool)
+    if conf.size == 0:
+        return float("nan"), []
+    edges = np.linspace(0.0, 1.0, ECE_BINS + 1)
+    index = np.clip(np.digitize(conf, edges[1:-1], right=True), 0, ECE_BINS - 1)
+    bins, ece = [], 0.0
+    for b in range(ECE_BINS):
+        mask = index == b
+        if not mask.any():
+            continue
+        mean_conf, acc = float(conf[mask].mean()), float(hit[mask].mean())
+        ece += mask.sum() / conf.size * abs(mean_conf - acc)
+        bins.append({"low": float(edges[b]), "high": float(edges[b + 1]), "count": int(mask.sum()),
+                     "confidence": mean_conf, "accuracy": acc})
+    return float(ece), bins
+
+
+def _binom_below(successes: int, n: int, rate: float) -> float:
+    """P(X <= successes) for X ~ Binomial(n, rate): small = significantly below ``rate``."""
+    from scipy.stats import binom
+
+    return float(binom.cdf(successes, n, min(max(rate, 0.0), 1.0)))
+
+
+def accuracy_rule(truth: Sequence[str], predicted: Sequence[str], ref: Reference, cfg: MonitoringSettings) -> Metric:
+    n = len(truth)
+    hits = sum(t == p for t, p in zip(truth, predicted))
+    value = hits / n if n else None
+    limit = ref.accuracy - cfg.max_accuracy_drop
+    judged = n >= cfg.min_feedback
+    p = _binom_below(hits, n, limit) if n else None
+    breached = bool(judged and value is not None and value < limit and p is not None and p < cfg.p_value)
+    detail = (f"{hits}/{n} labelled predictions right ({value:.3f}); test accuracy {ref.accuracy:.3f}, limit {limit:.3f}"
+              if n else "no feedback labels in the window")
+    if n and not judged:
+        detail += f" (fewer than min_feedback {cfg.min_feedback}: reported, not judged)"
+    return Metric("accuracy", value, ref.accuracy, limit, n, p, judged, breached, detail)
+
+
+def recall_rules(truth: Sequence[str], predicted: Sequence[str], ref: Reference, cfg: MonitoringSettings) -> list[Metric]:
+    out = []
+    for cls in ref.classes:
+        ref_idx = [i for i, t in enumerate(ref.truth) if t == cls]
+        live_idx = [i for i, t in enumerate(truth) if t == cls]
+        if not ref_idx and not live_idx:
+            continue
+        ref_recall = float(np.mean([ref.predicted[i] == cls for i in ref_idx])) if ref_idx else None
+        hits = sum(predicted[i] == cls for i in live_idx)
+        n = len(live_idx)
+        value = hits / n if n else None
+        limit = ref_recall - cfg.max_class_recall_drop if ref_recall is not None else None
+        judged = n >= cfg.min_class_support and limit is not None
+        p = _binom_below(hits, n, limit) if judged else None
+        breached = bool(judged and value < limit and p < cfg.p_value)
+        detail = f"{hits}/{n} images of class {cls} recognised" + (
+            f"; test recall {ref_recall:.3f}, limit {limit:.3f}" if ref_recall is not None else "; not in the test split")
+        out.append(Metric(f"recall:{cls}", value, ref_recall, limit, n, p, judged, breached, detail))
+    return out
+
+
+def calibration_rule(confidence: Sequence[float], correct: Sequence[bool], ref: Reference,
+                     cfg: MonitoringSettings) -> Metric:
+    n = len(confidence)
+    ece, bins = expected_calibration_error(confidence, correct)
+    ref_ece, _ = expected_calibration_error(ref.confidence, [t == p for t, p in zip(ref.truth, ref.predicted)])
+    limit = ref_ece + cfg.max_ece_increase
+    over = [b for b in bins if b["confidence"] > b["accuracy"]]  # over-confident bins: the harmful direction
+    hits = int(round(sum(b["accuracy"] * b["count"] for b in over)))
+    count = sum(b["count"] for b in over)
+    expected = sum(b["confidence"] * b["count"] for b in over) / count if count else 0.0
+    p = _binom_below(hits, count, expected) if count else None
+    judged = n >= cfg.min_feedback
+    breached = bool(judged and ece > limit and p is not None and p < cfg.p_value)
+    detail = (f"ECE {ece:.3f} on {n} labelled predictions; test ECE {ref_ece:.3f}, limit {limit:.3f}" if n
+              else "no feedback labels in the window")
+    return Metric("calibration_ece", ece if n else None, ref_ece, limit, n, p, judged, breached, detail)
+
+
+def label_shift_rule(predicted: Sequence[str], ref: Reference, cfg: MonitoringSettings) -> Metric:
+    from scipy.stats import chisquare
+
+    n = len(predicted)
+    live, test = Counter(predicted), Counter(ref.predicted)
+    classes = sorted(set(ref.classes) | set(live))
+    live_share = np.array([live[c] / n if n else 0.0 for c in classes])
+    test_share = np.array([test[c] / max(len(ref.predicted), 1) for c in classes])
+    tvd = float(0.5 * np.abs(live_share - test_share).sum()) if n else None
+    p = None
+    if n:
+        expected = (test_share + 0.5 / max(len(ref.predicted), 1))  # a class the test split never predicted
+        expected = expected / expected.sum() * n
+        p = float(chisquare([live[c] for c in classes], expected).pvalue)
+    judged = n >= cfg.min_predictions
+    breached = bool(judged and tvd > cfg.max_label_shift and p < cfg.p_value)
+    top = sorted(classes, key=lambda c: -abs(live[c] / max(n, 1) - test[c] / max(len(ref.predicted), 1)))[:3]
+    detail = (f"total variation {tvd:.3f} over {n} predictions; most changed: "
+              + ", ".join(f"{c} {live[c] / n:.2f} vs {test[c] / max(len(ref.predicted), 1):.2f}" for c in top)
+              if n else "no predictions in the window")
+    return Metric("label_shift", tvd, 0.0, cfg.max_label_shift, n, p, judged, breached, detail)
+
+
+def confidence_shift_rule(confidence: Sequence[float], ref: Reference, cfg: MonitoringSettings) -> Metric:
+    from scipy.stats import ks_2samp
+
+    n = len(confidence)
+    if not n or not ref.confidence:
+        return Metric("confidence_shift", None, 0.0, cfg.max_confidence_shift, n, None, False, False,
+                      "no predictions in the window")
+    result = ks_2samp(confidence, ref.confidence)
+    stat, p = float(result.statistic), float(result.pvalue)
+    judged = n >= cfg.min_predictions
+    breached = bool(judged and stat > cfg.max_confidence_shift and p < cfg.p_value)
+    detail = (f"KS {stat:.3f}; median confidence {np.median(confidence):.3f} live vs "
+              f"{np.median(ref.confidence):.3f} on the test split")
+    return Metric("confidence_shift", stat, 0.0, cfg.max_confidence_shift, n, p, judged, breached, detail)
+
+
+def evaluate_window(predicted: Sequence[str], confidence: Sequence[float], truth: Sequence[str | None],
+                    ref: Reference, cfg: MonitoringSettings) -> list[Metric]:
+    """Every rule on one window: predicted labels and confidences of all predictions, truth where known."""
+    labelled = [i for i, t in enumerate(truth) if t is not None]
+    y = [str(truth[i]) for i in labelled]
+    yhat = [predicted[i] for i in labelled]
+    conf = [confidence[i] for i in labelled]
+    volume = Metric("predictions", float(len(predicted)), float(len(ref.predicted)), None, len(predicted), None,
+                    True, False, f"{len(predicted)} predictions, {len(labelled)} with a true label "
+                                 f"({len(labelled) / max(len(predicted), 1):.0%})")
+    return [
+        volume,
+        accuracy_rule(y, yhat, ref, cfg),
+        *recall_rules(y, yhat, ref, cfg),
+        calibration_rule(conf, [a == b for a, b in zip(y, yhat)], ref, cfg),
+        label_shift_rule(predicted, ref, cfg),
+        confidence_shift_rule(confidence, ref, cfg),
+    ]

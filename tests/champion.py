@@ -1,0 +1,41 @@
+"""A real champion for the serving tests: trained on the real digits, gated and promoted once per session.
+
+``champion_home()`` returns (settings, ServingModel) of a private CD4ML_HOME whose registered
+model has a champion; the environment variables are set only while it is built, so tests pass
+the settings explicitly (or set CD4ML_HOME themselves for a subprocess).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+
+@functools.cache
+def champion_home(root: str) -> tuple[Any, Any]:
+    import pytest
+
+    from tasks.release.evaluate import evaluate
+    from tasks.release.registry import register_candidate
+    from tasks.release.release import mark_challenger, promote
+    from tasks.serving.champion import serving_model
+    from tasks.settings import load_settings
+    from tasks.training.train import train
+    from tests.tasks.test_train import fast, write_curated_digits
+
+    home = Path(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CD4ML_HOME", str(home))
+        mp.setenv("CD4ML_ENV", "sit")
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        s = fast(load_settings(), epochs=4)
+        s = s.model_copy(update={"gate": s.gate.model_copy(update={"smoke_test": False})})
+        curated = write_curated_digits(s.curated_table, raw_version=1)
+        trained = train(s, s.curated_table, curated, "manual__champion", "2026-11-21")
+        version = register_candidate(s, trained.mlflow_run_id)
+        gate = evaluate(s, version, s.curated_table, curated)
+        assert gate.passed, gate.reasons
+        mark_challenger(s, version, gate, run_id="champion")
+        promote(s, version, gate, run_id="champion")
+        return s, serving_model(s)
