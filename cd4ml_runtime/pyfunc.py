@@ -6,6 +6,11 @@ imports that copy under a private module name derived from its contents
 (``_cd4ml_runtime_<sha256>``): a model registered months ago runs the preprocessing and network
 code it was trained with, in a fresh process and in one that has already imported today's
 project (a gate, a scorer), and it never puts anything on ``sys.path``.
+
+Bad input (bytes that are not an image, base64 of text, a frame without an ``image`` column) is
+an ``MlflowException`` with ``INVALID_PARAMETER_VALUE``: MLflow's scoring server (``cd4ml serve``)
+answers it with HTTP 400 and the message, which names the failing position (``image 2: ...``);
+the runtime's ``ImageDecodeError`` stays attached as ``__cause__`` for in-process callers.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+from mlflow.exceptions import MlflowException
 
 RUNTIME_ARTIFACT = "runtime"
 META_ARTIFACT = "model_meta"
@@ -51,6 +57,16 @@ class CD4MLImageClassifier(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         predictor = load_bundled_runtime(context.artifacts[RUNTIME_ARTIFACT])
         self.predictor = predictor.Predictor.from_files(context.artifacts[META_ARTIFACT], context.artifacts[WEIGHTS_ARTIFACT])
+        self.decode_error = predictor.ImageDecodeError  # the bundled runtime's class, not the project's
 
     def predict(self, context, model_input, params=None):  # no type hints: MLflow would validate inputs by them
-        return self.predictor.predict_frame(model_input)
+        columns = getattr(model_input, "columns", None)
+        if columns is None or "image" not in columns:
+            raise MlflowException.invalid_parameter_value(
+                "input must be a DataFrame with a column 'image' of PNG/JPEG bytes (base64 in JSON); "
+                f"got {'columns ' + str(list(columns)) if columns is not None else type(model_input).__name__}"
+            )
+        try:
+            return self.predictor.predict_frame(model_input)
+        except self.decode_error as exc:  # names the position: "image 2: not a decodable image: ..."
+            raise MlflowException.invalid_parameter_value(str(exc)) from exc

@@ -11,23 +11,26 @@
 2. **validate**: a great-expectations suite over that raw version; thresholds come from the
    environment's settings. Only a passing version is named (Param `dataset_version_name`)
    and published on the `raw_images` Asset, which triggers `cd4ml_curate`.
+
+Runs on `ingest.schedule` and on the monitor's `retrain_request` Asset event (the labelled live
+images it copied into the landing zone are the new data).
 """
 
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
 
-from cd4ml_airflow.assets import RAW_IMAGES
+from cd4ml_airflow.assets import RAW_IMAGES, RETRAIN_REQUEST
 from cd4ml_airflow.config import SETTINGS
 from cd4ml_airflow.context import check_run_params, fail_fast_on_data_errors, logical_date_of
-from cd4ml_airflow.defaults import dag_kwargs
+from cd4ml_airflow.defaults import cron_or_asset, dag_kwargs
 from cd4ml_airflow.notifier import alert_from_context
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
 @dag(
-    schedule=SETTINGS.ingest.schedule,
+    schedule=cron_or_asset(SETTINGS.ingest.schedule, RETRAIN_REQUEST),  # the monitor's retrain request too
     params={
         "source_uri": Param(
             None, type=["null", "string"],

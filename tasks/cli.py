@@ -241,6 +241,56 @@ def _cmd_lineage(args: argparse.Namespace) -> int:
     return 0
 
 
+@_data_plane_errors
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from tasks.serving.serve import serve
+
+    settings = load_settings()
+    return serve(settings, host=args.host, port=args.port or settings.serving.port, workers=args.workers)
+
+
+def _run_stamp(args: argparse.Namespace) -> tuple[str, str]:
+    """(run id, logical date) of a CLI run: as given, else cli-<timestamp> and today (UTC)."""
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    return args.run_id or f"cli-{now:%Y%m%dT%H%M%S}", args.logical_date or now.date().isoformat()
+
+
+@_data_plane_errors
+def _cmd_score(args: argparse.Namespace) -> int:
+    from tasks.serving.score import score
+
+    settings = load_settings()
+    run_id, logical_date = _run_stamp(args)
+    result = score(settings, args.source or settings.storage.scoring_uri, run_id=run_id, logical_date=logical_date)
+    print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    return 0
+
+
+@_data_plane_errors
+def _cmd_feedback(args: argparse.Namespace) -> int:
+    from tasks.serving.feedback import load_feedback
+
+    run_id, logical_date = _run_stamp(args)
+    result = load_feedback(load_settings(), args.files or None, run_id=run_id, logical_date=logical_date)
+    print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    return 0
+
+
+@_data_plane_errors
+def _cmd_monitor(args: argparse.Namespace) -> int:
+    from tasks.serving.monitor import monitor
+
+    run_id, logical_date = _run_stamp(args)
+    result = monitor(load_settings(), run_id=run_id, logical_date=logical_date)
+    for m in result.metrics:
+        verdict = "BREACHED" if m["breached"] else ("ok" if m["judged"] else "not judged")
+        print(f"{m['name']:>20}  {verdict:<10}  {m['detail']}")
+    print(f"dashboard: {result.dashboard}")
+    return 1 if result.breached else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cd4ml", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -328,6 +378,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model_uri")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_lineage)
+    p = sub.add_parser("serve", help="the champion (pinned to its version) behind MLflow's REST scoring server; "
+                       "POST /invocations; Ctrl-C stops it")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, help="default: serving.port (5001)")
+    p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes, each with its own copy of the model")
+    p.set_defaults(func=_cmd_serve)
+    p = sub.add_parser("score", help="score a folder or fsspec URL with the champion into the predictions table")
+    p.add_argument("source", nargs="?", help="images to score (default: storage.scoring_uri)")
+    p.add_argument("--logical-date", help="ISO date the predictions are stamped with (default: today, UTC)")
+    p.add_argument("--run-id", help="run id stamped on the rows (default: cli-<timestamp>)")
+    p.set_defaults(func=_cmd_score)
+    p = sub.add_parser("feedback", help="load true labels (CSV/JSONL: image or path, label) and join them to predictions")
+    p.add_argument("files", nargs="*", help="feedback files (default: every *.csv/*.jsonl under storage.feedback_uri)")
+    p.add_argument("--logical-date", help="ISO date stamped on the rows (default: today, UTC)")
+    p.add_argument("--run-id", help="run id stamped on the rows (default: cli-<timestamp>)")
+    p.set_defaults(func=_cmd_feedback)
+    p = sub.add_parser("monitor", help="judge the champion's live window; exit 1 when a rule is breached")
+    p.add_argument("--logical-date", help="end of the window (default: today, UTC)")
+    p.add_argument("--run-id", help="run id stamped on the rows (default: cli-<timestamp>)")
+    p.set_defaults(func=_cmd_monitor)
     return parser
 
 

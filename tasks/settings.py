@@ -351,6 +351,7 @@ class AlertSettings(_Section):
 class ServingSettings(_Section):
     """The champion at work (tasks/serving/): batch scoring, the REST server, explanations."""
 
+    schedule: str | None = "@daily"  # cd4ml_score on storage.scoring_uri (cron or preset); None = only when triggered
     batch_size: int = Field(default=256, gt=0)  # images read, decoded and predicted together
     commit_every: int = Field(default=5000, gt=0)  # predictions per Delta commit: a killed run keeps what it committed
     port: int = Field(default=5001, gt=0, lt=65536)  # `cd4ml serve`
@@ -361,6 +362,7 @@ class ServingSettings(_Section):
 class MonitoringSettings(_Section):
     """Live metrics of the champion (tasks/serving/monitor.py); each rule is judged against its own test split."""
 
+    schedule: str | None = "@daily"  # cd4ml_monitor (cron or preset); None = only when triggered
     window_days: int = Field(default=7, gt=0)  # predictions of scoring runs in the N days up to the logical date
     min_predictions: int = Field(default=100, ge=1)  # fewer: distributions are reported, not judged
     min_feedback: int = Field(default=50, ge=1)  # fewer labelled predictions: accuracy/recall/calibration not judged
@@ -371,7 +373,7 @@ class MonitoringSettings(_Section):
     max_ece_increase: float = Field(default=0.05, ge=0.0, le=1.0)  # expected calibration error vs the test split's
     max_label_shift: float = Field(default=0.15, ge=0.0, le=1.0)  # total variation of predicted labels vs test
     max_confidence_shift: float = Field(default=0.15, ge=0.0, le=1.0)  # KS statistic of confidences vs test
-    retrain_on_breach: bool = False  # emit the retrain-request Asset event (cd4ml_train follows) on a breach
+    retrain_on_breach: bool = False  # on a breach: labelled live images to the landing zone + the retrain-request Asset
     severity: Literal["info", "warning", "critical"] = "warning"
 
 

@@ -48,3 +48,13 @@ UPSTREAM_CHAMPION = _upstream_champion()
 Separate Airflow deployments per environment see each other's Assets only when the upstream's
 event is posted to this deployment (REST API ``POST /api/v2/assets/events``); one deployment
 hosting both sees it directly."""
+
+PREDICTIONS = Asset(name=f"cd4ml_{_settings.env}_predictions", uri=_as_uri(_settings.predictions_table))
+"""A scoring run's new predictions (extra: model_name, model_version, scored, quarantined, versions)."""
+
+RETRAIN_REQUEST = Asset(
+    name=f"cd4ml_{_settings.env}_retrain_request",
+    uri=f"cd4ml-retrain://{_settings.env}/{_settings.registry.model_name}",
+)
+"""The monitor found the champion degraded and exported the labelled live images to the landing zone
+(extra: model_version, breached, exported, dashboard): cd4ml_ingest runs on it, curate and train follow."""

@@ -37,3 +37,12 @@ def dag_kwargs(dag_id: str, tags: list[str], doc_md: str | None) -> dict:
         "tags": ["cd4ml", *tags],
         "doc_md": doc_md,
     }
+
+
+def cron_or_asset(cron: str | None, asset):
+    """A schedule that runs on ``cron`` (UTC) and whenever ``asset`` gets an event; only on the event without cron."""
+    if not cron:
+        return [asset]
+    from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
+
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=asset)

@@ -120,12 +120,40 @@ def _rollback(settings: Settings, params: Params) -> list[str]:
     return [] if version is None else [_model_version_problem(settings, version, "to_version")]
 
 
+def _score(settings: Settings, params: Params) -> list[str]:
+    from tasks.data.sources import SourceError, open_source
+
+    source = params.get("source")
+    if not source:
+        return []
+    try:
+        open_source(source)
+    except SourceError as exc:
+        return [f"source={source!r}: {exc}"]
+    return []
+
+
+def _monitor(settings: Settings, params: Params) -> list[str]:
+    import fsspec
+
+    problems: list[str] = []
+    for path in params.get("feedback_files") or []:
+        fs, inner = fsspec.core.url_to_fs(str(path))
+        if not fs.isfile(inner):
+            problems.append(f"feedback_files: {path} is not a file")
+        elif not str(path).lower().endswith((".csv", ".jsonl")):
+            problems.append(f"feedback_files: {path} is neither .csv nor .jsonl")
+    return problems
+
+
 CHECKS: dict[str, Callable[[Settings, Params], list[str | None]]] = {
     "cd4ml_ingest": _ingest,
     "cd4ml_curate": _curate,
     "cd4ml_train": _train,
     "cd4ml_promote": _promote,
     "cd4ml_rollback": _rollback,
+    "cd4ml_score": _score,
+    "cd4ml_monitor": _monitor,
 }
 
 

@@ -16,8 +16,10 @@
    dashboard in the reports folder, the same files and metrics in one MLflow run per window;
 7. **alert**: a breach is one ``model_degraded`` alert per model version (routed per environment;
    a repeated breach is not sent again while the incident is open); a window judged healthy
-   again resolves it. ``retrain_requested`` tells the DAG to emit the retrain-request Asset event
-   (``monitoring.retrain_on_breach``).
+   again resolves it. With ``monitoring.retrain_on_breach`` a breach also copies the window's
+   labelled images into the landing zone (``<label>/feedback-<key>``: the images the champion
+   got wrong become training data) and ``retrain_requested`` tells the DAG to emit the
+   retrain-request Asset event, on which ``cd4ml_ingest`` runs (curate and train follow).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class MonitorResult:
     alerted: bool = False
     resolved: bool = False
     retrain_requested: bool = False
+    exported: int = 0  # labelled images copied to the landing zone for the retrain
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -228,6 +231,37 @@ def _log_to_mlflow(settings: Settings, model: ServingModel, metrics: list[Metric
     return mlflow_run
 
 
+def export_labelled(settings: Settings, window: _Window) -> int:
+    """The window's labelled images into the landing zone (``<label>/feedback-<key>``): new training data.
+
+    Idempotent by name (the image key); ingest de-duplicates by content anyway. An image that
+    cannot be read again is logged and left out.
+    """
+    import fsspec
+    from fsspec.core import url_to_fs
+
+    fs, root = url_to_fs(settings.storage.landing_uri)
+    written = 0
+    for row, label in zip(window.rows, window.truth):
+        if label is None:
+            continue
+        suffix = Path(row["source_uri"]).suffix.lower() or ".png"
+        target = f"{root.rstrip('/')}/{label}/feedback-{row['image_key'][:24]}{suffix}"
+        if fs.exists(target):
+            continue
+        try:
+            with fsspec.open(row["source_uri"], "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            log.warning("feedback image %s cannot be read, not exported: %s", row["source_uri"], exc)
+            continue
+        fs.makedirs(f"{root.rstrip('/')}/{label}", exist_ok=True)
+        with fs.open(target, "wb") as out:
+            out.write(data)
+        written += 1
+    return written
+
+
 # --------------------------------------------------------------------------- 7. alert
 
 
@@ -281,13 +315,15 @@ def monitor(settings: Settings, *, run_id: str, logical_date: str | datetime) ->
                         {"run_id": run_id, "step": "monitor", "logical_date": end.isoformat()})
     mlflow_run = _log_to_mlflow(settings, model, metrics, out, end.strftime("%Y-%m-%d"), run_id)
     alerted, resolved = _alert(settings, model, breached, dashboard, run_id)  # 7
+    retrain = bool(breached) and settings.monitoring.retrain_on_breach
+    exported = export_labelled(settings, window) if retrain else 0
     result = MonitorResult(
         env=settings.env, model_name=model.name, model_version=model.version, window_start=start.isoformat(),
         window_end=end.isoformat(), predictions=len(window.rows), labelled=sum(t is not None for t in window.truth),
         metrics=[m.to_dict() for m in metrics], breached=[m.name for m in breached], dashboard=str(dashboard),
         plots=[str(p) for p in plots], explanations=explanations, explanations_skipped=skipped, metrics_table=uri,
         mlflow_run_id=mlflow_run, alerted=alerted, resolved=resolved,
-        retrain_requested=bool(breached) and settings.monitoring.retrain_on_breach,
+        retrain_requested=retrain, exported=exported,
     )
     log.info("monitoring %s v%s: %d predictions, %d labelled, breached: %s", model.name, model.version,
              result.predictions, result.labelled, result.breached or "none")

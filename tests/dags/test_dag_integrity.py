@@ -38,6 +38,9 @@ EXPECTED = {
     "cd4ml_promote": {"copy_candidate": {"evaluate_gate", "inputs_failed"}, "test_data": {"evaluate_gate", "inputs_failed"},
                       **RELEASE_TAIL},
     "cd4ml_rollback": {"rollback": set()},
+    "cd4ml_score": {"score": set()},
+    "cd4ml_monitor": {"load_feedback": {"monitor"}, "monitor": {"retrain_gate", "request_retrain"},
+                      "retrain_gate": {"request_retrain"}, "request_retrain": set()},
 }
 # prod (release.approval: required): a person decides between the challenger and the champion.
 APPROVAL_TAIL = {
@@ -98,7 +101,7 @@ def test_structure(dagbag, dag_id):
 
 
 def test_dags_chain_through_assets(dagbag):
-    from cd4ml_airflow.assets import CHAMPION_MODEL, CURATED_IMAGES, RAW_IMAGES
+    from cd4ml_airflow.assets import CHAMPION_MODEL, CURATED_IMAGES, PREDICTIONS, RAW_IMAGES, RETRAIN_REQUEST
 
     ingest, curate, train = (dagbag.dags[d] for d in ("cd4ml_ingest", "cd4ml_curate", "cd4ml_train"))
     assert CHAMPION_MODEL in dagbag.dags["cd4ml_rollback"].get_task("rollback").outlets
@@ -108,6 +111,11 @@ def test_dags_chain_through_assets(dagbag):
     assert CHAMPION_MODEL in train.get_task("promote").outlets
     assert list(curate.timetable.asset_condition.objects) == [RAW_IMAGES]
     assert list(train.timetable.asset_condition.objects) == [CURATED_IMAGES]
+    # the monitor's retrain request runs the ingest (its labelled images are in the landing zone), daily runs go on
+    assert ingest.timetable.asset_condition == RETRAIN_REQUEST
+    assert type(ingest.timetable.timetable).__name__ == "CronTriggerTimetable"
+    assert RETRAIN_REQUEST in dagbag.dags["cd4ml_monitor"].get_task("request_retrain").outlets
+    assert PREDICTIONS in dagbag.dags["cd4ml_score"].get_task("score").outlets
 
 
 def test_prod_waits_for_a_person_and_deploy_model_follows_the_upstream_champion(tmp_path):

@@ -47,6 +47,7 @@ def monitored(champion, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("monitor")
     settings = settings.model_copy(update={
         "storage": settings.storage.model_copy(update={"lake_uri": str(root / "lake"),
+                                                       "landing_uri": str(root / "landing"),
                                                        "reports_dir": str(root / "reports"),
                                                        "feedback_uri": str(root / "feedback")}),
         "monitoring": settings.monitoring.model_copy(update={"window_days": 1, "retrain_on_breach": True}),
@@ -111,11 +112,16 @@ def test_a_planted_accuracy_drop_breaches_alerts_once_and_a_healthy_window_resol
     assert dropped.labelled == 150
     assert metrics["accuracy"]["value"] < healthy_accuracy(healthy) - 0.2
     assert "accuracy" in dropped.breached and dropped.alerted and dropped.retrain_requested
+    landing = Path(settings.storage.landing_uri)
+    exported = sorted(landing.glob("*/feedback-*.png"))
+    assert dropped.exported == len(exported) == 150  # the labelled window is new training data, under its true label
+    assert all(p.parent.name == truth_by_key(settings)[p.name[9:33]] for p in exported)
     degraded = [i for i in open_incidents(settings, kinds=frozenset({"model_degraded"}))]
     assert len(degraded) == 1 and f"v{model.version}" in degraded[0].dedup_key
 
     repeat = monitor(settings, run_id="mon-day3-retry", logical_date="2026-11-12")  # a retry or the next day
     assert "accuracy" in repeat.breached and not repeat.alerted  # the incident is open: no second alert
+    assert repeat.exported == 0 and len(list(landing.glob("*/feedback-*.png"))) == 150
     assert len(open_incidents(settings, kinds=frozenset({"model_degraded"}))) == 1
     table = lake.scan(lake.open_table(dropped.metrics_table))
     keys = table.column("metric_key").to_pylist()
@@ -139,3 +145,9 @@ def test_a_planted_accuracy_drop_breaches_alerts_once_and_a_healthy_window_resol
 
 def healthy_accuracy(result) -> float:
     return next(m["value"] for m in result.metrics if m["name"] == "accuracy")
+
+
+def truth_by_key(settings) -> dict[str, str]:
+    from tasks.serving.feedback import labelled
+
+    return {key[:24]: label for key, label in labelled(settings).items()}
