@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -146,6 +147,15 @@ _OPEN_ERRORS = (Image.DecompressionBombError, Image.DecompressionBombWarning, Un
                 OSError, SyntaxError, ValueError, EOFError)
 
 
+@contextmanager
+def _opened(data: bytes) -> Iterator["Image.Image"]:
+    """Pillow's lazy open of ``data`` (header only) with its decompression-bomb warning as an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with Image.open(io.BytesIO(data)) as img:
+            yield img
+
+
 def screen(
     data: bytes,
     *,
@@ -163,12 +173,10 @@ def screen(
     if not data:
         return Rejection("empty_file", "file has zero bytes")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                return (_header_rejection(img, max_pixels)
-                        or _mode_rejection(img.mode, set(keep_modes), set(convert_modes))
-                        or _side_rejection(*img.size, min_side, max_side))
+        with _opened(data) as img:
+            return (_header_rejection(img, max_pixels)
+                    or _mode_rejection(img.mode, set(keep_modes), set(convert_modes))
+                    or _side_rejection(*img.size, min_side, max_side))
     except _OPEN_ERRORS as exc:
         return _open_failure(exc, data)
 
@@ -187,39 +195,37 @@ def prepare_image(
         return Rejection("empty_file", "file has zero bytes")
     keep, convert = set(keep_modes), set(convert_modes)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                width, height = img.size
-                fmt = img.format or "unknown"
-                header = _header_rejection(img, max_pixels)
-                if header is not None:
-                    return header
-                img.load()  # full decode: catches truncated files
-                source_mode = img.mode
-                orientation = img.getexif().get(_ORIENTATION_TAG, 1)
-                unsupported = _mode_rejection(source_mode, keep, convert)
-                if unsupported is not None:
-                    return unsupported
-                steps: list[str] = []
-                out = img
-                if orientation not in (1, None) and orientation in range(2, 9):
-                    out = ImageOps.exif_transpose(out)
-                    steps.append(f"exif_orientation={orientation}")
-                if source_mode not in keep:
-                    try:
-                        out, step = _to_kept_mode(out, source_mode)
-                    except ValueError as exc:
-                        return Rejection("unsupported_mode", str(exc))
-                    steps.append(step)
-                width, height = out.size
-                sides = _side_rejection(width, height, min_side, max_side)
-                if sides is not None:
-                    return sides
-                if not steps:
-                    return PreparedImage(data, width, height, fmt, source_mode, fmt, source_mode, None)
-                buf = io.BytesIO()
-                out.save(buf, format="PNG", compress_level=6)
-                return PreparedImage(buf.getvalue(), width, height, "PNG", out.mode, fmt, source_mode, "; ".join(steps))
+        with _opened(data) as img:
+            width, height = img.size
+            fmt = img.format or "unknown"
+            header = _header_rejection(img, max_pixels)
+            if header is not None:
+                return header
+            img.load()  # full decode: catches truncated files
+            source_mode = img.mode
+            orientation = img.getexif().get(_ORIENTATION_TAG, 1)
+            unsupported = _mode_rejection(source_mode, keep, convert)
+            if unsupported is not None:
+                return unsupported
+            steps: list[str] = []
+            out = img
+            if orientation not in (1, None) and orientation in range(2, 9):
+                out = ImageOps.exif_transpose(out)
+                steps.append(f"exif_orientation={orientation}")
+            if source_mode not in keep:
+                try:
+                    out, step = _to_kept_mode(out, source_mode)
+                except ValueError as exc:
+                    return Rejection("unsupported_mode", str(exc))
+                steps.append(step)
+            width, height = out.size
+            sides = _side_rejection(width, height, min_side, max_side)
+            if sides is not None:
+                return sides
+            if not steps:
+                return PreparedImage(data, width, height, fmt, source_mode, fmt, source_mode, None)
+            buf = io.BytesIO()
+            out.save(buf, format="PNG", compress_level=6)
+            return PreparedImage(buf.getvalue(), width, height, "PNG", out.mode, fmt, source_mode, "; ".join(steps))
     except _OPEN_ERRORS as exc:
         return _open_failure(exc, data)
