@@ -21,7 +21,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEMO_DATE ?= 2026-11-21
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv demo demo-photos test test-stack test-all test-fast browser-deps up up-scaleout down ui bench lock clean
+.PHONY: venv demo demo-photos demo-serving test test-stack test-all test-fast browser-deps up up-scaleout down ui bench lock clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,13 @@ demo-photos: $(STAMP)
 	$(BIN)/airflow dags test cd4ml_curate $(DEMO_DATE) && \
 	$(BIN)/airflow dags test cd4ml_train $(DEMO_DATE) && \
 	$(BIN)/cd4ml summary
+
+## Optional, after `make demo`: the champion at work: score a day of scans, load their later labels, monitor.
+demo-serving: $(STAMP)
+	$(BIN)/cd4ml sample-data --scoring
+	$(BIN)/airflow dags test cd4ml_score $(DEMO_DATE)
+	$(BIN)/airflow dags test cd4ml_monitor $(DEMO_DATE)
+	@echo "dashboard: $$(ls -d $(CD4ML_HOME)/$(CD4ML_ENV)/reports/monitoring/*/v*/*/index.html | tail -1)"
 
 ## Unit tests, DAG integrity tests and whole-DAG runs in a temporary AIRFLOW_HOME (under 20 min on 2 cores).
 test: $(STAMP)

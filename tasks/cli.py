@@ -27,8 +27,14 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def _cmd_sample_data(args: argparse.Namespace) -> int:
-    from tasks.data.sample_data import SAMPLES
+    from tasks.data.sample_data import SAMPLES, write_scoring_sample
 
+    if args.scoring:
+        settings = load_settings()
+        n = write_scoring_sample(settings.storage.scoring_uri, settings.storage.feedback_uri, n=args.limit or 300)
+        print(f"wrote {n} unlabelled images (+1 damaged) to {settings.storage.scoring_uri} and their later labels "
+              f"(60%) to {settings.storage.feedback_uri}/labels.csv")
+        return 0
     landing = args.landing or load_settings().storage.landing_uri
     n = SAMPLES[args.dataset](landing, limit=args.limit, with_bad_files=args.with_bad_files)
     print(f"wrote {n} {args.dataset} images to {landing}" + (" (+2 files that must be rejected)" if args.with_bad_files else ""))
@@ -305,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--landing", help="target folder (default: the environment's landing_uri)")
     p.add_argument("--limit", type=int, help="write only the first N images")
     p.add_argument("--with-bad-files", action="store_true", help="also plant two files the ingest must reject")
+    p.add_argument("--scoring", action="store_true",
+                   help="instead: unlabelled digit scans into storage.scoring_uri and their later labels into "
+                   "storage.feedback_uri (the serving demo)")
     p.set_defaults(func=_cmd_sample_data)
     p = sub.add_parser("classes", help="the class names (allowed_labels: discover records them; --accept adds one)")
     p.add_argument("--accept", action="append", metavar="LABEL", help="accept a new class found by validation (repeatable)")

@@ -107,6 +107,29 @@ def _png(pixels: np.ndarray, mode: str) -> bytes:
     return buffer.getvalue()
 
 
+def write_scoring_sample(scoring: str | Path, feedback: str | Path, n: int = 300, labelled_share: float = 0.6) -> int:
+    """A day of production traffic for the demo: ``n`` digits as a scanner would send them, and later labels.
+
+    Unlabelled files (``<scoring>/scan_<index>.jpg``: 32 px JPEG, quality 85, so their bytes are
+    new to the model) plus one file that is not an image, and ``<feedback>/labels.csv`` with the
+    true labels of the first ``labelled_share`` of them (path, label), as a labelling team would
+    return them. Deterministic; unchanged files are not rewritten.
+    """
+    images, labels = digits_arrays()
+    order = np.random.default_rng(2026).permutation(len(images))[:n]
+    rows = []
+    for j, i in enumerate(order.tolist()):
+        buffer = io.BytesIO()
+        Image.fromarray(images[i], mode="L").resize((32, 32), Image.BILINEAR).save(buffer, format="JPEG", quality=85)
+        path = Path(scoring) / f"scan_{j:04d}.jpg"
+        _write_if_changed(path, buffer.getvalue())
+        if j < labelled_share * n:
+            rows.append(f"{path.resolve()},{int(labels[i])}")
+    _write_if_changed(Path(scoring) / "scan_damaged.jpg", b"\xff\xd8\xff\xe0 not a whole JPEG")
+    _write_if_changed(Path(feedback) / "labels.csv", ("path,label\n" + "\n".join(rows) + "\n").encode())
+    return n
+
+
 SAMPLES = {"digits": write_digits, "photos": write_photos}
 
 

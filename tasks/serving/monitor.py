@@ -113,24 +113,29 @@ def report_dir(settings: Settings, model: ServingModel, window_end: datetime) ->
 
 
 def champion_reference(settings: Settings, model: ServingModel, predictor: Any) -> Reference:
-    """The champion on its own test split (cached per model version: a model never changes)."""
-    path = settings.reports_path / "monitoring" / model.name / f"v{model.version}" / "reference.json"
+    """The champion on its own test split, and its predicted labels on all its training data (cached per version)."""
+    path = settings.reports_path / "monitoring" / model.name / f"v{model.version}" / "reference-v2.json"
     if path.exists():
         return _read_reference(path)
     from tasks.release.registry import get_model_version, mlflow_client, trained_on
     from tasks.training.train_data import load_split_rows
 
     table, version = trained_on(get_model_version(mlflow_client(settings), model.name, model.version))
-    rows = load_split_rows(table, version, ("test",), columns=("sha256", "image", "label", "split"))
-    rows = rows.slice(0, REFERENCE_LIMIT)
-    probs = predictor.predict_proba(rows.column("image").to_pylist()) if rows.num_rows else np.zeros((0, 1))
     classes = list(predictor.classes)
-    reference = Reference(
-        classes=classes,
-        truth=[str(x) for x in rows.column("label").to_pylist()],
-        predicted=[classes[i] for i in probs.argmax(axis=1).tolist()] if rows.num_rows else [],
-        confidence=[round(float(c), 6) for c in probs.max(axis=1)] if rows.num_rows else [],
-    )
+
+    def predicted(splits: tuple[str, ...]) -> tuple[list[str], list[str], list[float]]:
+        rows = load_split_rows(table, version, splits, columns=("sha256", "image", "label", "split"))
+        rows = rows.slice(0, REFERENCE_LIMIT)  # sha256 order: a deterministic sample of a large version
+        if not rows.num_rows:
+            return [], [], []
+        probs = np.concatenate([predictor.predict_proba(rows.column("image").slice(i, 512).to_pylist())
+                                for i in range(0, rows.num_rows, 512)])
+        return ([str(x) for x in rows.column("label").to_pylist()], [classes[i] for i in probs.argmax(axis=1).tolist()],
+                [round(float(c), 6) for c in probs.max(axis=1)])
+
+    truth, test_predicted, confidence = predicted(("test",))
+    reference = Reference(classes=classes, truth=truth, predicted=test_predicted, confidence=confidence,
+                          population=predicted(("train", "val", "test"))[1])
     write_json(path, {**reference.to_dict(), "test_table": table, "test_version": version})
     return _read_reference(path)
 

@@ -56,8 +56,9 @@ def _plots(out: Path, metrics: list[Metric], ref: Reference, predicted: Sequence
     fig, ax = plt.subplots(figsize=(6, 3))
     classes = sorted(set(ref.classes) | set(predicted))
     x = np.arange(len(classes))
-    live, test = Counter(predicted), Counter(ref.predicted)
-    ax.bar(x - 0.2, [test[c] / max(len(ref.predicted), 1) for c in classes], 0.4, label="test split predictions")
+    live, built = Counter(predicted), Counter(ref.population)
+    ax.bar(x - 0.2, [built[c] / max(len(ref.population), 1) for c in classes], 0.4,
+           label="predictions on its training data")
     ax.bar(x + 0.2, [live[c] / max(len(predicted), 1) for c in classes], 0.4, label="live predictions")
     ax.set_xticks(x, classes, rotation=45 if len(classes) > 12 else 0, fontsize=7)
     ax.set_ylabel("share")
