@@ -373,6 +373,7 @@ class MonitoringSettings(_Section):
     max_ece_increase: float = Field(default=0.05, ge=0.0, le=1.0)  # expected calibration error vs the test split's
     max_label_shift: float = Field(default=0.15, ge=0.0, le=1.0)  # total variation of predicted labels vs test
     max_confidence_shift: float = Field(default=0.15, ge=0.0, le=1.0)  # KS statistic of confidences vs test
+    alert_on_harmless_shift: bool = False  # a label/confidence shift alerts even when judged accuracy holds
     retrain_on_breach: bool = False  # on a breach: labelled live images to the landing zone + the retrain-request Asset
     severity: Literal["info", "warning", "critical"] = "warning"
 

@@ -22,6 +22,12 @@ change nobody would care about.
   (contingency) test below p_value.
 * ``confidence_shift``: two-sample Kolmogorov-Smirnov statistic of confidences above
   ``max_confidence_shift``, and its p-value below p_value.
+
+``alarms`` decides what degrades the champion (and alerts): every breached accuracy, recall or
+calibration rule; the two shift rules only while the labels cannot tell whether the shift hurts
+(accuracy not judged, or itself breached), unless ``alert_on_harmless_shift``. Measured on real
+digits (bench/monitor_eval.py): a 10-degree rotation, noise or a brighter scanner move the
+confidences in every window while the champion keeps its accuracy; paging for those is noise.
 """
 
 from __future__ import annotations
@@ -204,6 +210,20 @@ def confidence_shift_rule(confidence: Sequence[float], ref: Reference, cfg: Moni
     detail = (f"KS {stat:.3f}; median confidence {np.median(confidence):.3f} live vs "
               f"{np.median(ref.confidence):.3f} on the test split")
     return Metric("confidence_shift", stat, 0.0, cfg.max_confidence_shift, n, p, judged, breached, detail)
+
+
+SHIFT_RULES = ("label_shift", "confidence_shift")
+
+
+def alarms(metrics: Sequence[Metric], cfg: MonitoringSettings) -> tuple[list[Metric], list[Metric]]:
+    """(degraded, shifted): the breaches that degrade the champion, and shifts its judged accuracy shows harmless."""
+    harm = [m for m in metrics if m.breached and m.name not in SHIFT_RULES]
+    shifts = [m for m in metrics if m.breached and m.name in SHIFT_RULES]
+    accuracy = next((m for m in metrics if m.name == "accuracy"), None)
+    labels_clear_it = accuracy is not None and accuracy.judged and not harm
+    if labels_clear_it and not cfg.alert_on_harmless_shift:
+        return [], shifts
+    return harm + shifts, []
 
 
 def evaluate_window(predicted: Sequence[str], confidence: Sequence[float], truth: Sequence[str | None],

@@ -8,7 +8,8 @@
 3. **window**: this model version's predictions from the scoring runs of the ``window_days`` up
    to the logical date, joined to the feedback labels (``tasks.serving.feedback``);
 4. **rules**: live accuracy, per-class recall, calibration, predicted-label distribution and
-   confidence distribution against the reference (``tasks.serving.live_metrics``);
+   confidence distribution against the reference (``tasks.serving.live_metrics``); a shift that
+   the labels show harmless is reported (``shifted``), not alerted;
 5. **explanations**: Integrated Gradients overlays for the misclassified and the low-confidence
    images of the window (``tasks.serving.explain``);
 6. **record**: the ``monitoring_metrics`` Delta table (one row per metric, keyed by model version,
@@ -37,7 +38,7 @@ import pyarrow as pa
 from tasks.data import lake
 from tasks.ops.reports import write_json
 from tasks.serving.champion import ServingModel, serving_model
-from tasks.serving.live_metrics import Metric, Reference, evaluate_window
+from tasks.serving.live_metrics import Metric, Reference, alarms, evaluate_window
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ class MonitorResult:
     predictions: int
     labelled: int
     metrics: list[dict[str, Any]]
-    breached: list[str]
+    breached: list[str]  # what degrades the champion: alerted (once per version), retrain on request
+    shifted: list[str]  # label/confidence shifts the judged accuracy shows harmless: reported only
     dashboard: str
     plots: list[str]
     explanations: list[str]
@@ -306,11 +308,11 @@ def monitor(settings: Settings, *, run_id: str, logical_date: str | datetime) ->
     reference = champion_reference(settings, model, predictor)  # 2
     window = window_rows(settings, model, start, end)  # 3
     metrics = evaluate_window(window.predicted, window.confidence, window.truth, reference, settings.monitoring)  # 4
-    breached = [m for m in metrics if m.breached]
+    breached, shifted = alarms(metrics, settings.monitoring)
     out = report_dir(settings, model, end)
     explanations, skipped = explain_window(settings, window, predictor, out)  # 5
     plots, dashboard = write_dashboard(out, settings, model, metrics, reference, window.predicted,  # 6
-                                       window.confidence, window.truth, start, end,
+                                       window.confidence, window.truth, start, end, breached, shifted,
                                        explanations_index=(out / "explanations" / "index.html"))
     write_json(out / "metrics.json", {"env": settings.env, "model": model.to_dict(), "window_start": start,
                                       "window_end": end, "metrics": [m.to_dict() for m in metrics]})
@@ -325,7 +327,8 @@ def monitor(settings: Settings, *, run_id: str, logical_date: str | datetime) ->
     result = MonitorResult(
         env=settings.env, model_name=model.name, model_version=model.version, window_start=start.isoformat(),
         window_end=end.isoformat(), predictions=len(window.rows), labelled=sum(t is not None for t in window.truth),
-        metrics=[m.to_dict() for m in metrics], breached=[m.name for m in breached], dashboard=str(dashboard),
+        metrics=[m.to_dict() for m in metrics], breached=[m.name for m in breached],
+        shifted=[m.name for m in shifted], dashboard=str(dashboard),
         plots=[str(p) for p in plots], explanations=explanations, explanations_skipped=skipped, metrics_table=uri,
         mlflow_run_id=mlflow_run, alerted=alerted, resolved=resolved,
         retrain_requested=retrain, exported=exported,

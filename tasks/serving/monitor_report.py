@@ -98,7 +98,8 @@ def _save(fig: Any, target: Path) -> Path:
 
 def write_dashboard(out: Path, settings: Any, model: Any, metrics: list[Metric], ref: Reference,
                     predicted: Sequence[str], confidence: Sequence[float], truth: Sequence[str | None],
-                    start: datetime, end: datetime, explanations_index: Path) -> tuple[list[Path], Path]:
+                    start: datetime, end: datetime, breached: list[Metric], shifted: list[Metric],
+                    explanations_index: Path) -> tuple[list[Path], Path]:
     """``out/index.html`` and its PNG plots; returns (plots, page)."""
     out.mkdir(parents=True, exist_ok=True)
     pngs = _plots(out, metrics, ref, predicted, confidence, truth)
@@ -106,9 +107,12 @@ def write_dashboard(out: Path, settings: Any, model: Any, metrics: list[Metric],
         f"<tr><td>{html.escape(m.name)}</td><td>{_fmt(m.value)}</td><td>{_fmt(m.reference)}</td><td>{_fmt(m.limit)}</td>"
         f"<td>{m.n}</td><td>{_fmt(m.p_value)}</td><td>{_verdict(m)}</td><td>{html.escape(m.detail)}</td></tr>"
         for m in metrics)
-    breached = [m.name for m in metrics if m.breached]
-    status = (f"<p style='color:#b00'><b>Breached: {html.escape(', '.join(breached))}</b></p>" if breached
-              else "<p style='color:#070'><b>Every judged rule is within its limit.</b></p>")
+    names = ", ".join(m.name for m in breached)
+    status = (f"<p style='color:#b00'><b>Degraded: {html.escape(names)}</b> (alerted once per model version)</p>"
+              if breached else "<p style='color:#070'><b>The champion holds: no rule that degrades it is breached.</b></p>")
+    if shifted:
+        status += ("<p style='color:#a60'><b>Shifted: " + html.escape(", ".join(m.name for m in shifted))
+                   + "</b>: the inputs moved, and the labelled accuracy shows it does not hurt (reported, not alerted)</p>")
     link = (f"<p><a href='{explanations_index.relative_to(out).as_posix()}'>Explanations of the misclassified and "
             "low-confidence predictions</a></p>" if explanations_index.exists() else
             "<p>No misclassified or low-confidence prediction to explain in this window.</p>")

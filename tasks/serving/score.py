@@ -130,47 +130,81 @@ def _predict_each(predictor: Any, images: list[bytes]) -> list[np.ndarray | Reje
     return out
 
 
-def _score_batch(source: Source, predictor: Any, entries: Sequence[Entry], known: set[tuple[str, str]],
-                 settings: Settings) -> _Batch:
-    """Read, hash, screen and predict one batch of files (phase 3 of the module doc)."""
-    ing, batch = settings.ingest, _Batch()
-    images: list[bytes] = []
-    pending: list[tuple[Entry, str]] = []
+@dataclass
+class _Read:
+    """One batch read, hashed and screened (the part that overlaps the model's work on the previous batch)."""
+
+    images: list[bytes] = field(default_factory=list)
+    pending: list[tuple[Entry, str]] = field(default_factory=list)
+    rejects: list[tuple[Entry, str | None, Rejection]] = field(default_factory=list)
+    known: int = 0
+
+
+def _read_batch(source: Source, entries: Sequence[Entry], known: set[tuple[str, str]], settings: Settings) -> _Read:
+    """Read, hash and screen one batch of files (phase 3 of the module doc, before the model)."""
+    ing, read = settings.ingest, _Read()
     for entry in entries:
         if entry.problem is not None:
-            batch.rejects.append((entry, None, entry.problem))
+            read.rejects.append((entry, None, entry.problem))
             continue
         try:
             data = source.read(entry)
         except OSError as exc:
-            batch.rejects.append((entry, None, Rejection("unreadable", f"{type(exc).__name__}: {exc}")))
+            read.rejects.append((entry, None, Rejection("unreadable", f"{type(exc).__name__}: {exc}")))
             continue
         key = hashlib.sha256(data).hexdigest()
         if (entry.uri, key) in known:
-            batch.known += 1
+            read.known += 1
             continue
         problem = screen(data, min_side=ing.min_side, max_side=ing.max_side, max_pixels=ing.max_pixels,
                          keep_modes=ing.keep_modes, convert_modes=ing.convert_modes)
         if problem is not None:
-            batch.rejects.append((entry, key, problem))
+            read.rejects.append((entry, key, problem))
             continue
-        images.append(data)
-        pending.append((entry, key))
-    if not images:
+        read.images.append(data)
+        read.pending.append((entry, key))
+    return read
+
+
+def _predict_batch(predictor: Any, read: _Read) -> _Batch:
+    """The model's own preprocessing and network on the screened images of one batch."""
+    batch = _Batch(rejects=list(read.rejects), known=read.known)
+    if not read.images:
         return batch
     try:
-        outcomes: list[np.ndarray | Rejection] = list(predictor.predict_proba(images))
+        outcomes: list[np.ndarray | Rejection] = list(predictor.predict_proba(read.images))
     except ValueError:
-        outcomes = _predict_each(predictor, images)
-    for (entry, key), outcome in zip(pending, outcomes):
+        outcomes = _predict_each(predictor, read.images)
+    for (entry, key), outcome in zip(read.pending, outcomes):
         if isinstance(outcome, Rejection):
             batch.rejects.append((entry, key, outcome))
         else:
             batch.keys.append(key)
             batch.uris.append(entry.uri)
             batch.probs.append(outcome)
-            known.add((entry.uri, key))  # a file listed twice in one run is scored once
     return batch
+
+
+def _scored_batches(source: Source, predictor: Any, entries: Sequence[Entry], known: set[tuple[str, str]],
+                    settings: Settings) -> Iterator[_Batch]:
+    """Batches in order; the next batch is read and screened on a thread while the model runs on this one.
+
+    Reading, hashing and Pillow's header parse of batch i+1 overlap torch and Pillow's decoders on
+    batch i (both release the GIL for their heavy parts): measured in bench/score.py.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    size = settings.serving.batch_size
+    chunks = [entries[start:start + size] for start in range(0, len(entries), size)]
+    if not chunks:
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cd4ml-score-read") as reader:
+        ahead = reader.submit(_read_batch, source, chunks[0], known, settings)
+        for i in range(len(chunks)):
+            read = ahead.result()
+            if i + 1 < len(chunks):
+                ahead = reader.submit(_read_batch, source, chunks[i + 1], known, settings)
+            yield _predict_batch(predictor, read)
 
 
 def _record_batch(batch: _Batch, model: ServingModel, classes: list[str], run_id: str, when: datetime,
@@ -178,6 +212,7 @@ def _record_batch(batch: _Batch, model: ServingModel, classes: list[str], run_id
     probs = np.stack(batch.probs).astype(np.float32)
     top = probs.argmax(axis=1)
     n, k = probs.shape
+    offsets = pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32))  # every row holds k classes / probabilities
     return pa.RecordBatch.from_arrays([
         pa.array(batch.keys, pa.string()),
         pa.array(batch.uris, pa.string()),
@@ -185,8 +220,8 @@ def _record_batch(batch: _Batch, model: ServingModel, classes: list[str], run_id
         pa.array([model.version] * n, pa.int64()),
         pa.array([classes[i] for i in top.tolist()], pa.string()),
         pa.array(probs[np.arange(n), top].astype(np.float64), pa.float64()),
-        pa.array([classes] * n, pa.list_(pa.string())),
-        pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32)), pa.array(probs.ravel())),
+        pa.ListArray.from_arrays(offsets, pa.array(classes, pa.string()).take(pa.array(np.tile(np.arange(k), n)))),
+        pa.ListArray.from_arrays(offsets, pa.array(probs.ravel())),
         pa.array([when] * n, pa.timestamp("us", tz="UTC")),
         pa.array([scored_at] * n, pa.timestamp("us", tz="UTC")),
         pa.array([run_id] * n, pa.string()),
@@ -214,9 +249,7 @@ def _commit_chunk(settings: Settings, source: Source, predictor: Any, model: Ser
         totals["chunk"] = {"known": 0, "rejects": []}
 
         def batches() -> Iterator[pa.RecordBatch]:
-            size = settings.serving.batch_size
-            for start in range(0, len(entries), size):
-                batch = _score_batch(source, predictor, entries[start:start + size], known, settings)
+            for batch in _scored_batches(source, predictor, entries, known, settings):
                 totals["chunk"]["known"] += batch.known
                 totals["chunk"]["rejects"] += batch.rejects
                 if batch.keys:
