@@ -82,7 +82,7 @@ def _ru_maxrss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
 
 
-def champion_of(home: str | None, scratch: Path) -> tuple[Any, Any, str]:
+def champion_of(home: str | None, scratch: Path, **training: Any) -> tuple[Any, Any, str]:
     """(settings, ServingModel, home) of the given home, or of a champion built like the tests'."""
     if home:
         from tasks.serving.champion import serving_model
@@ -93,7 +93,7 @@ def champion_of(home: str | None, scratch: Path) -> tuple[Any, Any, str]:
     from tests.champion import champion_home
 
     built = scratch / "champion-home"
-    settings, model = champion_home(str(built))
+    settings, model = champion_home(str(built), **training)
     return settings, model, str(built)
 
 
@@ -283,6 +283,8 @@ def main() -> int:
     parser.add_argument("--threads2-pairs", type=int, default=2, help="extra baseline/product pairs at 2 threads")
     parser.add_argument("--home", default=os.environ.get("CD4ML_HOME"), help="a CD4ML_HOME with a champion")
     parser.add_argument("--profile", action="store_true", help="also cProfile one product run")
+    parser.add_argument("--model", default="small_cnn", help="architecture of the champion built (no --home)")
+    parser.add_argument("--image-size", type=int, default=16, help="its input side in pixels (no --home)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "score.json"))
     parser.add_argument("--child", choices=["product", "baseline"], help=argparse.SUPPRESS)
     for hidden in ("--settings", "--folder", "--lake", "--model-uri", "--tag"):
@@ -295,7 +297,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="cd4ml-bench-score-") as tmp:
         scratch = Path(tmp)
         t0 = time.perf_counter()
-        settings, model, home = champion_of(args.home, scratch)
+        settings, model, home = champion_of(args.home, scratch, model=args.model, image_size=args.image_size)
         _progress(f"champion {model.uri} in {home} ({time.perf_counter() - t0:.1f} s)")
         settings_path = scratch / "settings.json"
         settings_path.write_text(settings.model_dump_json())
@@ -387,7 +389,7 @@ def main() -> int:
         "measured": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "torch": torch.__version__,
                     "torch_threads": torch_threads, "loadavg_before": load_before, "loadavg_after": _load()},
-        "model": {**model.to_dict(), "home": "temporary (tests/champion.py)" if not args.home else home},
+        "model": {**model.to_dict(), "architecture": args.model, "image_size": args.image_size, "home": "temporary (tests/champion.py)" if not args.home else home},
         "images": {**images, "kind": "32x32 grey PNG from sklearn load_digits, shifted -2..2 px, noise sigma 4",
                    "n_small": args.n_small},
         "batch_size": batch_size, "commit_every": settings.serving.commit_every,

@@ -353,7 +353,7 @@ class ServingSettings(_Section):
 
     schedule: str | None = "@daily"  # cd4ml_score on storage.scoring_uri (cron or preset); None = only when triggered
     batch_size: int = Field(default=256, gt=0)  # images read, decoded and predicted together
-    commit_every: int = Field(default=5000, gt=0)  # predictions per Delta commit: a killed run keeps what it committed
+    commit_every: int = Field(default=20000, gt=0)  # predictions per Delta commit: a killed run keeps what it committed
     port: int = Field(default=5001, gt=0, lt=65536)  # `cd4ml serve`
     low_confidence: float = Field(default=0.5, ge=0.0, le=1.0)  # below: explained in the monitoring report
     max_explanations: int = Field(default=24, ge=0)  # overlays per monitoring run (misclassified first)

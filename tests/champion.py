@@ -13,7 +13,8 @@ from typing import Any
 
 
 @functools.cache
-def champion_home(root: str) -> tuple[Any, Any]:
+def champion_home(root: str, **training: Any) -> tuple[Any, Any]:
+    """(settings, ServingModel) of a champion built in ``root``; ``training`` overrides (model, image_size)."""
     import pytest
 
     from tasks.release.evaluate import evaluate
@@ -29,7 +30,7 @@ def champion_home(root: str) -> tuple[Any, Any]:
         mp.setenv("CD4ML_HOME", str(home))
         mp.setenv("CD4ML_ENV", "sit")
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        s = fast(load_settings(), epochs=4)
+        s = fast(load_settings(), **{"epochs": 4, **training})
         s = s.model_copy(update={"gate": s.gate.model_copy(update={"smoke_test": False})})
         curated = write_curated_digits(s.curated_table, raw_version=1)
         trained = train(s, s.curated_table, curated, "manual__champion", "2026-11-21")

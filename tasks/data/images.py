@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from tasks.data.headers import fast_header
+
 
 @dataclass(frozen=True)
 class Rejection:
@@ -105,19 +107,20 @@ def _to_kept_mode(img: "Image.Image", mode: str) -> tuple["Image.Image", str]:
     raise ValueError(f"no conversion from mode {mode}")
 
 
-def _header_rejection(img: "Image.Image", max_pixels: int) -> Rejection | None:
+def _frames(img: "Image.Image") -> int:
+    return getattr(img, "n_frames", 1) if getattr(img, "is_animated", False) else 1
+
+
+def _header_rejection(width: int, height: int, fmt: str, frames: int, max_pixels: int) -> Rejection | None:
     """The checks a header answers: too many pixels (before any decode), more than one frame."""
-    width, height = img.size
-    fmt = img.format or "unknown"
     if width * height > max_pixels:
         return Rejection("too_many_pixels", f"{width}x{height} exceeds max_pixels {max_pixels}")
-    frames = getattr(img, "n_frames", 1) if getattr(img, "is_animated", False) else 1
     if frames > 1:
         return Rejection("animated", f"animated {fmt} with {frames} frames; only still images are accepted")
     return None
 
 
-def _mode_rejection(mode: str, keep: set[str], convert: set[str]) -> Rejection | None:
+def _mode_rejection(mode: str, keep: frozenset[str] | set[str], convert: frozenset[str] | set[str]) -> Rejection | None:
     if mode not in keep and mode not in convert:
         return Rejection("unsupported_mode", f"mode {mode} is neither kept {sorted(keep)} nor converted {sorted(convert)}")
     return None
@@ -172,10 +175,21 @@ def screen(
     """
     if not data:
         return Rejection("empty_file", "file has zero bytes")
+    keep = keep_modes if isinstance(keep_modes, frozenset) else frozenset(keep_modes)  # a scorer passes them once
+    convert = convert_modes if isinstance(convert_modes, frozenset) else frozenset(convert_modes)
+    header = fast_header(data)  # PNG and JPEG without Pillow (tasks/data/headers.py); None: Pillow decides
+    if header is not None:
+        width, height = header.width, header.height
+        if width * height <= max_pixels and header.frames == 1 and header.mode in keep and \
+                min_side <= min(width, height) and max(width, height) <= max_side:
+            return None  # the common case, decided without building anything
+        return (_header_rejection(width, height, header.format, header.frames, max_pixels)
+                or _mode_rejection(header.mode, keep, convert)
+                or _side_rejection(width, height, min_side, max_side))
     try:
         with _opened(data) as img:
-            return (_header_rejection(img, max_pixels)
-                    or _mode_rejection(img.mode, set(keep_modes), set(convert_modes))
+            return (_header_rejection(*img.size, img.format or "unknown", _frames(img), max_pixels)
+                    or _mode_rejection(img.mode, keep, convert)
                     or _side_rejection(*img.size, min_side, max_side))
     except _OPEN_ERRORS as exc:
         return _open_failure(exc, data)
@@ -198,7 +212,7 @@ def prepare_image(
         with _opened(data) as img:
             width, height = img.size
             fmt = img.format or "unknown"
-            header = _header_rejection(img, max_pixels)
+            header = _header_rejection(width, height, fmt, _frames(img), max_pixels)
             if header is not None:
                 return header
             img.load()  # full decode: catches truncated files

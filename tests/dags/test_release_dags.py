@@ -41,7 +41,7 @@ def _conf(target: Path, prod: str, uat: str = "") -> Path:
     return edited_conf(target, FAST, {
         "uat.yaml": {"  pattern: deploy_code": uat or "  pattern: deploy_code"},
         "prod.yaml": {"  pattern: deploy_code": prod,
-                      "  approval_timeout_hours: 72": "  approval_timeout_hours: 0.015"},  # prod's approvers stay
+                      "  approval_timeout_hours: 72": "  approval_timeout_hours: 0.03"},  # 108 s; prod's approvers stay
     })
 
 

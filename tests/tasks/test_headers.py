@@ -1,0 +1,99 @@
+"""The struct header reader agrees with Pillow on every PNG and JPEG mode, and defers to Pillow when unsure."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tasks.data.headers import PNG_MODES, fast_header
+from tasks.data.images import screen
+
+
+def _pillow(data: bytes) -> tuple[str, int, int, str, int]:
+    with Image.open(io.BytesIO(data)) as img:
+        frames = getattr(img, "n_frames", 1) if getattr(img, "is_animated", False) else 1
+        return img.format, img.size[0], img.size[1], img.mode, frames
+
+
+def _png(depth: int, colour: int, width: int = 5, height: int = 3, extra: bytes = b"") -> bytes:
+    """A valid PNG of any bit depth and colour type, written by hand (Pillow cannot write them all)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour]
+    row = (width * channels * depth + 7) // 8
+    raw = b"".join(b"\x00" + bytes(i % 256 for i in range(row)) for _ in range(height))
+    body = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0))
+    if colour == 3:
+        body += chunk(b"PLTE", bytes(range(48)))
+    return b"\x89PNG\r\n\x1a\n" + body + extra + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("depth,colour", sorted(PNG_MODES))
+def test_every_png_depth_and_colour_type_reads_as_pillow_does(depth, colour):
+    data = _png(depth, colour)
+    assert fast_header(data) == _pillow(data)
+
+
+def _orientation(value: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = value
+    return exif.tobytes()
+
+
+def _saved(mode: str, fmt: str, **kw) -> bytes:
+    rng = np.random.default_rng(0)
+    if mode in ("1", "L", "P"):
+        img = Image.fromarray(rng.integers(0, 255, (21, 34), dtype=np.uint8), "L").convert(mode)
+    else:
+        img = Image.fromarray(rng.integers(0, 255, (21, 34, 3), dtype=np.uint8), "RGB").convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+CASES = {
+    "png-1": _saved("1", "PNG"), "png-L": _saved("L", "PNG"), "png-P": _saved("P", "PNG"),
+    "png-P-transparent": _saved("P", "PNG", transparency=0), "png-LA": _saved("LA", "PNG"),
+    "png-RGB": _saved("RGB", "PNG"), "png-RGBA": _saved("RGBA", "PNG"), "png-I16": _saved("I;16", "PNG"),
+    "png-interlaced": _saved("RGB", "PNG", optimize=False),
+    "jpeg-L": _saved("L", "JPEG"), "jpeg-RGB": _saved("RGB", "JPEG", quality=90),
+    "jpeg-CMYK": _saved("CMYK", "JPEG"), "jpeg-progressive": _saved("RGB", "JPEG", progressive=True),
+    "jpeg-exif": _saved("RGB", "JPEG", exif=_orientation(6)),
+    "jpeg-restart": _saved("RGB", "JPEG", restart_marker_blocks=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_files_pillow_wrote_read_the_same(name):
+    data = CASES[name]
+    assert fast_header(data) == _pillow(data)
+
+
+def test_animated_png_counts_its_frames():
+    frames = [Image.new("RGB", (9, 9), (i * 40, 0, 0)) for i in range(3)]
+    buf = io.BytesIO()
+    frames[0].save(buf, format="PNG", save_all=True, append_images=frames[1:])
+    data = buf.getvalue()
+    assert fast_header(data) == _pillow(data) == ("PNG", 9, 9, "RGB", 3)
+    assert screen(data, min_side=8, max_side=4096, max_pixels=10**7).code == "animated"
+
+
+def test_doubt_goes_to_pillow_and_the_verdicts_stay_ingests():
+    mpo = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(mpo, format="MPO", save_all=True, append_images=[Image.new("RGB", (16, 16))])
+    assert fast_header(mpo.getvalue()) is None  # Pillow opens a multi-picture JPEG as frames
+    assert screen(mpo.getvalue(), min_side=8, max_side=4096, max_pixels=10**7).code == "animated"
+    cut = CASES["png-RGB"][:20]
+    assert fast_header(cut) is None and screen(cut, min_side=1, max_side=99, max_pixels=10**7).code == "corrupt_image"
+    assert fast_header(b"GIF89a....") is None and fast_header(b"") is None
+    rules = {"min_side": 8, "max_side": 30, "max_pixels": 10**7}
+    for name, data in CASES.items():  # ingest's verdicts: 34x21 is too large for max_side 30, CMYK unsupported
+        expected = "unsupported_mode" if "CMYK" in name else "too_large"
+        assert screen(data, **rules).code == expected, name
+    assert screen(_png(16, 2, 3000, 3000), min_side=8, max_side=4096, max_pixels=10**6).code == "too_many_pixels"
