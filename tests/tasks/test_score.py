@@ -100,3 +100,20 @@ def test_no_champion_is_a_clear_error_before_any_work(settings, tmp_path: Path) 
     with pytest.raises(NoChampionError, match="has no champion"):
         score(settings, str(tmp_path / "batch"), run_id="r", logical_date="2026-11-22")
     assert not lake.exists(settings.predictions_table)
+
+
+def test_an_fsspec_url_is_scored_like_a_folder(champion, tmp_path: Path) -> None:
+    import fsspec
+
+    from tasks.serving.score import score
+
+    settings, _ = champion
+    settings = settings.model_copy(update={"storage": settings.storage.model_copy(
+        update={"lake_uri": str(tmp_path / "lake")})})
+    fs = fsspec.filesystem("memory")
+    for i, row in enumerate(split_rows("test")[:20]):
+        fs.pipe(f"/inbox-{tmp_path.name}/scan_{i:02d}.png", row["image"])
+    fs.pipe(f"/inbox-{tmp_path.name}/notes.png", b"not an image")
+    result = score(settings, f"memory://inbox-{tmp_path.name}", run_id="mem", logical_date="2026-11-22")
+    assert result.scored == 20 and result.rejected_by_reason == {"not_an_image": 1}
+    assert result.source_uri.startswith("memory://")
