@@ -81,6 +81,8 @@ class PreparedImage:
 
 
 _ORIENTATION_TAG = 0x0112
+KEEP_MODES = ("L", "RGB")  # the settings' defaults (ingest.keep_modes / convert_modes)
+CONVERT_MODES = ("1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I")
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 
 
@@ -165,8 +167,8 @@ def screen(
     min_side: int,
     max_side: int,
     max_pixels: int,
-    keep_modes: Iterable[str] = ("L", "RGB"),
-    convert_modes: Iterable[str] = ("1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I"),
+    keep_modes: Iterable[str] = KEEP_MODES,
+    convert_modes: Iterable[str] = CONVERT_MODES,
 ) -> Rejection | None:
     """Ingest's rules that the header decides, without decoding the pixels (scoring screens with this).
 
@@ -201,8 +203,8 @@ def prepare_image(
     min_side: int,
     max_side: int,
     max_pixels: int,
-    keep_modes: Iterable[str] = ("L", "RGB"),
-    convert_modes: Iterable[str] = ("1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I"),
+    keep_modes: Iterable[str] = KEEP_MODES,
+    convert_modes: Iterable[str] = CONVERT_MODES,
 ) -> PreparedImage | Rejection:
     """Check one file's bytes and return what ingest stores, or why it is rejected (module doc)."""
     if not data:
