@@ -10,7 +10,7 @@
    Results go to `monitoring_metrics`, PNG plots and an HTML dashboard (reports folder and an MLflow
    run), with Integrated Gradients overlays of the misclassified and low-confidence images. A
    breach is one `model_degraded` alert per model version (routed per environment); a healthy
-   window resolves it.
+   window resolves it. No champion yet: the run skips with the reason.
 3. **retrain_gate -> request_retrain**: where `monitoring.retrain_on_breach` is set, a breach has
    copied the window's labelled images into the landing zone and emits the `retrain_request`
    Asset event: `cd4ml_ingest` runs on it, and curate and train follow through their Assets.
@@ -56,11 +56,17 @@ def cd4ml_monitor():
     @task
     def monitor(feedback: dict, **context) -> dict:
         """Live metrics against the champion's test split; dashboard, explanations, alert."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from tasks.release.release import NoChampionError
         from tasks.serving.monitor import monitor as run_monitor
         from tasks.settings import load_settings
 
         with fail_fast_on_data_errors():
-            result = run_monitor(load_settings(), run_id=context["run_id"], logical_date=logical_date_of(context))
+            try:
+                result = run_monitor(load_settings(), run_id=context["run_id"], logical_date=logical_date_of(context))
+            except NoChampionError as exc:  # a new environment: nothing serves, so nothing to monitor
+                raise AirflowSkipException(str(exc)) from exc
         print(f"monitoring {result.model_name} v{result.model_version}: {result.predictions} predictions, "
               f"{result.labelled} labelled; breached: {result.breached or 'none'}; dashboard: {result.dashboard}")
         return result.to_dict()

@@ -3,7 +3,8 @@
 ``score(settings, source, run_id=..., logical_date=...)`` runs in named phases:
 
 1. **champion**: ``models:/<name>@champion`` of the environment, pinned to its version before
-   anything else happens (no champion: ``NoChampionError``, nothing read or written);
+   any image is read (no champion: ``NoChampionError``, nothing read or written; a source that
+   does not exist or holds no file is ``NothingToScoreError`` first, which a scheduled run skips);
 2. **known**: the (source_uri, sha256) pairs this model version already scored: a re-run, a
    retried task or a backfill scores each image once per model version, never twice;
 3. **stream**: the source's files in a stable order, ``serving.batch_size`` at a time: read,
@@ -36,7 +37,8 @@ import pyarrow as pa
 
 from tasks.data import lake
 from tasks.data.images import Rejection, screen
-from tasks.data.sources import Entry, Source, open_source
+from tasks.data.sources import Entry, LandingNotFoundError, Source, open_source
+from tasks.errors import DataError
 from tasks.serving.champion import ServingModel, serving_model
 from tasks.settings import Settings
 
@@ -69,6 +71,10 @@ SCORING_REJECTS_SCHEMA = pa.schema([
     pa.field("rejected_at", pa.timestamp("us", tz="UTC"), nullable=False),
 ])
 SCORING_REJECTS_TABLE = "scoring_rejects"
+
+
+class NothingToScoreError(DataError, FileNotFoundError):
+    """The source does not exist or holds no file: a scheduled run skips, a person gets this line."""
 
 
 @dataclass(frozen=True)
@@ -272,12 +278,19 @@ def score(settings: Settings, source: str, *, run_id: str, logical_date: str | d
     from tasks.training.model import load_predictor
 
     started = time.monotonic()
-    model = serving_model(settings)  # 1. champion, before any work
-    files = open_source(source)
+    try:
+        files = open_source(source)
+    except LandingNotFoundError as exc:
+        raise NothingToScoreError(f"nothing to score: {exc}") from exc
+    entries = files.entries()
+    first = list(itertools.islice(entries, 1))
+    if not first:
+        raise NothingToScoreError(f"nothing to score: {files.root_uri} holds no files")
+    model = serving_model(settings)  # 1. champion, before any image is read
     predictor = load_predictor(model.uri)  # the model's own bundled preprocessing and network
     when = _as_timestamp(logical_date)
     totals: dict[str, Any] = {"scored": 0, "already_scored": 0, "rejected": {}, "versions": [], "seen": 0}
-    entries = files.entries()
+    entries = itertools.chain(first, entries)
     while chunk := list(itertools.islice(entries, settings.serving.commit_every)):  # 2-4, a commit per chunk
         totals["seen"] += len(chunk)
         _commit_chunk(settings, files, predictor, model, chunk, run_id, when, totals)
@@ -312,4 +325,4 @@ def predictions_of(settings: Settings, model: ServingModel, *, since: datetime |
     return rows
 
 
-__all__ = ["PREDICTIONS_SCHEMA", "SCORING_REJECTS_SCHEMA", "ScoreResult", "known_pairs", "predictions_of", "score"]
+__all__ = ["NothingToScoreError", "PREDICTIONS_SCHEMA", "SCORING_REJECTS_SCHEMA", "ScoreResult", "known_pairs", "predictions_of", "score"]

@@ -37,6 +37,18 @@ def _asset_events(airflow_home: str, name: str) -> int:
                           (name,)).fetchone()[0]
 
 
+def test_a_new_environment_skips_scoring_and_monitoring_with_the_reason(private_env, tmp_path) -> None:  # noqa: F811
+    """A fresh install's daily runs: no inbox, no champion. They skip, saying why; nothing fails or pages."""
+    env = {**private_env, "CD4ML_HOME": str(tmp_path / "fresh")}
+    out = _dag_test("cd4ml_score", env)
+    assert "nothing to score" in out and "does not exist" in out
+    out = _dag_test("cd4ml_monitor", env)
+    assert "has no champion" in out
+    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
+        states = dict(db.execute("SELECT task_id, state FROM task_instance WHERE dag_id IN ('cd4ml_score', 'cd4ml_monitor')"))
+    assert states["score"] == "skipped" and states["monitor"] == "skipped" and states["load_feedback"] == "success"
+
+
 def test_score_then_monitor_a_planted_drop_emits_one_retrain_request(private_env, tmp_path) -> None:  # noqa: F811
     from tests.champion import champion_home
 

@@ -94,9 +94,14 @@ def test_small_commits_and_a_new_file_score_only_what_is_new(champion, tmp_path:
 def test_no_champion_is_a_clear_error_before_any_work(settings, tmp_path: Path) -> None:
     from tasks.data import lake
     from tasks.release.release import NoChampionError
-    from tasks.serving.score import score
+    from tasks.serving.score import NothingToScoreError, score
 
+    with pytest.raises(NothingToScoreError, match="does not exist"):  # checked first: a scheduled run skips
+        score(settings, str(tmp_path / "batch"), run_id="r", logical_date="2026-11-22")
     (tmp_path / "batch").mkdir()
+    with pytest.raises(NothingToScoreError, match="holds no files"):
+        score(settings, str(tmp_path / "batch"), run_id="r", logical_date="2026-11-22")
+    (tmp_path / "batch" / "a.png").write_bytes(split_rows("test")[0]["image"])
     with pytest.raises(NoChampionError, match="has no champion"):
         score(settings, str(tmp_path / "batch"), run_id="r", logical_date="2026-11-22")
     assert not lake.exists(settings.predictions_table)
