@@ -70,7 +70,7 @@ from deltalake import DeltaTable
 
 from tasks.data import ingest_zones, lake
 from tasks.data.images import Rejection, prepare_image
-from tasks.data.sources import Entry, LandingNotFoundError, SourceError, open_source
+from tasks.data.sources import Entry, LandingNotAFolderError, LandingNotFoundError, open_source
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -357,10 +357,8 @@ def ingest_landing(
         source = open_source(landing_uri, label_source, manifest)  # type: ignore[arg-type]
     except LandingNotFoundError as exc:
         raise FileNotFoundError(str(exc)) from exc
-    except SourceError as exc:
-        if "not a folder" in str(exc):
-            raise NotADirectoryError(str(exc)) from exc
-        raise
+    except LandingNotAFolderError as exc:
+        raise NotADirectoryError(str(exc)) from exc
     logical = lake.normalise_logical_date(logical_date)
     listing = source.listing()
     n = listing.num_rows

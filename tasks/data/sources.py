@@ -77,6 +77,10 @@ class SourceError(DataError, ValueError):
     """The source as a whole cannot be used (bad URL, missing root, unusable manifest)."""
 
 
+class LandingNotAFolderError(SourceError, NotADirectoryError):
+    """The landing path exists but is a file (or another non-folder)."""
+
+
 class LandingNotFoundError(SourceError, FileNotFoundError):
     """The landing root does not exist (a wrong path will not fix itself on retry)."""
 
@@ -224,7 +228,7 @@ class Source:
         if not self.fs.exists(self.root):
             raise LandingNotFoundError(f"landing folder {uri} does not exist")
         if not self.fs.isdir(self.root):
-            raise SourceError(f"landing path {uri} is not a folder")
+            raise LandingNotAFolderError(f"landing path {uri} is not a folder")
 
     # ------------------------------------------------------------------ naming
 
