@@ -70,7 +70,7 @@ from deltalake import DeltaTable
 
 from tasks.data import ingest_zones, lake
 from tasks.data.images import Rejection, prepare_image
-from tasks.data.sources import Entry, LandingNotAFolderError, LandingNotFoundError, open_source
+from tasks.data.sources import Entry, LandingNotAFolderError, LandingNotFoundError, Source, open_source
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -324,6 +324,224 @@ def _plan(cands: pa.Table, known: pa.Table, uris: pa.ChunkedArray, n: int, rejec
     return _Plan(keep, rejects, present, inserted)
 
 
+@dataclass
+class _Run:
+    """What every phase of one local ingest run shares: its identity, the table URIs, the rules."""
+
+    settings: Settings
+    run_id: str
+    logical: str
+    now: datetime  # a record of when, not an input to any decision
+    source: Source
+    label_source: str
+    listing: pa.Table
+    allowed: set[str] | None  # None: classes are discovered (validation decides)
+    extensions: set[str]
+    zone_key: str
+    digest: str
+    started: float
+
+    @property
+    def n(self) -> int:
+        return self.listing.num_rows
+
+    def reject(self, source_uri: str, sha: str | None, label: str | None, code: str, detail: str) -> dict:
+        return _reject_row(source_uri, sha, label, code, detail, self.run_id, self.logical, self.now)
+
+
+@dataclass
+class _Scan:
+    """Phase 2's outcome: candidates spilled to disk, manifest rows, rejects and counters."""
+
+    spill: _Spill
+    seen: _Spill
+    cands: pa.Table  # seq, sha256, label of every candidate row
+    rejects: list[dict]
+    already_present: int  # settled by the incremental state: in the table with the same label
+    skipped: int  # those, plus unchanged files whose verdict is remembered (content rejects, label conflicts)
+    files_read: int
+
+
+def _open_run(settings: Settings, run_id: str, logical_date: str | datetime, landing_uri: str, label_source: str,
+              manifest: str | None, started: float) -> _Run:
+    """Phase 1: the source, its listing (an empty one is EmptyLandingError) and the run's rules."""
+    cfg = settings.ingest
+    try:
+        source = open_source(landing_uri, label_source, manifest)  # type: ignore[arg-type]
+    except LandingNotFoundError as exc:
+        raise FileNotFoundError(str(exc)) from exc
+    except LandingNotAFolderError as exc:
+        raise NotADirectoryError(str(exc)) from exc
+    listing = source.listing()
+    if listing.num_rows == 0:
+        raise EmptyLandingError(f"landing folder {landing_uri} holds no files: nothing to ingest, no new version")
+    allowed = None if cfg.allowed_labels == "discover" else set(cfg.allowed_labels)
+    extensions = {e.lower() for e in cfg.image_extensions}
+    digest = ingest_zones.listing_digest(listing, {
+        "allowed": sorted(allowed) if allowed is not None else "discover", "extensions": sorted(extensions),
+        "min_side": cfg.min_side, "max_side": cfg.max_side, "max_pixels": cfg.max_pixels,
+        "keep_modes": cfg.keep_modes, "convert_modes": cfg.convert_modes})
+    return _Run(settings, run_id, lake.normalise_logical_date(logical_date), datetime.now(UTC), source, label_source,
+                listing, allowed, extensions, ingest_zones.zone_key(source.root_uri, label_source, source.manifest_uri),
+                digest, started)
+
+
+def _unchanged_zone(run: _Run, zone: ingest_zones.Zone) -> IngestResult:
+    """The shortcut: the zone's whole listing was decided before; nothing is opened, read or written."""
+    settings = run.settings
+    log.info("ingest: zone unchanged since run %s (listing digest %s, raw_images v%d): nothing read or written",
+             zone.ingest_run_id, run.digest[:12], zone.raw_version)
+    return IngestResult(
+        raw_table=settings.raw_table, raw_version=zone.raw_version, committed=False, files_seen=run.n, inserted=0,
+        already_present=zone.already_present, rejected=zone.rejected, rejects_table=settings.rejects_table,
+        run_id=run.run_id, logical_date=run.logical, source_uri=run.source.root_uri, label_source=run.label_source,
+        engine="local", files_read=0, unchanged_skipped=run.n, commit_attempts=0,
+        seconds=round(time.perf_counter() - run.started, 3), zone_unchanged=True)
+
+
+def _decide_file(run: _Run, part: dict[str, list], hits: dict[str, list], prior: str | None, j: int, seq: int,
+                 rows: dict[str, list], checked: dict[str, list], checked_uris: set[str] | None,
+                 counts: dict[str, int], rejects: list[dict]) -> None:
+    """One file of a batch: a reject row, a candidate row (and a manifest row), or nothing to do."""
+    cfg = run.settings.ingest
+    uri, label = part["uri"][j], part["label"][j]
+    if part["problem_code"][j]:
+        rejects.append(run.reject(uri, None, label, part["problem_code"][j], part["problem_detail"][j]))
+        return
+    if label is None:
+        rejects.append(run.reject(uri, None, None, "no_label",
+                                  "file sits directly in the landing folder; put it under <label>/"))
+        return
+    if run.allowed is not None and label not in run.allowed:
+        rejects.append(run.reject(uri, None, label, "unknown_label", f"label {label!r} is not in allowed_labels"))
+        return
+    ext = posixpath.splitext(uri)[1]
+    if ext.lower() not in run.extensions:
+        rejects.append(run.reject(uri, None, label, "bad_extension", f"extension {ext!r} is not an image extension"))
+        return
+    unchanged = hits["unchanged"][j]
+    if unchanged:
+        sha = hits["sha256"][j]
+        if hits["content_code"][j]:
+            rejects.append(run.reject(uri, sha, label, hits["content_code"][j], hits["content_detail"][j]))
+            counts["skipped"] += 1
+            return
+        if prior is not None:  # (the same label was settled before the scan, without this loop)
+            counts["skipped"] += 1
+            rejects.append(run.reject(uri, sha, label, "label_conflict", f"same bytes already ingested with label {prior!r}"))
+            return
+        # Unchanged but not in the table (it lost a label conflict, or the table is new): read it.
+    try:
+        data = run.source.read(Entry(uri, part["path"][j], label))
+    except OSError as exc:
+        rejects.append(run.reject(uri, None, label, "unreadable", f"cannot read file: {exc.strerror or exc}"))
+        return
+    counts["files_read"] += 1
+    sha = hashlib.sha256(data).hexdigest()
+    info = prepare_image(data, min_side=cfg.min_side, max_side=cfg.max_side, max_pixels=cfg.max_pixels,
+                         keep_modes=cfg.keep_modes, convert_modes=cfg.convert_modes)
+    if not unchanged and (checked_uris is None or uri not in checked_uris):
+        if checked_uris is not None:
+            checked_uris.add(uri)
+        content_code = info.code if isinstance(info, Rejection) and info.code in _CONTENT_CODES else None
+        for key, value in (("source_uri", uri), ("size", part["size"][j]), ("mtime_ns", part["mtime_ns"][j]),
+                           ("etag", part["etag"][j]), ("sha256", sha), ("content_code", content_code),
+                           ("content_detail", info.detail if content_code else None),
+                           ("ingest_run_id", run.run_id), ("checked_at", run.now)):
+            checked[key].append(value)
+    if isinstance(info, Rejection):
+        rejects.append(run.reject(uri, sha, label, info.code, info.detail))
+        return
+    for key, value in (("sha256", sha), ("image", info.data), ("width", info.width), ("height", info.height),
+                       ("format", info.format), ("mode", info.mode), ("label", label), ("source_uri", uri),
+                       ("ingest_run_id", run.run_id), ("logical_date", run.logical), ("ingested_at", run.now),
+                       ("source_format", info.source_format), ("source_mode", info.source_mode),
+                       ("normalised", info.normalised), ("seq", seq)):
+        rows[key].append(value)
+
+
+def _scan(run: _Run, tmp: Path, full: bool, known: pa.Table) -> _Scan:
+    """Phase 2: decide every file the incremental state does not settle, batch by batch, spilled to disk."""
+    cfg, listing = run.settings.ingest, run.listing
+    cache = _cached(run.settings.table_uri(MANIFEST_TABLE), listing, trust=not full)
+    cached_label = _lookup(cache.column("sha256"), known)
+    settled = _settled(listing, cache, cached_label, run.allowed, run.extensions)
+    todo = np.flatnonzero(~settled)
+    rejects: list[dict] = []
+    counts = {"skipped": int(settled.sum()), "files_read": 0}
+    checked_uris: set[str] | None = None if run.label_source == "folders" else set()  # a manifest may name a file twice
+    spill = _Spill(tmp / "candidates.arrow", _SPILL_SCHEMA)
+    seen = _Spill(tmp / "manifest.arrow", MANIFEST_SCHEMA)
+    cand_index: list[pa.Table] = []
+    for start in range(0, len(todo), cfg.batch_size):
+        seqs = todo[start:start + cfg.batch_size]
+        take = pa.array(seqs)
+        part, hits = listing.take(take).to_pydict(), cache.take(take).to_pydict()
+        priors = cached_label.take(take).to_pylist()
+        rows: dict[str, list] = {f.name: [] for f in _SPILL_SCHEMA}
+        checked: dict[str, list] = {f.name: [] for f in MANIFEST_SCHEMA}
+        for j in range(len(seqs)):
+            _decide_file(run, part, hits, priors[j], j, int(seqs[j]), rows, checked, checked_uris, counts, rejects)
+        spill.write(rows)
+        seen.write(checked)
+        if rows["seq"]:
+            cand_index.append(pa.table({"seq": pa.array(rows["seq"], pa.int64()),
+                                        "sha256": pa.array(rows["sha256"], pa.string()),
+                                        "label": pa.array(rows["label"], pa.string())}))
+    spill.close()
+    seen.close()
+    cands = pa.concat_tables(cand_index) if cand_index else pa.table(
+        {"seq": pa.array([], pa.int64()), "sha256": pa.array([], pa.string()), "label": pa.array([], pa.string())})
+    return _Scan(spill, seen, cands, rejects, already_present=int(settled.sum()), skipped=counts["skipped"],
+                 files_read=counts["files_read"])
+
+
+def _commit(run: _Run, scan: _Scan, snapshot: DeltaTable | None, known: pa.Table, metadata: dict
+            ) -> tuple[int | None, int, _Plan, int, int | None]:
+    """Phase 3: the candidates not in the table yet, in ONE Delta commit (re-planned after a lost race).
+
+    Returns (new version or None, rows inserted, the plan, attempts, the version planned against).
+    """
+    cfg, raw_uri = run.settings.ingest, run.settings.raw_table
+    uris = run.listing.column("uri")
+    configuration = {**lake.stats_columns_config(RAW_SCHEMA), "delta.targetFileSize": str(cfg.target_file_mb << 20)}
+    state: dict = {"attempts": 0}
+
+    def commit(attempt: int) -> tuple[int | None, int]:
+        state["attempts"] = attempt
+        table = snapshot if attempt == 1 else (DeltaTable(raw_uri) if lake.exists(raw_uri) else None)
+        plan = _plan(scan.cands, known if attempt == 1 else _known(table), uris, run.n, run.reject)
+        state["plan"], state["planned_version"] = plan, table.version() if table is not None else None
+        if plan.to_insert == 0:
+            return None, 0
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for batch in scan.spill.batches():
+                mask = plan.keep[batch.column("seq").to_numpy()]
+                if mask.any():
+                    yield batch.filter(pa.array(mask)).select(RAW_SCHEMA.names).cast(RAW_SCHEMA)
+
+        reader = pa.RecordBatchReader.from_batches(RAW_SCHEMA, batches())
+        return lake.append_stream(raw_uri, reader, metadata, table=_with_columns(table, RAW_SCHEMA),
+                                  configuration=configuration, target_file_size=cfg.target_file_mb << 20)
+
+    new_version, inserted = lake.retry_on_conflict(commit, f"ingest into {raw_uri}", attempts=cfg.commit_retries)
+    return new_version, inserted, state["plan"], state["attempts"], state["planned_version"]
+
+
+def _record_zone(run: _Run, rejects: list[dict], new_version: int | None, planned_version: int | None,
+                 identity: tuple[str, int] | None, decided: int) -> None:
+    """Phase 4: a stable listing is recorded as settled, last: everything it vouches for is written."""
+    if not ingest_zones.stable(run.listing, {r["reason_code"] for r in rejects}):
+        return
+    decided_at = new_version if new_version is not None else planned_version
+    if identity is not None and decided_at is not None:
+        ingest_zones.record(run.settings.table_uri(ingest_zones.ZONES_TABLE), ingest_zones.Zone(
+            run.zone_key, run.digest, identity[0], decided_at, run.n, decided, len(rejects), run.run_id),
+            source_uri=run.source.root_uri, label_source=run.label_source, manifest_uri=run.source.manifest_uri,
+            logical_date=run.logical, now=run.now)
+
+
 def ingest_landing(
     settings: Settings,
     run_id: str,
@@ -340,6 +558,8 @@ def ingest_landing(
     ``label_source`` (folders | csv | jsonl), ``manifest`` and ``engine`` (local | spark) default
     to ``settings.ingest``. ``full`` trusts no incremental state: every file is opened and decided
     again (the table still gets no duplicate). Returns the raw version holding the batch.
+    Phases: open the run (listing, rules), the unchanged-zone shortcut, scan, commit, rejects and
+    manifest, record the zone.
     """
     cfg = settings.ingest
     engine = engine or cfg.engine
@@ -353,205 +573,42 @@ def ingest_landing(
         raise ValueError(f"ingest engine must be local or spark, got {engine!r}")
     started = time.perf_counter()
     landing_uri = str(landing or settings.storage.landing_uri)
-    try:
-        source = open_source(landing_uri, label_source, manifest)  # type: ignore[arg-type]
-    except LandingNotFoundError as exc:
-        raise FileNotFoundError(str(exc)) from exc
-    except LandingNotAFolderError as exc:
-        raise NotADirectoryError(str(exc)) from exc
-    logical = lake.normalise_logical_date(logical_date)
-    listing = source.listing()
-    n = listing.num_rows
-    if n == 0:
-        raise EmptyLandingError(f"landing folder {landing_uri} holds no files: nothing to ingest, no new version")
+    run = _open_run(settings, run_id, logical_date, landing_uri, label_source, manifest, started)
     listed_s = time.perf_counter() - started
-
-    raw_uri, rejects_uri, manifest_uri = settings.raw_table, settings.rejects_table, settings.table_uri(MANIFEST_TABLE)
-    zones_uri = settings.table_uri(ingest_zones.ZONES_TABLE)
-    now = datetime.now(UTC)  # a record of when, not an input to any decision
-    allowed = None if cfg.allowed_labels == "discover" else set(cfg.allowed_labels)  # discover: validation decides
-    extensions = {e.lower() for e in cfg.image_extensions}
-    zone_key = ingest_zones.zone_key(source.root_uri, label_source, source.manifest_uri)
-    digest = ingest_zones.listing_digest(listing, {
-        "allowed": sorted(allowed) if allowed is not None else "discover", "extensions": sorted(extensions), "min_side": cfg.min_side,
-        "max_side": cfg.max_side, "max_pixels": cfg.max_pixels, "keep_modes": cfg.keep_modes,
-        "convert_modes": cfg.convert_modes})
-    zone = None if full else ingest_zones.settled(zones_uri, raw_uri, zone_key, digest)
+    raw_uri, rejects_uri = settings.raw_table, settings.rejects_table
+    zone = None if full else ingest_zones.settled(settings.table_uri(ingest_zones.ZONES_TABLE), raw_uri,
+                                                  run.zone_key, run.digest)
     if zone is not None:
-        result = IngestResult(
-            raw_table=raw_uri, raw_version=zone.raw_version, committed=False, files_seen=n, inserted=0,
-            already_present=zone.already_present, rejected=zone.rejected, rejects_table=rejects_uri, run_id=run_id,
-            logical_date=logical, source_uri=source.root_uri, label_source=label_source, engine="local",
-            files_read=0, unchanged_skipped=n, commit_attempts=0, seconds=round(time.perf_counter() - started, 3),
-            zone_unchanged=True)
-        log.info("ingest: zone unchanged since run %s (listing digest %s, raw_images v%d): nothing read or written",
-                 zone.ingest_run_id, digest[:12], zone.raw_version)
-        return result
+        return _unchanged_zone(run, zone)
 
-    def reject(source_uri: str, sha: str | None, label: str | None, code: str, detail: str) -> dict:
-        return _reject_row(source_uri, sha, label, code, detail, run_id, logical, now)
-
-    cache = _cached(manifest_uri, listing, trust=not full)
     snapshot = DeltaTable(raw_uri) if lake.exists(raw_uri) else None
     known = _known(snapshot)
-    cached_label = _lookup(cache.column("sha256"), known)
-    settled = _settled(listing, cache, cached_label, allowed, extensions)
-    todo = np.flatnonzero(~settled)
-
-    rejects: list[dict] = []
-    already_present = skipped = int(settled.sum())
-    files_read = 0
-    uris = listing.column("uri")
-    unique_uris = label_source == "folders"  # a manifest may name one file twice; a folder walk cannot
-    checked_uris: set[str] = set()
+    metadata = {"run_id": run_id, "logical_date": run.logical, "step": "ingest", "source": run.source.root_uri,
+                "label_source": label_source}
     with tempfile.TemporaryDirectory(prefix="cd4ml-ingest-") as tmp:
-        spill = _Spill(Path(tmp) / "candidates.arrow", _SPILL_SCHEMA)
-        seen = _Spill(Path(tmp) / "manifest.arrow", MANIFEST_SCHEMA)
-        cand_index: list[pa.Table] = []
-        for start in range(0, len(todo), cfg.batch_size):
-            seqs = todo[start:start + cfg.batch_size]
-            take = pa.array(seqs)
-            part = listing.take(take).to_pydict()
-            hits = cache.take(take).to_pydict()
-            priors = cached_label.take(take).to_pylist()
-            rows: dict[str, list] = {f.name: [] for f in _SPILL_SCHEMA}
-            checked: dict[str, list] = {f.name: [] for f in MANIFEST_SCHEMA}
-            for j, uri in enumerate(part["uri"]):
-                seq = int(seqs[j])
-                label = part["label"][j]
-                if part["problem_code"][j]:
-                    rejects.append(reject(uri, None, label, part["problem_code"][j], part["problem_detail"][j]))
-                    continue
-                if label is None:
-                    rejects.append(reject(uri, None, None, "no_label",
-                                          "file sits directly in the landing folder; put it under <label>/"))
-                    continue
-                if allowed is not None and label not in allowed:
-                    rejects.append(reject(uri, None, label, "unknown_label", f"label {label!r} is not in allowed_labels"))
-                    continue
-                ext = posixpath.splitext(uri)[1]
-                if ext.lower() not in extensions:
-                    rejects.append(reject(uri, None, label, "bad_extension", f"extension {ext!r} is not an image extension"))
-                    continue
-                unchanged = hits["unchanged"][j]
-                if unchanged:
-                    sha = hits["sha256"][j]
-                    if hits["content_code"][j]:
-                        rejects.append(reject(uri, sha, label, hits["content_code"][j], hits["content_detail"][j]))
-                        skipped += 1
-                        continue
-                    prior = priors[j]
-                    if prior is not None:  # (the same label was settled above, without this loop)
-                        skipped += 1
-                        rejects.append(reject(uri, sha, label, "label_conflict",
-                                              f"same bytes already ingested with label {prior!r}"))
-                        continue
-                    # Unchanged but not in the table (it lost a label conflict, or the table is new): read it.
-                try:
-                    data = source.read(Entry(uri, part["path"][j], label))
-                except OSError as exc:
-                    rejects.append(reject(uri, None, label, "unreadable", f"cannot read file: {exc.strerror or exc}"))
-                    continue
-                files_read += 1
-                sha = hashlib.sha256(data).hexdigest()
-                info = prepare_image(data, min_side=cfg.min_side, max_side=cfg.max_side, max_pixels=cfg.max_pixels,
-                                     keep_modes=cfg.keep_modes, convert_modes=cfg.convert_modes)
-                if not unchanged and (unique_uris or uri not in checked_uris):
-                    if not unique_uris:
-                        checked_uris.add(uri)
-                    content_code = info.code if isinstance(info, Rejection) and info.code in _CONTENT_CODES else None
-                    for key, value in (("source_uri", uri), ("size", part["size"][j]), ("mtime_ns", part["mtime_ns"][j]),
-                                       ("etag", part["etag"][j]), ("sha256", sha), ("content_code", content_code),
-                                       ("content_detail", info.detail if content_code else None),
-                                       ("ingest_run_id", run_id), ("checked_at", now)):
-                        checked[key].append(value)
-                if isinstance(info, Rejection):
-                    rejects.append(reject(uri, sha, label, info.code, info.detail))
-                    continue
-                for key, value in (("sha256", sha), ("image", info.data), ("width", info.width), ("height", info.height),
-                                   ("format", info.format), ("mode", info.mode), ("label", label), ("source_uri", uri),
-                                   ("ingest_run_id", run_id), ("logical_date", logical), ("ingested_at", now),
-                                   ("source_format", info.source_format), ("source_mode", info.source_mode),
-                                   ("normalised", info.normalised), ("seq", seq)):
-                    rows[key].append(value)
-            spill.write(rows)
-            seen.write(checked)
-            if rows["seq"]:
-                cand_index.append(pa.table({"seq": pa.array(rows["seq"], pa.int64()),
-                                            "sha256": pa.array(rows["sha256"], pa.string()),
-                                            "label": pa.array(rows["label"], pa.string())}))
-        spill.close()
-        seen.close()
-        cands = pa.concat_tables(cand_index) if cand_index else pa.table(
-            {"seq": pa.array([], pa.int64()), "sha256": pa.array([], pa.string()), "label": pa.array([], pa.string())})
-        del cand_index
+        scan = _scan(run, Path(tmp), full, known)
         scanned_s = time.perf_counter() - started - listed_s
-
-        metadata = {"run_id": run_id, "logical_date": logical, "step": "ingest", "source": source.root_uri,
-                    "label_source": label_source}
-        configuration = {**lake.stats_columns_config(RAW_SCHEMA), "delta.targetFileSize": str(cfg.target_file_mb << 20)}
-        state: dict = {"attempts": 0}
-
-        def commit(attempt: int) -> tuple[int | None, int]:
-            state["attempts"] = attempt
-            table = snapshot if attempt == 1 else (DeltaTable(raw_uri) if lake.exists(raw_uri) else None)
-            plan = _plan(cands, known if attempt == 1 else _known(table), uris, n, reject)
-            state["plan"], state["planned_version"] = plan, table.version() if table is not None else None
-            if plan.to_insert == 0:
-                return None, 0
-
-            def batches() -> Iterator[pa.RecordBatch]:
-                for batch in spill.batches():
-                    mask = plan.keep[batch.column("seq").to_numpy()]
-                    if mask.any():
-                        yield batch.filter(pa.array(mask)).select(RAW_SCHEMA.names).cast(RAW_SCHEMA)
-
-            reader = pa.RecordBatchReader.from_batches(RAW_SCHEMA, batches())
-            return lake.append_stream(raw_uri, reader, metadata, table=_with_columns(table, RAW_SCHEMA),
-                                      configuration=configuration, target_file_size=cfg.target_file_mb << 20)
-
-        new_version, inserted = lake.retry_on_conflict(commit, f"ingest into {raw_uri}", attempts=cfg.commit_retries)
-        plan: _Plan = state["plan"]
-        rejects.extend(plan.rejects)
-        already_present += plan.already_present
+        new_version, inserted, plan, attempts, planned_version = _commit(run, scan, snapshot, known, metadata)
+        rejects = scan.rejects + plan.rejects
+        already_present = scan.already_present + plan.already_present
         written_s = time.perf_counter() - started - listed_s - scanned_s
-
         lake.merge_new_rows(rejects_uri, pa.Table.from_pylist(rejects, schema=REJECT_SCHEMA), "reject_id", metadata)
-        if seen.rows:
-            lake.upsert_batches(manifest_uri, seen.batches, MANIFEST_SCHEMA, "source_uri",
+        if scan.seen.rows:
+            lake.upsert_batches(settings.table_uri(MANIFEST_TABLE), scan.seen.batches, MANIFEST_SCHEMA, "source_uri",
                                 {**metadata, "step": "ingest_manifest"})
 
     identity = ingest_zones.table_identity(raw_uri)  # (table id, newest version): one log load serves both uses
     raw_version = new_version if new_version is not None else (identity[1] if identity is not None else None)
     if raw_version is None:
         raise EmptyLandingError(
-            f"landing folder {landing_uri}: all {n} files were rejected (see {rejects_uri}); no raw table version exists"
+            f"landing folder {landing_uri}: all {run.n} files were rejected (see {rejects_uri}); no raw table version exists"
         )
-    if ingest_zones.stable(listing, {r["reason_code"] for r in rejects}):
-        # Recorded last: the raw table, rejects and manifest already hold everything it vouches for.
-        decided_at = new_version if new_version is not None else state["planned_version"]
-        if identity is not None and decided_at is not None:
-            ingest_zones.record(zones_uri, ingest_zones.Zone(
-                zone_key, digest, identity[0], decided_at, n, already_present + inserted, len(rejects), run_id),
-                source_uri=source.root_uri, label_source=label_source, manifest_uri=source.manifest_uri,
-                logical_date=logical, now=now)
+    _record_zone(run, rejects, new_version, planned_version, identity, already_present + inserted)
     result = IngestResult(
-        raw_table=raw_uri,
-        raw_version=raw_version,
-        committed=new_version is not None,
-        files_seen=n,
-        inserted=inserted,
-        already_present=already_present,
-        rejected=len(rejects),
-        rejects_table=rejects_uri,
-        run_id=run_id,
-        logical_date=logical,
-        source_uri=source.root_uri,
-        label_source=label_source,
-        engine="local",
-        files_read=files_read,
-        unchanged_skipped=skipped,
-        commit_attempts=state["attempts"],
+        raw_table=raw_uri, raw_version=raw_version, committed=new_version is not None, files_seen=run.n,
+        inserted=inserted, already_present=already_present, rejected=len(rejects), rejects_table=rejects_uri,
+        run_id=run_id, logical_date=run.logical, source_uri=run.source.root_uri, label_source=label_source,
+        engine="local", files_read=scan.files_read, unchanged_skipped=scan.skipped, commit_attempts=attempts,
         seconds=round(time.perf_counter() - started, 3),
     )
     log.info("ingest: %s (list %.2fs, read+decode %.2fs, write %.2fs)", result, listed_s, scanned_s, written_s)
