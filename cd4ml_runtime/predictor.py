@@ -85,6 +85,15 @@ class Predictor:
     def predict_proba(self, images: Sequence[Any]) -> np.ndarray:
         return self.embed_and_proba(images)[1]
 
+    @torch.no_grad()
+    def proba_of_pixels(self, raw: np.ndarray) -> np.ndarray:
+        """Softmax (N, K) of pixels already decoded with this model's spec (``decode_many``'s uint8 output)."""
+        probs = []
+        for i in range(0, len(raw), BATCH):
+            x = normalise(torch.from_numpy(raw[i : i + BATCH]), self.spec).contiguous(memory_format=self.memory_format)
+            probs.append(torch.softmax(self.network.classifier(torch.flatten(self.network.features(x), 1)), dim=1).numpy())
+        return np.concatenate(probs).astype(np.float32) if probs else np.zeros((0, len(self.classes)), np.float32)
+
     def predict_frame(self, model_input: Any) -> Any:
         """DataFrame with a column ``image`` in; ``label`` and ``confidence`` out (one row per image)."""
         import pandas as pd

@@ -88,12 +88,24 @@ def transfer_weights(model: nn.Module, state: dict[str, torch.Tensor], freeze_ba
     return sorted(set(own) - set(matched))
 
 
-def load_predictor(model_uri: str) -> Predictor:
-    """A logged model's predictor, run by the runtime copied into it (the project's own for format 1)."""
+@contextlib.contextmanager
+def opened_predictor(model_uri: str) -> Iterator[tuple[Predictor, Path]]:
+    """(predictor, folder of the runtime it runs) of a logged model, the folder kept for the block's duration.
+
+    The runtime is the copy inside the model (the project's own ``cd4ml_runtime`` for format 1):
+    a decode worker process imports that same folder (tasks/serving/decode_worker.py).
+    """
     with _downloaded(model_uri) as (local, meta_path, state_path):
         runtimes = sorted(p.parent for p in local.rglob("predictor.py") if p.parent.name == runtime_pyfunc.RUNTIME_ARTIFACT)
         module = runtime_pyfunc.load_bundled_runtime(runtimes[0]) if runtimes else None
-        return (module.Predictor if module is not None else Predictor).from_files(meta_path, state_path)
+        predictor = (module.Predictor if module is not None else Predictor).from_files(meta_path, state_path)
+        yield predictor, (runtimes[0] if runtimes else RUNTIME_DIR)
+
+
+def load_predictor(model_uri: str) -> Predictor:
+    """A logged model's predictor, run by the runtime copied into it (the project's own for format 1)."""
+    with opened_predictor(model_uri) as (predictor, _):
+        return predictor
 
 
 class ImageClassifierPyfunc(mlflow.pyfunc.PythonModel):

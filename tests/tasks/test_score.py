@@ -122,3 +122,48 @@ def test_an_fsspec_url_is_scored_like_a_folder(champion, tmp_path: Path) -> None
     result = score(settings, f"memory://inbox-{tmp_path.name}", run_id="mem", logical_date="2026-11-22")
     assert result.scored == 20 and result.rejected_by_reason == {"not_an_image": 1}
     assert result.source_uri.startswith("memory://")
+
+
+def test_a_decode_worker_gives_the_same_rows_as_decoding_in_process(champion, tmp_path: Path) -> None:
+    import numpy as np
+
+    from tasks.data import lake
+    from tasks.serving.score import score
+
+    settings, _ = champion
+    _landing(tmp_path / "batch", n=60)  # PNG, JPEG and the four bad files (a truncated PNG fails in the decoder)
+    results, tables = [], []
+    for workers in (0, 1):
+        s = settings.model_copy(update={
+            "storage": settings.storage.model_copy(update={"lake_uri": str(tmp_path / f"lake{workers}")}),
+            "serving": settings.serving.model_copy(update={"decode_workers": workers, "decode_min_files": 0,
+                                                           "batch_size": 16}),
+        })
+        results.append(score(s, str(tmp_path / "batch"), run_id="r", logical_date="2026-11-22"))
+        tables.append(lake.scan(lake.open_table(s.predictions_table)).sort_by("source_uri"))
+    serial, pooled = results
+    assert serial.scored == pooled.scored == 60
+    assert serial.rejected_by_reason == pooled.rejected_by_reason == {
+        "corrupt_image": 1, "empty_file": 1, "not_an_image": 1, "too_small": 1}
+    assert tables[0].column("label").to_pylist() == tables[1].column("label").to_pylist()
+    a, b = (np.array(t.column("probabilities").to_pylist()) for t in tables)
+    assert np.allclose(a, b, atol=1e-6)
+
+
+def test_a_dead_decode_worker_falls_back_to_decoding_in_process(champion, tmp_path: Path, monkeypatch) -> None:
+    from tasks.serving import score as scoring
+
+    settings, _ = champion
+    _landing(tmp_path / "batch", n=30)
+    original = scoring._LazyPool.__init__
+
+    def broken(self, workers, runtime_dir):  # the worker's initializer cannot import a runtime: the pool breaks
+        original(self, workers, tmp_path / "no-runtime-here")
+
+    monkeypatch.setattr(scoring._LazyPool, "__init__", broken)
+    s = settings.model_copy(update={
+        "storage": settings.storage.model_copy(update={"lake_uri": str(tmp_path / "lake")}),
+        "serving": settings.serving.model_copy(update={"decode_min_files": 0, "batch_size": 8}),
+    })
+    result = scoring.score(s, str(tmp_path / "batch"), run_id="r", logical_date="2026-11-22")
+    assert result.scored == 30 and result.quarantined == 4
