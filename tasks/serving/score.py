@@ -281,11 +281,18 @@ def decoder_for(settings: Settings, predictor: Any, runtime_dir: Path, files: in
     if workers == 0 or files < settings.serving.decode_min_files or not hasattr(predictor, "proba_of_pixels"):
         yield None
         return
+    import os
+
+    import torch
+
+    threads = torch.get_num_threads()  # the decode workers take their cores from torch's intra-op threads:
+    torch.set_num_threads(max(1, min(threads, (os.cpu_count() or 1) - workers)))  # 2 cores, 2 threads + 1 worker: 0.75x
     pool = _LazyPool(workers, runtime_dir)
     try:
         yield pool
     finally:
         pool.shutdown()
+        torch.set_num_threads(threads)
 
 
 def _record_batch(batch: _Batch, model: ServingModel, classes: list[str], run_id: str, when: datetime,
