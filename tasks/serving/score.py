@@ -117,13 +117,17 @@ def _as_timestamp(logical_date: str | datetime) -> datetime:
     return datetime.fromisoformat(lake.normalise_logical_date(logical_date))
 
 
-def known_pairs(uri: str, model: ServingModel) -> set[tuple[str, str]]:
-    """(source_uri, image_key) this model version has a prediction for (read: two string columns)."""
-    if not lake.exists(uri):
+def known_pairs(uri: str, model: ServingModel, source_uris: Sequence[str]) -> set[tuple[str, str]]:
+    """(source_uri, image_key) of these files this model version has a prediction for.
+
+    Only the chunk's own files are looked up, so memory follows the chunk, not the table.
+    """
+    if not lake.exists(uri) or not source_uris:
         return set()
     table = lake.open_table(uri)
     rows = lake.scan(table, columns=["source_uri", "image_key"],
-                     filters=[("model_name", "=", model.name), ("model_version", "=", model.version)])
+                     filters=[("model_name", "=", model.name), ("model_version", "=", model.version),
+                              ("source_uri", "in", list(source_uris))])
     return set(zip(rows.column("source_uri").to_pylist(), rows.column("image_key").to_pylist()))
 
 
@@ -333,7 +337,7 @@ def _commit_chunk(settings: Settings, source: Source, predictor: Any, model: Ser
 
     def attempt(_: int) -> tuple[int | None, int]:
         table = lake.open_table(uri) if lake.exists(uri) else None
-        known = known_pairs(uri, model)
+        known = known_pairs(uri, model, [entry.uri for entry in entries])
         totals["chunk"] = {"known": 0, "rejects": []}
 
         def batches() -> Iterator[pa.RecordBatch]:
