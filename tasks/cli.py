@@ -251,8 +251,7 @@ def _cmd_lineage(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from tasks.serving.serve import serve
 
-    settings = load_settings()
-    return serve(settings, host=args.host, port=args.port or settings.serving.port, workers=args.workers)
+    return serve(load_settings(), host=args.host, port=args.port, workers=args.workers)
 
 
 def _run_stamp(args: argparse.Namespace) -> tuple[str, str]:

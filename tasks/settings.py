@@ -438,6 +438,18 @@ class Settings(_Section):
     def tracking_uri(self) -> str:
         return os.environ.get("MLFLOW_TRACKING_URI") or self.tracking.uri
 
+    def missing_tracking_store(self) -> Path | None:
+        """The file of a ``sqlite:///`` tracking store that does not exist yet, else None.
+
+        Asking MLflow about a missing SQLite store creates an empty one; status and the serving
+        commands look here first.
+        """
+        prefix = "sqlite:///"
+        if not self.tracking_uri.startswith(prefix):
+            return None  # a server or database: ask it
+        path = Path(self.tracking_uri[len(prefix):].split("?", 1)[0])
+        return None if path.exists() else path
+
     def section_hash(self, *sections: str) -> str:
         """Stable short hash of some sections: names a result by the config that made it."""
         payload = {s: getattr(self, s).model_dump(mode="json") for s in sections}

@@ -181,13 +181,9 @@ def screen(
     convert = convert_modes if isinstance(convert_modes, frozenset) else frozenset(convert_modes)
     header = fast_header(data)  # PNG and JPEG without Pillow (tasks/data/headers.py); None: Pillow decides
     if header is not None:
-        width, height = header.width, header.height
-        if width * height <= max_pixels and header.frames == 1 and header.mode in keep and \
-                min_side <= min(width, height) and max(width, height) <= max_side:
-            return None  # the common case, decided without building anything
-        return (_header_rejection(width, height, header.format, header.frames, max_pixels)
+        return (_header_rejection(header.width, header.height, header.format, header.frames, max_pixels)
                 or _mode_rejection(header.mode, keep, convert)
-                or _side_rejection(width, height, min_side, max_side))
+                or _side_rejection(header.width, header.height, min_side, max_side))
     try:
         with _opened(data) as img:
             return (_header_rejection(*img.size, img.format or "unknown", _frames(img), max_pixels)

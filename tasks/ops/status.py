@@ -5,8 +5,6 @@ Used by ``cd4ml status`` (JSON) and ``cd4ml summary`` (where to look after a dem
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tasks.data import lake
 from tasks.settings import ENVIRONMENTS, Settings, load_settings
 
@@ -37,13 +35,6 @@ def table_status(uri: str) -> dict:
     return {"uri": uri, "version": version, "rows": table.count(), "last_commit": last.metadata, "names": names}
 
 
-def _tracking_store_exists(settings: Settings) -> bool:
-    uri = settings.tracking_uri
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///"):]).exists()
-    return True  # a server or database: ask it
-
-
 def _champion(settings: Settings, models: list[dict]) -> dict | None:
     """The champion with its lineage and the ledger row that made it champion."""
     from tasks.release import audit
@@ -64,7 +55,7 @@ def _champion(settings: Settings, models: list[dict]) -> dict | None:
 
 def environment_status(settings: Settings) -> dict:
     models: list[dict] = []
-    if _tracking_store_exists(settings):
+    if settings.missing_tracking_store() is None:
         from tasks.release.registry import model_versions
 
         models = model_versions(settings)

@@ -9,7 +9,6 @@ prediction must name the version that made it. No champion is a ``NoChampionErro
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from tasks.release.release import NoChampionError
@@ -36,20 +35,11 @@ class ServingModel:
         return {**asdict(self), "uri": self.uri}
 
 
-def _missing_local_store(tracking_uri: str) -> Path | None:
-    """The file of a ``sqlite:///`` store that does not exist (asking MLflow would create it), else None."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    path = Path(tracking_uri[len(prefix):].split("?", 1)[0])
-    return None if path.exists() else path
-
-
 def serving_model(settings: Settings) -> ServingModel:
     """The environment's champion, pinned; ``NoChampionError`` naming the model and how to get one."""
     from tasks.release.registry import champion_model_version, mlflow_client
 
-    missing = _missing_local_store(settings.tracking_uri)
+    missing = settings.missing_tracking_store()
     if missing is not None:  # a fresh or mistyped CD4ML_HOME: say so, create nothing
         raise NoChampionError(
             f"{settings.env} has no champion: there is no MLflow store at {missing} (CD4ML_HOME {settings.home}). "

@@ -3,13 +3,13 @@
 Pillow's decode is most of the cost of scoring small images and holds the GIL for much of it,
 so a thread cannot overlap it (measured: 0.58x the bare loop); a process can. The worker
 imports only the ``preprocess`` module of the runtime copy the model carries (numpy and Pillow,
-no torch: it starts in a fraction of a second) under the same private naming as
-``cd4ml_runtime.pyfunc.load_bundled_runtime``, so it decodes exactly as the model does.
+no torch: it starts in a fraction of a second) under a private name, so it decodes exactly as
+the model does. ``cd4ml_runtime.pyfunc.load_bundled_runtime`` is not reused: it lives in the
+file pickled into every model (it must stay self-contained) and imports MLflow and torch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import sys
@@ -18,25 +18,25 @@ from typing import Any
 
 import numpy as np
 
+_PACKAGE = "_cd4ml_decode_runtime"
 _PREPROCESS: Any = None
 
 
 def init(runtime_dir: str) -> None:
-    """Pool initializer: import the model's runtime package (its ``__init__`` imports only preprocess)."""
+    """Pool initializer: import the model's runtime package (its ``__init__`` imports only preprocess).
+
+    One worker process serves one scoring run, so one fixed private name is enough; unlike
+    ``load_bundled_runtime`` nothing here shares the process with another runtime copy.
+    """
     global _PREPROCESS
     root = Path(runtime_dir)
-    digest = hashlib.sha256()
-    for path in sorted(root.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    name = f"_cd4ml_runtime_{digest.hexdigest()[:16]}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, root / "__init__.py", submodule_search_locations=[str(root)])
-        if spec is None or spec.loader is None:
-            raise ImportError(f"no runtime package in {root}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    _PREPROCESS = importlib.import_module(f"{name}.preprocess")
+    spec = importlib.util.spec_from_file_location(_PACKAGE, root / "__init__.py", submodule_search_locations=[str(root)])
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no runtime package in {root}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_PACKAGE] = module
+    spec.loader.exec_module(module)
+    _PREPROCESS = importlib.import_module(f"{_PACKAGE}.preprocess")
 
 
 def decode(images: list[bytes], spec: dict[str, Any]) -> tuple[np.ndarray, dict[int, str]]:

@@ -270,9 +270,6 @@ class _LazyPool:
             self.broken = True
             return None
 
-    def worker_pids(self) -> list[int]:
-        return list(getattr(self.pool, "_processes", {}) or {})
-
     def shutdown(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)

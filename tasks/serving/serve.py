@@ -32,13 +32,13 @@ from tasks.serving.champion import ServingModel, serving_model
 from tasks.settings import Settings
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 5001
 DEFAULT_WORKERS = 1
 
 
-def server_command(settings: Settings, model: ServingModel, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+def server_command(settings: Settings, model: ServingModel, host: str = DEFAULT_HOST, port: int | None = None,
                    workers: int = DEFAULT_WORKERS) -> list[str]:
-    """``mlflow models serve`` for the pinned champion, in this interpreter's environment."""
+    """``mlflow models serve`` for the pinned champion, in this interpreter's environment (port: serving.port)."""
+    port = settings.serving.port if port is None else port
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if not 0 < port < 65536:
@@ -74,9 +74,10 @@ def request_body(images: Sequence[bytes]) -> dict[str, Any]:
     return {"dataframe_split": {"columns": ["image"], "data": [[base64.b64encode(bytes(b)).decode("ascii")] for b in images]}}
 
 
-def serve(settings: Settings, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, workers: int = DEFAULT_WORKERS) -> int:
+def serve(settings: Settings, host: str = DEFAULT_HOST, port: int | None = None, workers: int = DEFAULT_WORKERS) -> int:
     """Serve the champion until stopped; ``NoChampionError`` before anything starts when there is none."""
     model = serving_model(settings)
+    port = settings.serving.port if port is None else port
     command = server_command(settings, model, host, port, workers)
     env = server_env(settings)
     print(
