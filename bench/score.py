@@ -274,7 +274,7 @@ def breakdown(settings: Any, model: Any, folder: Path, repeats: int = 3) -> dict
     return {name: round(statistics.median(v), 3) for name, v in steps.items()}
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--n-small", type=int, default=2_500)
@@ -289,20 +289,105 @@ def main() -> int:
     parser.add_argument("--child", choices=["product", "baseline"], help=argparse.SUPPRESS)
     for hidden in ("--settings", "--folder", "--lake", "--model-uri", "--tag"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def timed_runs(args: argparse.Namespace, settings: Any, pyfunc: Any, big: Path, scratch: Path) -> dict[str, Any]:
+    """Bare loop and product alternately (``--repeats``), then the pairs at 2 torch threads."""
+    import torch
+
+    batch_size = settings.serving.batch_size
+    baseline_s, product_s, runs = [], [], []
+    labels: dict[str, str] = {}
+    last_lake = scratch / "lake-0"
+    for r in range(args.repeats):
+        seconds, labels = bare_loop(pyfunc, big, batch_size)
+        baseline_s.append(seconds)
+        _progress(f"run {r + 1}/{args.repeats}: bare loop {seconds:.2f} s")
+        last_lake = scratch / f"lake-{r + 1}"
+        seconds, result = product_run(settings, big, last_lake, f"bench__score_{r + 1}")
+        product_s.append(seconds)
+        assert result.scored == args.n and result.quarantined == 0, result.to_dict()
+        runs.append({"baseline_s": round(baseline_s[-1], 2), "product_s": round(seconds, 2),
+                     "product_versions": result.versions, "loadavg_1m": round(os.getloadavg()[0], 2)})
+        _progress(f"run {r + 1}/{args.repeats}: score() {seconds:.2f} s, versions {result.versions}")
+    threads2: list[dict[str, float]] = []
+    if args.threads2_pairs:
+        torch.set_num_threads(2)
+        for r in range(args.threads2_pairs):
+            b, _ = bare_loop(pyfunc, big, batch_size)
+            p, _ = product_run(settings, big, scratch / f"lake-threads2-{r}", f"bench__threads2_{r}")
+            threads2.append({"baseline_s": round(b, 2), "product_s": round(p, 2), "ratio": round(b / p, 3),
+                             "loadavg_1m": round(os.getloadavg()[0], 2)})
+            _progress(f"2 threads, pair {r + 1}: {threads2[-1]}")
+        torch.set_num_threads(args.threads)
+    return {"baseline_s": baseline_s, "product_s": product_s, "runs": runs, "labels": labels,
+            "last_lake": last_lake, "threads2": threads2}
+
+
+def agreement_and_rerun(args: argparse.Namespace, settings: Any, big: Path, timed: dict[str, Any]) -> dict[str, Any]:
+    """Labels of the last product run against the bare loop's; the same files again: nothing new."""
+    from tasks.data import lake
+
+    table_uri = with_lake(settings, timed["last_lake"]).predictions_table
+    rows = lake.scan(lake.open_table(table_uri), columns=["source_uri", "label"])
+    product_labels = dict(zip((u.rsplit("/", 1)[1] for u in rows.column("source_uri").to_pylist()),
+                              rows.column("label").to_pylist()))
+    labels = timed["labels"]
+    agreement = sum(product_labels.get(k) == v for k, v in labels.items()) / len(labels)
+    version_before = lake.current_version(table_uri)
+    rerun_s, again = product_run(settings, big, timed["last_lake"], "bench__rerun")
+    rows_after = lake.scan(lake.open_table(table_uri), columns=["image_key"]).num_rows
+    version_after = lake.current_version(table_uri)
+    assert again.scored == 0 and again.already_scored == args.n and again.versions == [], again.to_dict()
+    assert rows_after == args.n and version_after == version_before, (rows_after, version_before, version_after)
+    _progress(f"re-run {rerun_s:.2f} s: 0 new rows, {rows_after} rows, version {version_after} unchanged")
+    return {"agreement": agreement, "rerun": {
+        "seconds": round(rerun_s, 2), "new_rows": again.scored, "already_scored": again.already_scored,
+        "rows_after": rows_after, "delta_version_before": version_before, "delta_version_after": version_after}}
+
+
+def memory_runs(args: argparse.Namespace, folders: dict[int, Path], scratch: Path, settings_path: Path,
+                model_uri: str) -> dict[str, Any]:
+    """Peak RSS of a fresh child scoring (or bare-looping) the small and the big folder."""
+    memory = {}
+    for kind in ("product", "baseline"):
+        for n, folder in folders.items():
+            memory[f"{kind}_{n}"] = in_child(kind, folder, scratch, settings_path, model_uri, f"{kind}-{n}", args.threads)
+            _progress(f"child {kind} {n}: {memory[f'{kind}_{n}']}")
+    return memory
+
+
+def report(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """bench/results JSON and the summary lines."""
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    t, memory, rerun = out["throughput"], out["memory_peak_rss_mb"], out["rerun"]
+    print("| path | runs s | median s | images/s |\n|---|---|---:|---:|")
+    print(f"| bare loop `pyfunc.predict` | {', '.join(map(str, t['baseline_s']))} | {t['baseline_median_s']} | "
+          f"{t['baseline_images_per_s']} |")
+    print(f"| `score()` | {', '.join(map(str, t['product_s']))} | {t['product_median_s']} | {t['product_images_per_s']} |")
+    print(f"\nratio {t['ratio_baseline_over_product']} (target >= 0.9); labels agree "
+          f"{t['label_agreement_baseline_vs_product']:.2%}; re-run {rerun['seconds']:.2f} s, 0 new rows, "
+          f"version {rerun['delta_version_after']} unchanged")
+    print("peak RSS MB: " + ", ".join(f"{k} {v['peak_rss_mb']}" for k, v in memory.items())
+          + f"; product growth {args.n_small} -> {args.n}: {out['product_rss_growth_small_to_n']:+.1%}")
+    print(f"load {out['machine']['loadavg_before'][0]} -> {os.getloadavg()[0]:.2f}; wrote {args.out}")
+
+
+def main() -> int:
+    args = parse_args()
     if args.child:
         return child(args)
-
     load_before = _load()
     with tempfile.TemporaryDirectory(prefix="cd4ml-bench-score-") as tmp:
         scratch = Path(tmp)
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # 1. champion and images
         settings, model, home = champion_of(args.home, scratch, model=args.model, image_size=args.image_size)
         _progress(f"champion {model.uri} in {home} ({time.perf_counter() - t0:.1f} s)")
         settings_path = scratch / "settings.json"
         settings_path.write_text(settings.model_dump_json())
         batch_size = settings.serving.batch_size
-
         t0 = time.perf_counter()
         big, small = scratch / f"images-{args.n}", scratch / f"images-{args.n_small}"
         images = write_images(big, args.n)
@@ -310,63 +395,22 @@ def main() -> int:
         assert images["distinct_sha256"] == args.n, images
         _progress(f"{args.n} + {args.n_small} PNGs written ({time.perf_counter() - t0:.1f} s): {images}")
 
-        import mlflow.pyfunc
+        import mlflow.pyfunc  # 2. warm both paths, then the timed runs
         import torch
 
-        from tasks.data import lake
-
-        torch.set_num_threads(args.threads)
         from tasks.release.registry import mlflow_client
 
+        torch.set_num_threads(args.threads)
         mlflow_client(settings)
         t0 = time.perf_counter()
         pyfunc = mlflow.pyfunc.load_model(model.uri)
         baseline_load_s = time.perf_counter() - t0
-
         warm = scratch / "warm"
         copy_first(big, warm, batch_size)
         bare_loop(pyfunc, warm, batch_size)  # untimed warm-up of both paths (imports, first torch call)
         product_run(settings, warm, scratch / "lake-warm", "bench__warm")
-
-        baseline_s, product_s, runs = [], [], []
-        labels: dict[str, str] = {}
-        last_lake = scratch / "lake-0"
-        for r in range(args.repeats):
-            seconds, labels = bare_loop(pyfunc, big, batch_size)
-            baseline_s.append(seconds)
-            _progress(f"run {r + 1}/{args.repeats}: bare loop {seconds:.2f} s")
-            last_lake = scratch / f"lake-{r + 1}"
-            seconds, result = product_run(settings, big, last_lake, f"bench__score_{r + 1}")
-            product_s.append(seconds)
-            assert result.scored == args.n and result.quarantined == 0, result.to_dict()
-            runs.append({"baseline_s": round(baseline_s[-1], 2), "product_s": round(seconds, 2),
-                         "product_versions": result.versions, "loadavg_1m": round(os.getloadavg()[0], 2)})
-            _progress(f"run {r + 1}/{args.repeats}: score() {seconds:.2f} s, versions {result.versions}")
-
-        threads2: list[dict[str, float]] = []
-        if args.threads2_pairs:
-            torch.set_num_threads(2)
-            for r in range(args.threads2_pairs):
-                b, _ = bare_loop(pyfunc, big, batch_size)
-                p, _ = product_run(settings, big, scratch / f"lake-threads2-{r}", f"bench__threads2_{r}")
-                threads2.append({"baseline_s": round(b, 2), "product_s": round(p, 2), "ratio": round(b / p, 3),
-                                 "loadavg_1m": round(os.getloadavg()[0], 2)})
-                _progress(f"2 threads, pair {r + 1}: {threads2[-1]}")
-            torch.set_num_threads(args.threads)
-
-        table_uri = with_lake(settings, last_lake).predictions_table
-        rows = lake.scan(lake.open_table(table_uri), columns=["source_uri", "label"])
-        product_labels = dict(zip((u.rsplit("/", 1)[1] for u in rows.column("source_uri").to_pylist()),
-                                  rows.column("label").to_pylist()))
-        agreement = sum(product_labels.get(k) == v for k, v in labels.items()) / len(labels)
-
-        version_before = lake.current_version(table_uri)
-        rerun_s, again = product_run(settings, big, last_lake, "bench__rerun")
-        rows_after = lake.scan(lake.open_table(table_uri), columns=["image_key"]).num_rows
-        version_after = lake.current_version(table_uri)
-        assert again.scored == 0 and again.already_scored == args.n and again.versions == [], again.to_dict()
-        assert rows_after == args.n and version_after == version_before, (rows_after, version_before, version_after)
-        _progress(f"re-run {rerun_s:.2f} s: 0 new rows, {rows_after} rows, version {version_after} unchanged")
+        timed = timed_runs(args, settings, pyfunc, big, scratch)
+        checked = agreement_and_rerun(args, settings, big, timed)  # 3. same labels, a re-run adds nothing
 
         profile = None
         if args.profile:
@@ -374,57 +418,38 @@ def main() -> int:
             profile["steps_alone_s"] = breakdown(settings, model, big)
             _progress(f"steps alone: {profile['steps_alone_s']}")
             _progress(f"profiled product run: {profile['seconds_under_cprofile']} s under cProfile")
-
-        memory = {}
-        for kind in ("product", "baseline"):
-            for n, folder in ((args.n_small, small), (args.n, big)):
-                memory[f"{kind}_{n}"] = in_child(kind, folder, scratch, settings_path, model.uri, f"{kind}-{n}",
-                                                 args.threads)
-                _progress(f"child {kind} {n}: {memory[f'{kind}_{n}']}")
+        memory = memory_runs(args, {args.n_small: small, args.n: big}, scratch, settings_path, model.uri)  # 4.
         torch_threads = torch.get_num_threads()
 
+    baseline_s, product_s = timed["baseline_s"], timed["product_s"]  # 5. the report
     med_base, med_prod = statistics.median(baseline_s), statistics.median(product_s)
     growth = memory[f"product_{args.n}"]["peak_rss_mb"] / memory[f"product_{args.n_small}"]["peak_rss_mb"] - 1
-    result_json = {
+    report(args, {
         "measured": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "torch": torch.__version__,
                     "torch_threads": torch_threads, "loadavg_before": load_before, "loadavg_after": _load()},
-        "model": {**model.to_dict(), "architecture": args.model, "image_size": args.image_size, "home": "temporary (tests/champion.py)" if not args.home else home},
+        "model": {**model.to_dict(), "architecture": args.model, "image_size": args.image_size,
+                  "home": "temporary (tests/champion.py)" if not args.home else home},
         "images": {**images, "kind": "32x32 grey PNG from sklearn load_digits, shifted -2..2 px, noise sigma 4",
                    "n_small": args.n_small},
         "batch_size": batch_size, "commit_every": settings.serving.commit_every,
         "throughput": {
             "baseline_s": [round(s, 2) for s in baseline_s], "product_s": [round(s, 2) for s in product_s],
-            "runs_in_order": runs,
+            "runs_in_order": timed["runs"],
             "baseline_median_s": round(med_base, 2), "product_median_s": round(med_prod, 2),
             "baseline_images_per_s": round(args.n / med_base, 1), "product_images_per_s": round(args.n / med_prod, 1),
             "ratio_baseline_over_product": round(med_base / med_prod, 3), "target": 0.9,
             "baseline_load_model_s_not_counted": round(baseline_load_s, 2),
             "ratio_if_baseline_counted_its_load": round((med_base + baseline_load_s) / med_prod, 3),
-            "label_agreement_baseline_vs_product": round(agreement, 4),
-            "at_2_torch_threads": threads2,
+            "label_agreement_baseline_vs_product": round(checked["agreement"], 4),
+            "at_2_torch_threads": timed["threads2"],
         },
-        "rerun": {"seconds": round(rerun_s, 2), "new_rows": again.scored, "already_scored": again.already_scored,
-                  "rows_after": rows_after, "delta_version_before": version_before,
-                  "delta_version_after": version_after},
+        "rerun": checked["rerun"],
         "memory_peak_rss_mb": memory,
         "memory_note": "peak_rss_mb is VmHWM of a fresh child (ru_maxrss there is the parent's, carried over exec)",
         "product_rss_growth_small_to_n": round(growth, 3),
         "profile": profile,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result_json, indent=2) + "\n")
-
-    t = result_json["throughput"]
-    print("| path | runs s | median s | images/s |\n|---|---|---:|---:|")
-    print(f"| bare loop `pyfunc.predict` | {', '.join(map(str, t['baseline_s']))} | {t['baseline_median_s']} | "
-          f"{t['baseline_images_per_s']} |")
-    print(f"| `score()` | {', '.join(map(str, t['product_s']))} | {t['product_median_s']} | {t['product_images_per_s']} |")
-    print(f"\nratio {t['ratio_baseline_over_product']} (target >= 0.9); labels agree {agreement:.2%}; "
-          f"re-run {rerun_s:.2f} s, 0 new rows, version {version_after} unchanged")
-    print("peak RSS MB: " + ", ".join(f"{k} {v['peak_rss_mb']}" for k, v in memory.items())
-          + f"; product growth {args.n_small} -> {args.n}: {growth:+.1%}")
-    print(f"load {load_before[0]} -> {os.getloadavg()[0]:.2f}; wrote {args.out}")
+    })
     return 0
 
 
