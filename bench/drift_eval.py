@@ -1,4 +1,4 @@
-"""Power and false alarms of the drift check (tasks/data/drift.py) on real images, and its cost.
+"""Power and false alarms of the drift check (tasks/monitoring/drift.py) on real images, and its cost.
 
 Data: scikit-learn's 1,797 real 8x8 digits (``tasks.data.sample_data.digits_arrays``), shuffled once
 with ``numpy.random.default_rng(0)`` (the raw order is by writer).
@@ -230,7 +230,7 @@ def wilson_free_ci(k: int, n: int) -> list[float]:
 def build_champion(settings: Any, home: Path, X: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     from tasks.curation.curate import curate
     from tasks.data.ingest import ingest_landing
-    from tasks.release.registry import mlflow_client, register_candidate
+    from tasks.models.registry import mlflow_client, register_candidate
     from tasks.training.train import train
 
     landing = home / "landing-reference"
@@ -293,8 +293,8 @@ def fit_timing_detectors(settings: Any, model_version: int, n_ref: int) -> dict[
     from alibi_detect.cd import MMDDrift
     from alibi_detect.saving import save_detector
 
-    from tasks.data import drift
-    from tasks.ops.reports import write_json
+    from tasks.files import write_json
+    from tasks.monitoring import drift
 
     t0 = time.perf_counter()
     images, labels, shas = timing_reference(n_ref)
@@ -349,7 +349,7 @@ def timing_child(model_version: int, n_new: int, warm: int) -> None:
     import alibi_detect.saving  # noqa: F401
     out["import_alibi_detect_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    from tasks.data import drift
+    from tasks.monitoring import drift
     settings = _settings(None)
     out["import_tasks_s"] = time.perf_counter() - t
 
@@ -475,8 +475,8 @@ def main() -> None:
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     started = time.perf_counter()
 
-    from tasks.data import drift
     from tasks.data.sample_data import digits_arrays
+    from tasks.monitoring import drift
 
     settings = _settings(args.epochs)
     X_all, y_all = digits_arrays()
@@ -517,7 +517,7 @@ def main() -> None:
             tests, extra = drift.run_tests(detectors, featurizer, sample, alpha)
             t = {x["name"]: x for x in tests}
             per_class = t["softmax_ks"]["per_class_p_bonferroni"]
-            # The rules tasks/data/drift.py used before this benchmark, on the same samples: (1) per-class
+            # The rules tasks/monitoring/drift.py used before this benchmark, on the same samples: (1) per-class
             # two-sided KS with Bonferroni as the softmax decision, (2) alibi-detect's raw MMD p-value,
             # #{permuted >= observed} / n, instead of the exact (1 + #) / (1 + n).
             n_perm = settings.drift.n_permutations
@@ -529,7 +529,7 @@ def main() -> None:
                     if meta["test_accuracy"] is not None and extra["accuracy"] is not None else None)
             per.append({"n": len(data), "distinct": len(set(sample.shas)), "accuracy": extra["accuracy"],
                         "drift": detected,
-                        # what policy block does with this check (tasks/data/drift.py blocks: detected and harmful)
+                        # what policy block does with this check (tasks/monitoring/drift.py blocks: detected and harmful)
                         "blocked": detected and drift.is_harmful(drop, settings.drift.max_accuracy_drop),
                         **{x["name"]: {"drift": x["drift"], "p": round(x["p_value"], 5)} for x in tests},
                         "ks_min_class": min(per_class, key=per_class.get),

@@ -155,8 +155,8 @@ def main() -> None:
     from tasks.curation.curate import curate
     from tasks.data.ingest import ingest_landing
     from tasks.data.sample_data import write_digits
+    from tasks.models.registry import register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import register_candidate
     from tasks.release.release import promote
     from tasks.settings import load_settings
 

@@ -1,4 +1,4 @@
-"""False alarms and power of the monitor's rules (tasks/serving/live_metrics.py) on real images.
+"""False alarms and power of the monitor's rules (tasks/monitoring/live_metrics.py) on real images.
 
 Data and champion as in bench/drift_eval.py: scikit-learn's 1,797 real digits shuffled with
 ``default_rng(0)``; the first 1,000 go through ingest -> curate -> train -> register -> champion,
@@ -89,7 +89,7 @@ def draw(sc: dict[str, Any], r: int, X: np.ndarray, y: np.ndarray, size: int) ->
 
 def run_window(predictor: Any, reference: Any, cfg: Any, x: np.ndarray, y: np.ndarray, labelled: int,
                label_noise: float, r: int) -> dict[str, Any]:
-    from tasks.serving.live_metrics import alarms, evaluate_window
+    from tasks.monitoring.live_metrics import alarms, evaluate_window
 
     probs = predictor.predict_proba([_png(a) for a in x])
     classes = list(predictor.classes)
@@ -140,10 +140,10 @@ def main() -> None:
     os.environ.update({"CD4ML_HOME": str(home), "CD4ML_ENV": args.env, "FASTDUP_PRODUCTION": "1"})
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     from tasks.data.sample_data import digits_arrays
-    from tasks.release.registry import mlflow_client
-    from tasks.serving.champion import serving_model
-    from tasks.serving.monitor import champion_reference
-    from tasks.training.model import load_predictor
+    from tasks.models.champion import serving_model
+    from tasks.models.loading import load_predictor
+    from tasks.models.registry import mlflow_client
+    from tasks.monitoring.monitor import champion_reference
 
     settings = _settings(args.epochs)
     images, labels = digits_arrays()

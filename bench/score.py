@@ -85,7 +85,7 @@ def _ru_maxrss_mb() -> float:
 def champion_of(home: str | None, scratch: Path, **training: Any) -> tuple[Any, Any, str]:
     """(settings, ServingModel, home) of the given home, or of a champion built like the tests'."""
     if home:
-        from tasks.serving.champion import serving_model
+        from tasks.models.champion import serving_model
         from tasks.settings import load_settings
 
         settings = load_settings(home=home)
@@ -182,7 +182,7 @@ def child(args: argparse.Namespace) -> int:
     else:
         import mlflow.pyfunc
 
-        from tasks.release.registry import mlflow_client
+        from tasks.models.registry import mlflow_client
 
         mlflow_client(settings)
         pyfunc = mlflow.pyfunc.load_model(args.model_uri)
@@ -238,7 +238,7 @@ def breakdown(settings: Any, model: Any, folder: Path, repeats: int = 3) -> dict
 
     from tasks.data.images import screen
     from tasks.data.sources import open_source
-    from tasks.training.model import load_predictor
+    from tasks.models.loading import load_predictor
 
     ing, size = settings.ingest, settings.serving.batch_size
     steps: dict[str, list[float]] = {}
@@ -398,7 +398,7 @@ def main() -> int:
         import mlflow.pyfunc  # 2. warm both paths, then the timed runs
         import torch
 
-        from tasks.release.registry import mlflow_client
+        from tasks.models.registry import mlflow_client
 
         torch.set_num_threads(args.threads)
         mlflow_client(settings)

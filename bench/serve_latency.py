@@ -55,7 +55,7 @@ def percentiles(ms: list[float]) -> dict[str, float]:
 def champion_of(home: str | None, scratch: Path) -> tuple[Any, Any, str]:
     """(settings, ServingModel, home) of the given home, or of a champion built like the tests'."""
     if home:
-        from tasks.serving.champion import serving_model
+        from tasks.models.champion import serving_model
         from tasks.settings import load_settings
 
         settings = load_settings(home=home)
@@ -131,7 +131,7 @@ def main() -> int:
         _progress("in-process baseline")
         import mlflow.pyfunc
 
-        from tasks.release.registry import client_for
+        from tasks.models.registry import client_for
 
         client_for(settings.tracking_uri)
         pyfunc = mlflow.pyfunc.load_model(model.uri)

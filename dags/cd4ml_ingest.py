@@ -95,9 +95,10 @@ def cd4ml_ingest():
     @task(outlets=[RAW_IMAGES])
     def validate(batch: dict, *, outlet_events=None, **context) -> dict:
         """great-expectations suite on the raw version; publishes (and names) it only when it passes."""
+        from tasks.alerting.alert import first_line
+        from tasks.alerting.delivery import send
         from tasks.data import lake
         from tasks.data.validate import ValidationFailedError, validate_batch
-        from tasks.ops.alerts import first_line, send
         from tasks.settings import load_settings
 
         settings = load_settings()

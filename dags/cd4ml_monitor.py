@@ -58,8 +58,8 @@ def cd4ml_monitor():
         """Live metrics against the champion's test split; dashboard, explanations, alert."""
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from tasks.release.release import NoChampionError
-        from tasks.serving.monitor import monitor as run_monitor
+        from tasks.models.champion import NoChampionError
+        from tasks.monitoring.monitor import monitor as run_monitor
         from tasks.settings import load_settings
 
         with fail_fast_on_data_errors():

@@ -5,7 +5,7 @@ Triggered by the `curated_images` Asset, or by hand with an explicit `curated_ve
 `dataset_version` (a version number, a name such as `release-3`, or a timestamp).
 
 1. **drift_check**: the images added since the champion's training data against that data, on
-   the champion's own softmax (KS) and embedding (MMD) plus a label chi-square (tasks/data/drift.py);
+   the champion's own softmax (KS) and embedding (MMD) plus a label chi-square (tasks/monitoring/drift.py);
    a detected drift is harmful when it costs the champion more than `drift.max_accuracy_drop` of
    accuracy on the new labelled images. `drift.policy` `warn` alerts and trains, `block` (prod)
    stops here with one alert on harmful drift (a harmless one warns and trains), `retrain`
@@ -119,13 +119,13 @@ def cd4ml_train():
     @task
     def drift_check(data: dict, **context) -> dict:
         """New training data against the champion's training data."""
-        from tasks.data.drift import DriftReference, blocks, check_drift, enforce_policy
-        from tasks.ops.alerts import send
-        from tasks.release.registry import champion
+        from tasks.alerting.delivery import send
+        from tasks.models.champion import champion_info
+        from tasks.monitoring.drift import DriftReference, blocks, check_drift, enforce_policy
         from tasks.settings import load_settings
 
         settings = load_settings()
-        current = champion(settings)
+        current = champion_info(settings)
         reference = (
             DriftReference(current.curated_table, current.curated_version, current.version) if current else None
         )
@@ -150,7 +150,7 @@ def cd4ml_train():
     @task.short_circuit
     def retrain_gate(drift: dict, **context) -> bool:
         """Policy `retrain`: go on only when the new data drifted (or no champion, or force_retrain)."""
-        from tasks.data.drift import DriftResult, should_train
+        from tasks.monitoring.drift import DriftResult, should_train
         from tasks.settings import load_settings
 
         go, why = should_train(load_settings(), DriftResult(**drift), bool(context["params"]["force_retrain"]))
@@ -257,8 +257,8 @@ def cd4ml_train():
     @task
     def register(trained: dict, drift: dict) -> dict:
         """Register the candidate with its lineage (the drift report among its run's artifacts); no alias moves."""
-        from tasks.data.drift import log_report
-        from tasks.release.registry import register_candidate
+        from tasks.models.registry import register_candidate
+        from tasks.monitoring.drift import log_report
         from tasks.settings import load_settings
 
         settings = load_settings()

@@ -109,7 +109,7 @@ def _cmd_versions(args: argparse.Namespace) -> int:
 
 @_data_plane_errors
 def _cmd_vacuum(args: argparse.Namespace) -> int:
-    from tasks.data import retention
+    from tasks.ops import retention
 
     settings = load_settings()
     if args.table:
@@ -199,8 +199,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 @_data_plane_errors
 def _cmd_alerts(args: argparse.Namespace) -> int:
-    from tasks.ops import incidents
-    from tasks.ops.alerts import INCIDENT_KINDS, resolve_incident
+    from tasks.alerting import incidents
+    from tasks.alerting.alert import INCIDENT_KINDS
+    from tasks.alerting.delivery import resolve_incident
 
     settings = load_settings(args.env)
     found = incidents.open_incidents(settings, kinds=None if args.all else INCIDENT_KINDS)
@@ -285,7 +286,7 @@ def _cmd_feedback(args: argparse.Namespace) -> int:
 
 @_data_plane_errors
 def _cmd_monitor(args: argparse.Namespace) -> int:
-    from tasks.serving.monitor import monitor
+    from tasks.monitoring.monitor import monitor
 
     run_id, logical_date = _run_stamp(args)
     result = monitor(load_settings(), run_id=run_id, logical_date=logical_date)

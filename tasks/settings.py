@@ -141,7 +141,7 @@ class CurationSettings(_Section):
 
 
 class DriftSettings(_Section):
-    """tasks/data/drift.py: new data against the champion's training data, on the champion's own features."""
+    """tasks/monitoring/drift.py: new data against the champion's training data, on the champion's own features."""
 
     p_value: float = Field(gt=0.0, lt=1.0)  # family-wise level of the whole check (its tests share it)
     max_samples: int = Field(gt=1)  # new images tested per check (hash sample)
@@ -322,7 +322,7 @@ class DeadlineSettings(_Section):
 
 
 class AlertSettings(_Section):
-    """Where alerts go (tasks/ops/alerts.py): channels per severity, the Airflow Connections behind them."""
+    """Where alerts go (tasks/alerting/delivery.py): channels per severity, the Airflow Connections behind them."""
 
     # severity -> channels. "log" is in every route: the log line is the record of every alert.
     routes: dict[Literal["info", "warning", "critical"], tuple[Channel, ...]]
@@ -362,7 +362,7 @@ class ServingSettings(_Section):
 
 
 class MonitoringSettings(_Section):
-    """Live metrics of the champion (tasks/serving/monitor.py); each rule is judged against its own test split."""
+    """Live metrics of the champion (tasks/monitoring/monitor.py); each rule is judged against its own test split."""
 
     schedule: str | None = "@daily"  # cd4ml_monitor (cron or preset); None = only when triggered
     window_days: int = Field(default=7, gt=0)  # predictions of scoring runs in the N days up to the logical date

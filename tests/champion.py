@@ -17,10 +17,10 @@ def champion_home(root: str, **training: Any) -> tuple[Any, Any]:
     """(settings, ServingModel) of a champion built in ``root``; ``training`` overrides (model, image_size)."""
     import pytest
 
+    from tasks.models.champion import serving_model
+    from tasks.models.registry import register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import register_candidate
     from tasks.release.release import mark_challenger, promote
-    from tasks.serving.champion import serving_model
     from tasks.settings import load_settings
     from tasks.training.train import train
     from tests.tasks.test_train import fast, write_curated_digits

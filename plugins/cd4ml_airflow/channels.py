@@ -1,7 +1,8 @@
 """Alert channels through Airflow's own provider notifiers: Slack webhook, PagerDuty Events API v2, SMTP.
 
-``tasks.ops.alerts`` loads these by name (``CHANNELS``) and calls ``channel(alert, settings, action)``
-with ``action`` ``trigger`` or ``resolve``; retries, back-off and routing live there. Each
+``install()`` hands ``CHANNELS`` to ``tasks.alerting.channels`` (this package's ``__init__`` calls it), and
+``tasks.alerting.delivery`` calls ``channel(alert, settings, action)`` with ``action`` ``trigger`` or
+``resolve``; retries, back-off and routing live there. Each
 channel reads its endpoint and secret from the Airflow Connection named in settings
 (``alerts.slack_conn_id`` ...; an ``AIRFLOW_CONN_<ID>`` environment variable works too) and
 turns any failure into ``ChannelError`` with the connection's secrets cut out of the message,
@@ -14,7 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tasks.ops.alerts import Action, Alert, ChannelError, ChannelNotConfigured, message
+from tasks.alerting import channels
+from tasks.alerting.alert import Action, Alert, ChannelError, ChannelNotConfigured, message
 from tasks.settings import Settings
 
 PD_SEVERITY = {"info": "info", "warning": "warning", "critical": "critical"}
@@ -76,7 +78,7 @@ def pagerduty(alert: Alert, settings: Settings, action: Action) -> None:
     )
     # The provider's hook posts to events.pagerduty.com; the connection's host (an EU service
     # region, a proxy, a test peer) is honoured here, and the client's own retries are off
-    # because tasks.ops.alerts retries every channel alike.
+    # because tasks.alerting.delivery retries every channel alike.
     notifier.__dict__["hook"] = _events_hook(settings, conn)
     with _failures_redacted(conn):
         notifier.notify({})
@@ -112,3 +114,11 @@ def email(alert: Alert, settings: Settings, action: Action) -> None:
     with _failures_redacted(conn):
         SmtpNotifier(to=list(settings.alerts.email_to), smtp_conn_id=settings.alerts.smtp_conn_id,
                      subject=msg.title, html_content=msg.html()).notify({})
+
+
+CHANNELS: dict[str, channels.Channel] = {"slack": slack, "pagerduty": pagerduty, "email": email}
+
+
+def install() -> None:
+    """Make Slack, PagerDuty and email deliverable in this process (idempotent)."""
+    channels.use_channels(CHANNELS)

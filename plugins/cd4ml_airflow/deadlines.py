@@ -53,7 +53,8 @@ async def deadline_missed(dag_id: str, minutes: float, reference: str, context: 
 
 def send_deadline_alert(dag_id: str, minutes: float, reference: str, context: dict[str, Any]) -> None:
     from cd4ml_airflow.notifier import run_dedup_key, settings_or_none
-    from tasks.ops.alerts import Alert, send, ui_link
+    from tasks.alerting.alert import Alert, ui_link
+    from tasks.alerting.delivery import send
 
     settings, env = settings_or_none()
     run = context.get("dag_run") or {}

@@ -1,8 +1,8 @@
 """The on-call notifiers every DAG uses: failure (task and DAG level), success (resolves), approval pending.
 
-Each turns an Airflow callback context into a ``tasks.ops.alerts.Alert`` carrying the environment,
+Each turns an Airflow callback context into a ``tasks.alerting.alert.Alert`` carrying the environment,
 DAG, task, run, a link to the task log in the Airflow UI, the first line of the error and the
-data and model versions involved, then hands it to ``tasks.ops.alerts.send``, which routes it by
+data and model versions involved, then hands it to ``tasks.alerting.delivery.send``, which routes it by
 severity, de-duplicates it and never raises.
 """
 
@@ -61,7 +61,7 @@ def settings_or_none():
 def alert_from_context(context, settings, env: str, *, kind: str, severity: str, summary: str,
                        error: str = "", details: dict | None = None, dedup_key: str | None = None):
     """An Alert about the run in ``context``: DAG, task, run, log link, versions; keyed to the run by default."""
-    from tasks.ops.alerts import Alert, ui_link
+    from tasks.alerting.alert import Alert, ui_link
 
     dag = context.get("dag")
     ti = context.get("ti") or context.get("task_instance")
@@ -95,7 +95,8 @@ class OnCallNotifier(_ContextNotifier):
         self.severity = severity
 
     def notify(self, context) -> None:
-        from tasks.ops.alerts import first_line, send
+        from tasks.alerting.alert import first_line
+        from tasks.alerting.delivery import send
 
         settings, env = settings_or_none()
         dag = context.get("dag")
@@ -112,7 +113,7 @@ class ResolveNotifier(_ContextNotifier):
     """DAG-level success callback: the run succeeded, so the incidents this DAG left open are resolved."""
 
     def notify(self, context) -> None:
-        from tasks.ops.alerts import resolve
+        from tasks.alerting.delivery import resolve
         from tasks.settings import load_settings
 
         dag_id = getattr(context.get("dag"), "dag_id", None)
@@ -129,7 +130,8 @@ class ApprovalRequestNotifier(_ContextNotifier):
     """
 
     def notify(self, context) -> None:
-        from tasks.ops.alerts import send, ui_link
+        from tasks.alerting.alert import ui_link
+        from tasks.alerting.delivery import send
         from tasks.settings import load_settings
 
         settings = load_settings()

@@ -48,7 +48,7 @@ def mark_challenger(gate: dict, **context) -> dict:
     """A passing candidate becomes `challenger`; otherwise on-call hears why and nothing downstream runs."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from tasks.ops.alerts import send
+    from tasks.alerting.delivery import send
     from tasks.release.release import mark_challenger as mark
     from tasks.settings import load_settings
 

@@ -119,7 +119,7 @@ from tasks.curation.curation_features import (
 )
 from tasks.data import lake
 from tasks.errors import DataError
-from tasks.ops.reports import write_json
+from tasks.files import write_json
 from tasks.settings import OutlierSettings, Settings
 
 log = logging.getLogger(__name__)

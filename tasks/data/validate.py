@@ -35,7 +35,7 @@ import pandas as pd
 from tasks.data import classes, lake
 from tasks.data.ingest import META_COLUMNS
 from tasks.errors import DataError
-from tasks.ops.reports import write_json
+from tasks.files import write_json
 from tasks.settings import Settings
 
 if TYPE_CHECKING:

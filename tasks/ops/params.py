@@ -49,7 +49,7 @@ def _table_version_problem(uri: str, version: Any, param: str) -> str | None:
 
 
 def _model_version_problem(settings: Settings, version: Any, param: str) -> str | None:
-    from tasks.release.registry import UnknownModelVersionError, get_model_version, mlflow_client
+    from tasks.models.registry import UnknownModelVersionError, get_model_version, mlflow_client
 
     try:
         get_model_version(mlflow_client(settings), settings.registry.model_name, version)

@@ -56,7 +56,7 @@ def _champion(settings: Settings, models: list[dict]) -> dict | None:
 def environment_status(settings: Settings) -> dict:
     models: list[dict] = []
     if settings.missing_tracking_store() is None:
-        from tasks.release.registry import model_versions
+        from tasks.models.registry import model_versions
 
         models = model_versions(settings)
     return {

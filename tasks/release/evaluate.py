@@ -62,11 +62,11 @@ from sklearn.metrics import accuracy_score, f1_score
 
 from tasks.data import lake
 from tasks.errors import DataError
-from tasks.ops.reports import write_json
-from tasks.release.registry import (
+from tasks.files import write_json
+from tasks.models import champion as champions
+from tasks.models.registry import (
     TAG_ROLLED_BACK,
     LineageError,
-    champion_model_version,
     get_model_version,
     mlflow_client,
     set_version_tags,
@@ -364,7 +364,7 @@ def evaluate(settings: Settings, candidate_version: int, test_table: str, test_v
     client = mlflow_client(settings)
     name = settings.registry.model_name
     candidate = get_model_version(client, name, candidate_version)
-    champion = champion_model_version(settings, client)
+    champion = champions.champion_version(settings, client)
     if champion is not None and int(champion.version) == int(candidate.version):
         champion = None  # re-gating the champion itself: nothing to compare with
     champion_version = int(champion.version) if champion is not None else None

@@ -15,8 +15,7 @@ import re
 from typing import Any
 
 from tasks.data import lake
-from tasks.release import audit
-from tasks.release.registry import (
+from tasks.models.registry import (
     TAG_COPIED_FROM,
     TAG_CURATED_TABLE,
     TAG_CURATED_VERSION,
@@ -25,6 +24,7 @@ from tasks.release.registry import (
     get_model_version,
     mlflow_client,
 )
+from tasks.release import audit
 from tasks.settings import ENVIRONMENTS, Settings, load_settings
 
 URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w-]+))$")

@@ -30,9 +30,8 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from tasks.errors import DataError
-from tasks.release import audit
-from tasks.release.audit import AuditRow
-from tasks.release.registry import (
+from tasks.models.champion import NoChampionError
+from tasks.models.registry import (
     EXTRA_LINEAGE_TAGS,
     LINEAGE_RUN_TAGS,
     TAG_COPIED_FROM,
@@ -46,6 +45,8 @@ from tasks.release.registry import (
     set_version_tags,
     trained_on,
 )
+from tasks.release import audit
+from tasks.release.audit import AuditRow
 from tasks.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,6 @@ APPROVED, REJECTED, TIMEOUT = "approved", "rejected", "timeout"
 
 class ReleaseError(DataError, RuntimeError):
     """A release request that cannot be carried out as asked; nothing was changed."""
-
-
-class NoChampionError(ReleaseError):
-    """The environment has no champion (to compare with, or to roll back from)."""
 
 
 class RolledBackError(ReleaseError):
@@ -91,7 +88,8 @@ def actor_default() -> str:
 
 
 def _alert(settings: Settings, kind: str, summary: str, dedup_key: str, row: AuditRow) -> None:
-    from tasks.ops.alerts import Alert, send
+    from tasks.alerting.alert import Alert
+    from tasks.alerting.delivery import send
 
     send(Alert(summary=summary, severity="warning", source="release", env=settings.env, dedup_key=dedup_key,
                details=row.to_dict(), kind=kind, run_id=row.airflow_run_id, error=row.reason,

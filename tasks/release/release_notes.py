@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks.release.registry import (
+from tasks.models.registry import (
     TAG_CURATED_TABLE,
     TAG_CURATED_VERSION,
     TAG_DRIFT_REPORT,

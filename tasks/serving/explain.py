@@ -222,7 +222,7 @@ def explain(
 ) -> Explained:
     """Integrated Gradients overlays for ``images`` (named by ``keys``) in ``out_dir``.
 
-    ``predictor`` is a cd4ml runtime ``Predictor`` (``tasks.training.model.load_predictor``);
+    ``predictor`` is a cd4ml runtime ``Predictor`` (``tasks.models.loading.load_predictor``);
     ``labels`` are the true labels when known (None per image when not). Images are decoded,
     attributed and drawn ``batch`` at a time, so memory does not grow with the selection.
     An image that does not decode is skipped and reported in ``Explained.skipped``; no input

@@ -41,7 +41,7 @@ from tasks.data import lake
 from tasks.data.images import Rejection, screen
 from tasks.data.sources import Entry, LandingNotFoundError, Source, open_source
 from tasks.errors import DataError
-from tasks.serving.champion import ServingModel, serving_model
+from tasks.models.champion import ServingModel, serving_model
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -366,7 +366,7 @@ def _commit_chunk(settings: Settings, source: Source, predictor: Any, model: Ser
 
 def score(settings: Settings, source: str, *, run_id: str, logical_date: str | datetime) -> ScoreResult:
     """Score every image under ``source`` with the environment's champion (module doc)."""
-    from tasks.training.model import opened_predictor
+    from tasks.models.loading import opened_predictor
 
     started = time.monotonic()
     try:

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.serving.champion import ServingModel, serving_model
+from tasks.models.champion import ServingModel, serving_model
 from tasks.settings import Settings
 
 DEFAULT_HOST = "127.0.0.1"
@@ -57,7 +57,7 @@ def server_env(settings: Settings, base: dict[str, str] | None = None) -> dict[s
     """The server's environment: this environment's MLflow store, and this interpreter's scripts first on PATH.
 
     Only the child gets ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI`` (see
-    ``tasks.release.registry.client_for`` for why they must not be set in this process). MLflow
+    ``tasks.models.registry.client_for`` for why they must not be set in this process). MLflow
     starts the server as ``uvicorn`` found on PATH, so the interpreter's bin folder comes first:
     ``.venv/bin/cd4ml serve`` works without an activated venv.
     """

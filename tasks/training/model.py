@@ -10,16 +10,16 @@
   requirements, runs its own copy of the runtime in a process that has imported a newer
   project, and never adds the project to ``sys.path`` (models before format 2 bundled the whole
   ``tasks`` package as code: ``ImageClassifierPyfunc`` below still loads them).
-* ``load_logged_weights`` and ``transfer_weights`` serve transfer learning from a registered model.
+* ``transfer_weights`` copies a registered model's weights (``tasks.models.loading.load_logged_weights``)
+  into a new network for transfer learning.
+* Reading a logged model back (its weights, its predictor) is ``tasks.models.loading``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from torch import nn
 import cd4ml_runtime
 import cd4ml_runtime.pyfunc as runtime_pyfunc
 from cd4ml_runtime import networks
-from cd4ml_runtime.predictor import META_FORMAT, Predictor
+from cd4ml_runtime.predictor import META_FORMAT
 from cd4ml_runtime.preprocess import PreprocessSpec
 
 RUNTIME_DIR = Path(cd4ml_runtime.__file__).resolve().parent
@@ -50,28 +50,6 @@ def build_model(name: str, num_classes: int, image_size: int, in_channels: int =
     return networks.build(architecture(name, num_classes, image_size, in_channels))
 
 
-@contextlib.contextmanager
-def _downloaded(model_uri: str) -> Iterator[tuple[Path, Path, Path]]:
-    """(model folder, model_meta.json, state_dict.pt) of a logged model, in a temporary folder."""
-    with tempfile.TemporaryDirectory(prefix="cd4ml-model-") as tmp:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp))
-        metas = sorted(local.rglob("model_meta.json"))
-        states = sorted(local.rglob("state_dict.pt"))
-        if not metas or not states:
-            raise ValueError(f"{model_uri} is not a cd4ml image classifier (no model_meta.json/state_dict.pt)")
-        yield local, metas[0], states[0]
-
-
-def load_logged_weights(model_uri: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The state dict and meta of a model logged by ``log_pyfunc_model`` (any meta format).
-
-    Reads the two artifacts directly instead of loading the pyfunc, so no logged code is
-    imported into the training process.
-    """
-    with _downloaded(model_uri) as (_, meta_path, state_path):
-        return torch.load(state_path, map_location="cpu", weights_only=True), json.loads(meta_path.read_text())
-
-
 def transfer_weights(model: nn.Module, state: dict[str, torch.Tensor], freeze_backbone: bool = False) -> list[str]:
     """Copy every pretrained tensor whose name and shape match; returns the names left as initialised.
 
@@ -86,36 +64,6 @@ def transfer_weights(model: nn.Module, state: dict[str, torch.Tensor], freeze_ba
         for param in model.features.parameters():
             param.requires_grad_(False)
     return sorted(set(own) - set(matched))
-
-
-@contextlib.contextmanager
-def opened_predictor(model_uri: str) -> Iterator[tuple[Predictor, Path]]:
-    """(predictor, folder of the runtime it runs) of a logged model, the folder kept for the block's duration.
-
-    The runtime is the copy inside the model (the project's own ``cd4ml_runtime`` for format 1):
-    a decode worker process imports that same folder (tasks/serving/decode_worker.py).
-    """
-    with _downloaded(model_uri) as (local, meta_path, state_path):
-        runtimes = sorted(p.parent for p in local.rglob("predictor.py") if p.parent.name == runtime_pyfunc.RUNTIME_ARTIFACT)
-        module = runtime_pyfunc.load_bundled_runtime(runtimes[0]) if runtimes else None
-        predictor = (module.Predictor if module is not None else Predictor).from_files(meta_path, state_path)
-        yield predictor, (runtimes[0] if runtimes else RUNTIME_DIR)
-
-
-def load_predictor(model_uri: str) -> Predictor:
-    """A logged model's predictor, run by the runtime copied into it (the project's own for format 1)."""
-    with opened_predictor(model_uri) as (predictor, _):
-        return predictor
-
-
-class ImageClassifierPyfunc(mlflow.pyfunc.PythonModel):
-    """Models logged before meta format 2 pickled this class by reference: it serves them unchanged."""
-
-    def load_context(self, context: Any) -> None:
-        self.predictor = Predictor.from_files(context.artifacts["model_meta"], context.artifacts["state_dict"])
-
-    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        return self.predictor.predict_frame(model_input)
 
 
 def _pip_requirements() -> list[str]:

@@ -40,7 +40,7 @@ from typing import Any
 from mlflow import MlflowClient
 
 from tasks.data import lake
-from tasks.release.registry import (
+from tasks.models.registry import (
     TAG_AIRFLOW_RUN_ID,
     TAG_CONFIG_HASH,
     TAG_CURATED_TABLE,

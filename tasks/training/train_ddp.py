@@ -53,9 +53,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cd4ml_runtime.networks import build as build_network
 from cd4ml_runtime.preprocess import PreprocessSpec
-from tasks.release.registry import TAG_MODEL_URI, client_for
+from tasks.models.loading import load_logged_weights
+from tasks.models.registry import TAG_MODEL_URI, client_for
 from tasks.settings import Settings, TrainingSettings
-from tasks.training.model import architecture, load_logged_weights, log_pyfunc_model, transfer_weights
+from tasks.training.model import architecture, log_pyfunc_model, transfer_weights
 from tasks.training.train_data import (
     Augment,
     DevicePlan,

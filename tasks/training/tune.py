@@ -30,7 +30,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tasks.release.registry import LINEAGE_RUN_TAGS, TAG_CONFIG_HASH, ensure_experiment, mlflow_client
+from tasks.models.registry import LINEAGE_RUN_TAGS, TAG_CONFIG_HASH, ensure_experiment, mlflow_client
 from tasks.settings import SearchParam, Settings, TuningSettings
 from tasks.training.train import lineage_tags, raw_version_of, training_config_hash, with_training
 from tasks.training.train_data import ensure_cache, load_cache

@@ -37,7 +37,7 @@ def prod_world(tmp_path_factory) -> dict:
     """A prod champion on 700 shuffled digits, and a curated version adding 400 inverted ones."""
     from tasks.data import lake
     from tasks.data.sample_data import digits_arrays
-    from tasks.release.registry import mlflow_client, register_candidate
+    from tasks.models.registry import mlflow_client, register_candidate
     from tasks.settings import load_settings
     from tasks.training.train import train
 
@@ -60,7 +60,7 @@ def prod_world(tmp_path_factory) -> dict:
 
 
 def _versions(world: dict) -> list[int]:
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
 
     settings = world["settings"]
     found = mlflow_client(settings).search_model_versions(f"name = '{settings.registry.model_name}'")

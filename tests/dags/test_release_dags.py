@@ -66,7 +66,7 @@ def _settings(world: dict, env: str, conf: str):
 
 
 def _aliases(settings) -> dict[str, int]:
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
 
     client = mlflow_client(settings)
     try:
@@ -224,7 +224,7 @@ def test_deploy_code_prod_trains_on_all_data_and_waits_for_approval_then_rollbac
     assert wait_for_run(h, "cd4ml_train", run, 300) == "success"
     assert _aliases(prod)["champion"] == candidate
 
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
 
     client = mlflow_client(prod)
     prod_tags = client.get_model_version(prod.registry.model_name, str(candidate)).tags

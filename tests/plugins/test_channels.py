@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.ops.alerts import Alert, resolve, send
+from tasks.alerting.alert import Alert
+from tasks.alerting.delivery import resolve, send
 from tests.peers import (
     PD_ROUTING_KEY,
     SECRETS,

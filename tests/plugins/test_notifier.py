@@ -56,7 +56,7 @@ def test_dag_level_callback_shares_the_runs_dedup_key_and_is_not_sent_twice(sett
 
 def test_success_callback_resolves_what_earlier_runs_left_open(settings, caplog):
     from cd4ml_airflow.notifier import ResolveNotifier
-    from tasks.ops.incidents import open_incidents
+    from tasks.alerting.incidents import open_incidents
 
     OnCallNotifier().notify({"dag": SimpleNamespace(dag_id="cd4ml_curate"), "run_id": "r1", "reason": "task_failure"})
     assert len(open_incidents(settings, dag_id="cd4ml_curate")) == 1

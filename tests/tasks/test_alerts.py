@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from tasks.ops.alerts import ALERT_KINDS, ALERT_MARKER, Alert, message, resolve, routed, send
+from tasks.alerting.alert import ALERT_KINDS, ALERT_MARKER, Alert, message
+from tasks.alerting.delivery import resolve, routed, send
 
 
 def _alert(severity="critical", kind="task_failed", dag_id="cd4ml_ingest", run_id="r1", **kw):
@@ -45,7 +46,7 @@ def test_routing_per_environment_and_severity(cd4ml_home):
 
 
 def test_one_incident_per_key_until_a_later_success_resolves_it(settings, caplog):
-    from tasks.ops.incidents import open_incidents
+    from tasks.alerting.incidents import open_incidents
 
     with caplog.at_level(logging.INFO, logger="cd4ml.alerts"):
         assert not send(_alert(), settings)[0].suppressed  # the task's callback
@@ -137,8 +138,8 @@ def test_every_alert_kind_has_a_runbook_and_every_raised_kind_is_known():
 
 
 def test_cli_lists_open_incidents_and_resolves_one_by_hand(settings, capsys):
+    from tasks.alerting.incidents import open_incidents
     from tasks.cli import main
-    from tasks.ops.incidents import open_incidents
 
     send(_alert(), settings)
     send(_alert(kind="gate_failed", run_id="r9"), settings)

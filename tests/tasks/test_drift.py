@@ -20,7 +20,8 @@ import pytest
 from PIL import Image
 
 from tasks.data import lake
-from tasks.data.drift import (
+from tasks.data.sample_data import digits_arrays
+from tasks.monitoring.drift import (
     DriftBlockedError,
     DriftReference,
     check_drift,
@@ -29,7 +30,6 @@ from tasks.data.drift import (
     sample_rows,
     should_train,
 )
-from tasks.data.sample_data import digits_arrays
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def _rows(images: np.ndarray, labels: np.ndarray, splits: list[str]) -> pa.Table
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory):
     """A champion trained on 1,000 shuffled digits (700/150/150), and curated versions that add new images."""
-    from tasks.release.registry import mlflow_client, register_candidate
+    from tasks.models.registry import mlflow_client, register_candidate
     from tasks.settings import load_settings
     from tasks.training.train import train
 
@@ -105,7 +105,7 @@ def test_skipped_without_champion_or_new_images_and_cheaply(world, tmp_path) -> 
     code = (
         "import sys, time\n"
         "from tasks.settings import load_settings\n"
-        "from tasks.data.drift import check_drift, DriftReference\n"
+        "from tasks.monitoring.drift import check_drift, DriftReference\n"
         f"s = load_settings('sit', home={str(settings.home)!r})\n"
         "t = time.perf_counter()\n"
         f"r = check_drift(s, {world['uri']!r}, {world['unchanged']}, DriftReference({world['uri']!r}, "
@@ -154,7 +154,7 @@ def test_inverted_digits_are_drift_with_severity_a_page_and_artifacts(world) -> 
     assert page.exists() and "DRIFT" in page.read_text()
     assert len(list(page.parent.glob(f"{page.stem}_*.png"))) == 3
 
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
 
     log_report(settings, world["run_id"], result.to_dict())
     names = {Path(a.path).name for a in mlflow_client(settings).list_artifacts(world["run_id"], "drift")}

@@ -46,8 +46,8 @@ class Selection:
 
 @pytest.fixture(scope="module")
 def selection(champion) -> Selection:
-    from tasks.release.registry import mlflow_client
-    from tasks.training.model import load_predictor
+    from tasks.models.loading import load_predictor
+    from tasks.models.registry import mlflow_client
 
     settings, model = champion
     mlflow_client(settings)

@@ -87,10 +87,10 @@ def test_feedback_joins_labels_and_rejects_unknown_images_and_classes(monitored)
 
 
 def test_a_planted_accuracy_drop_breaches_alerts_once_and_a_healthy_window_resolves(monitored) -> None:
+    from tasks.alerting.incidents import open_incidents
     from tasks.data import lake
-    from tasks.ops.incidents import open_incidents
+    from tasks.monitoring.monitor import monitor
     from tasks.serving.feedback import load_feedback
-    from tasks.serving.monitor import monitor
     from tasks.serving.score import score
 
     settings, model, root = monitored

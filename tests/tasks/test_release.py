@@ -75,8 +75,8 @@ def _model(models: Models, suffix: str, **gate: Any) -> Any:
 
 
 def _first_champion(models: Models, s: Any) -> int:
+    from tasks.models.registry import register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import register_candidate
     from tasks.release.release import mark_challenger, promote
 
     v = register_candidate(s, models.base.mlflow_run_id)
@@ -88,14 +88,14 @@ def _first_champion(models: Models, s: Any) -> int:
 
 
 def _alias(s: Any, alias: str) -> int | None:
-    from tasks.release.registry import alias_version, mlflow_client
+    from tasks.models.registry import alias_version, mlflow_client
 
     return alias_version(mlflow_client(s), s.registry.model_name, alias)
 
 
 def test_first_candidate_becomes_challenger_then_champion_with_audit_rows(models: Models) -> None:
+    from tasks.models.registry import mlflow_client, register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import mlflow_client, register_candidate
     from tasks.release.release import audit, mark_challenger, promote
 
     s = _model(models, "first")
@@ -133,8 +133,8 @@ def test_first_candidate_becomes_challenger_then_champion_with_audit_rows(models
 
 
 def test_a_worse_candidate_is_never_promoted_and_an_equal_retrain_is(models: Models) -> None:
+    from tasks.models.registry import register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import register_candidate
     from tasks.release.release import ReleaseError, mark_challenger, promote
 
     s = _model(models, "worse")
@@ -169,8 +169,8 @@ def test_a_worse_candidate_is_never_promoted_and_an_equal_retrain_is(models: Mod
 
 
 def test_too_small_a_test_set_leaves_the_gate_undecided(models: Models) -> None:
+    from tasks.models.registry import register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import register_candidate
     from tasks.release.release import ReleaseError, promote
 
     s = _model(models, "small", min_test_images=10_000)
@@ -183,8 +183,8 @@ def test_too_small_a_test_set_leaves_the_gate_undecided(models: Models) -> None:
 
 
 def test_per_class_recall_floor_and_serving_limits_fail_the_gate(models: Models) -> None:
+    from tasks.models.registry import register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import register_candidate
 
     s = _model(models, "limits")
     _first_champion(models, s)
@@ -225,8 +225,8 @@ def test_smoke_test_fails_cleanly_for_a_model_that_cannot_load(models: Models, t
 
 
 def test_two_promotions_racing_end_with_one_champion_and_a_truthful_ledger(models: Models) -> None:
+    from tasks.models.registry import StaleGateError, register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import StaleGateError, register_candidate
     from tasks.release.release import audit, promote
 
     s = _model(models, "race", max_regression=1.0, alpha=1e-12, min_value=0.0, max_class_recall_drop=1.0)
@@ -261,7 +261,7 @@ def test_two_promotions_racing_end_with_one_champion_and_a_truthful_ledger(model
 
 _RACER = """
 import json, os, sys, time
-from tasks.release.registry import StaleGateError
+from tasks.models.registry import StaleGateError
 from tasks.release.release import promote
 from tasks.settings import Settings
 settings = Settings.model_validate_json(open(sys.argv[1]).read())
@@ -280,9 +280,9 @@ def test_two_promotions_racing_in_two_processes(models: Models, tmp_path: Path) 
     import sys
     import time
 
+    from tasks.models.registry import register_candidate
     from tasks.release import audit
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import register_candidate
 
     s = _model(models, "race-proc", max_regression=1.0, alpha=1e-12, min_value=0.0, max_class_recall_drop=1.0,
                smoke_test=False)
@@ -311,8 +311,8 @@ def test_rollback_restores_the_previous_champion_and_is_a_no_op_when_repeated(mo
     import mlflow
     import pandas as pd
 
+    from tasks.models.registry import mlflow_client, register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import mlflow_client, register_candidate
     from tasks.release.release import RolledBackError, audit, promote, rollback
     from tests.tasks.test_train import split_rows
 
@@ -347,8 +347,8 @@ def test_rollback_restores_the_previous_champion_and_is_a_no_op_when_repeated(mo
 def test_bad_release_requests_are_clear_errors_that_change_nothing(models: Models, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
+    from tasks.models.registry import UnknownModelVersionError, mlflow_client, register_candidate
     from tasks.release.evaluate import LineageError, evaluate
-    from tasks.release.registry import UnknownModelVersionError, mlflow_client, register_candidate
     from tasks.release.release import NoChampionError, ReleaseError, audit, rollback
     from tasks.settings import SettingsError, load_settings
 
@@ -379,8 +379,8 @@ def test_deploy_model_with_no_upstream_champion_or_a_rolled_back_one_copies_noth
     models: Models, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import tasks.release.release as release
+    from tasks.models.registry import mlflow_client, register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import mlflow_client, register_candidate
     from tasks.release.release import (
         NoChampionError,
         ReleaseError,
@@ -414,8 +414,8 @@ def test_deploy_model_with_no_upstream_champion_or_a_rolled_back_one_copies_noth
 
 
 def test_prod_needs_an_approval_and_a_rejection_is_recorded(models: Models) -> None:
+    from tasks.models.registry import mlflow_client, register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import mlflow_client, register_candidate
     from tasks.release.release import ApprovalRequiredError, audit, promote, record_decision
 
     s = _model(models, "approval")
@@ -439,8 +439,8 @@ def test_prod_needs_an_approval_and_a_rejection_is_recorded(models: Models) -> N
 
 
 def test_deploy_model_copies_the_upstream_champion_with_its_lineage(models: Models) -> None:
+    from tasks.models.registry import mlflow_client
     from tasks.release.lineage import format_lineage, lineage
-    from tasks.release.registry import mlflow_client
     from tasks.release.release import copy_from_upstream
     from tasks.settings import load_settings
 
@@ -484,9 +484,9 @@ def test_sit_sample_is_deterministic_named_and_a_subset(models: Models) -> None:
 
 
 def test_retention_keeps_the_sample_a_model_trained_on_and_the_curated_version_it_was_cut_from(models: Models) -> None:
-    from tasks.data.retention import protected_versions
     from tasks.data.sampling import training_data
-    from tasks.release.registry import TAG_CURATED_TABLE, TAG_CURATED_VERSION, mlflow_client, register_candidate
+    from tasks.models.registry import TAG_CURATED_TABLE, TAG_CURATED_VERSION, mlflow_client, register_candidate
+    from tasks.ops.retention import protected_versions
 
     s = _model(models, "retention")
     sample = training_data(s, s.curated_table, models.version, "run-r")
@@ -499,8 +499,8 @@ def test_retention_keeps_the_sample_a_model_trained_on_and_the_curated_version_i
 
 
 def test_the_approval_text_compares_class_by_class_with_names(models: Models) -> None:
+    from tasks.models.registry import register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import register_candidate
     from tasks.release.release_notes import approval_body
 
     s = _model(models, "notes")

@@ -3,7 +3,8 @@ import json
 import pyarrow as pa
 import pytest
 
-from tasks.data import lake, retention
+from tasks.data import lake
+from tasks.ops import retention
 
 
 def _snapshot(uri: str, keys: list[str], step: str) -> int:
@@ -48,7 +49,7 @@ def test_default_window_keeps_recent_files(settings):
 
 def test_versions_models_were_trained_on_and_named_versions_are_protected(settings, tmp_path, capsys):
     from tasks.cli import main
-    from tasks.release.registry import TAG_CURATED_TABLE, TAG_CURATED_VERSION, TAG_RAW_VERSION, mlflow_client
+    from tasks.models.registry import TAG_CURATED_TABLE, TAG_CURATED_VERSION, TAG_RAW_VERSION, mlflow_client
 
     raw, curated = settings.raw_table, settings.curated_table
     for i in range(4):

@@ -93,7 +93,7 @@ def test_small_commits_and_a_new_file_score_only_what_is_new(champion, tmp_path:
 
 def test_no_champion_is_a_clear_error_before_any_work(settings, tmp_path: Path) -> None:
     from tasks.data import lake
-    from tasks.release.release import NoChampionError
+    from tasks.models.champion import NoChampionError
     from tasks.serving.score import NothingToScoreError, score
 
     with pytest.raises(NothingToScoreError, match="does not exist"):  # checked first: a scheduled run skips

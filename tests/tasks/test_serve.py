@@ -90,7 +90,7 @@ def test_the_server_classifies_png_and_jpeg_digits_many_per_request_and_one_per_
     import mlflow.pyfunc
     import pandas as pd
 
-    from tasks.release.registry import client_for
+    from tasks.models.registry import client_for
     from tasks.serving.serve import request_body
 
     settings, model = champion
@@ -160,7 +160,7 @@ def test_the_pyfunc_turns_bad_input_into_invalid_parameter_value(champion, digit
     import pandas as pd
     from mlflow.exceptions import MlflowException
 
-    from tasks.release.registry import client_for
+    from tasks.models.registry import client_for
 
     settings, model = champion
     client_for(settings.tracking_uri)
@@ -206,7 +206,7 @@ def test_cd4ml_serve_with_a_store_but_no_champion_exits_1_before_starting(
 ) -> None:
     import tasks.serving.serve as serve_module
     from tasks.cli import main
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
     from tasks.settings import load_settings
 
     mlflow_client(load_settings()).search_registered_models()  # the store exists, the model does not
@@ -221,7 +221,7 @@ def test_cd4ml_serve_with_a_store_but_no_champion_exits_1_before_starting(
 
 
 def test_the_server_command_pins_the_version_and_the_store() -> None:
-    from tasks.serving.champion import ServingModel
+    from tasks.models.champion import ServingModel
     from tasks.serving.serve import request_body, server_command, server_env
     from tasks.settings import load_settings
 
@@ -234,7 +234,7 @@ def test_the_server_command_pins_the_version_and_the_store() -> None:
     env = server_env(settings, base={"PATH": "/usr/bin"})
     assert env["MLFLOW_TRACKING_URI"] == env["MLFLOW_REGISTRY_URI"] == settings.tracking_uri
     assert env["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin"]  # MLflow runs `uvicorn` from PATH
-    assert dict(os.environ) == before  # only the child gets the URIs (tasks.release.registry.client_for)
+    assert dict(os.environ) == before  # only the child gets the URIs (tasks.models.registry.client_for)
     assert request_body([b"\x89PNG"]) == {"dataframe_split": {"columns": ["image"], "data": [["iVBORw=="]]}}
     with pytest.raises(ValueError, match="workers"):
         server_command(settings, model, "127.0.0.1", 5001, 0)

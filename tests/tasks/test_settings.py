@@ -71,7 +71,7 @@ def test_section_hash_changes_with_the_section(settings):
 
 def test_an_mlflow_client_for_one_environment_does_not_capture_the_next(tmp_path, monkeypatch):
     """MLflow's set_tracking_uri exports MLFLOW_TRACKING_URI; settings read it as an override, so it must not leak."""
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
     from tasks.settings import load_settings
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -52,8 +52,9 @@ def test_train_evaluate_and_register_with_a_postgresql_tracking_store(
     import mlflow
     import pandas as pd
 
+    from tasks.models.champion import champion_info
+    from tasks.models.registry import register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.registry import champion, register_candidate
     from tasks.release.release import promote
     from tasks.training.train import train
     from tests.tasks.test_train import split_rows
@@ -73,7 +74,7 @@ def test_train_evaluate_and_register_with_a_postgresql_tracking_store(
         gate = evaluate(settings, registered, settings.curated_table, version)
         assert gate.passed, gate.reasons
         assert promote(settings, registered, gate, run_id="manual__pg").changed
-        info = champion(settings)
+        info = champion_info(settings)
         assert info is not None and info.run_id == result.mlflow_run_id and info.curated_version == version
 
         model = mlflow.pyfunc.load_model(f"models:/{settings.registry.model_name}@champion")

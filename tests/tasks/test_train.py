@@ -96,7 +96,7 @@ def private_home(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterato
 
 
 def runs_in_experiment(settings: Any) -> list[Any]:
-    from tasks.release.registry import ensure_experiment, mlflow_client
+    from tasks.models.registry import ensure_experiment, mlflow_client
 
     client = mlflow_client(settings)
     return client.search_runs([ensure_experiment(settings, client)], max_results=1000)
@@ -124,7 +124,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
 
 
 def test_trains_on_the_exact_curated_version_and_logs_lineage(trained: Trained) -> None:
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
     from tasks.training.train import training_config_hash
 
     s, r = trained.settings, trained.result
@@ -193,7 +193,7 @@ def test_early_stopping_stops_and_keeps_the_best_weights(trained: Trained) -> No
     import mlflow
     import pandas as pd
 
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
     from tasks.training.train import train
 
     # Val accuracy climbs past 0.9 in two or three epochs and then creeps up by less than
@@ -284,7 +284,7 @@ def test_a_version_without_val_rows_is_refused_with_a_clear_error(trained: Train
 def test_fine_tuning_starts_from_a_registered_version_and_names_it(trained: Trained) -> None:
     from mlflow import MlflowClient
 
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
     from tasks.training.train import train, training_config_hash
 
     s = with_model_name(trained.settings, "finetune")

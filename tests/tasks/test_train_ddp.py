@@ -13,7 +13,7 @@ def test_two_gloo_processes_reach_the_accuracy_of_one_and_log_a_single_run(
     import mlflow
     import pandas as pd
 
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
     from tasks.training.train import train, with_training
 
     with private_home(tmp_path_factory, "ddp-home") as base:

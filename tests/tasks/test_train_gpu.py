@@ -34,7 +34,7 @@ def test_resnet18_trains_on_the_gpu_and_serves_on_cpu(tmp_path_factory: pytest.T
     import mlflow
     import pandas as pd
 
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
     from tasks.training.train import train
     from tests.tasks.test_train import split_rows
 

@@ -31,7 +31,7 @@ train(settings, args["table"], args["version"], args["run_id"], "2026-11-21", fo
 def test_a_run_killed_after_epoch_k_resumes_in_the_same_mlflow_run_and_ends_like_an_unbroken_one(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
     from tasks.training.train import checkpoint_dir_for, train, training_config_hash
 
     with private_home(tmp_path_factory, "resume-home") as base:

@@ -33,7 +33,7 @@ def tuning_settings(base, pruner: str):
 def test_a_pruner_stops_clearly_bad_trials_and_the_best_trial_trains_the_candidate(
     tmp_path_factory: pytest.TempPathFactory, pruner: str
 ) -> None:
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
     from tasks.training.train import train
     from tasks.training.tune import best_params, create_study, resolve_storage_uri, run_trial
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.serving.live_metrics import Metric, Reference, expected_calibration_error
+from tasks.monitoring.live_metrics import Metric, Reference, expected_calibration_error
 
 
 def _fmt(value: float | None) -> str:

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.data import lake
 from tasks.errors import DataError
-from tasks.ops.reports import write_json
+from tasks.files import write_json
 from tasks.settings import Settings
 
 if TYPE_CHECKING:
@@ -197,8 +197,8 @@ class Featurizer:
         self.method = "pixels"
         if model_uri is None:
             return
-        from tasks.release.registry import mlflow_client
-        from tasks.training.model import load_predictor
+        from tasks.models.loading import load_predictor
+        from tasks.models.registry import mlflow_client
 
         mlflow_client(settings)
         try:
@@ -387,7 +387,7 @@ def report_file(settings: Settings, current_version: int, reference_version: int
 def _finish(result: DriftResult, settings: Settings, extra: dict[str, Any]) -> DriftResult:
     path = Path(result.report_path)
     if extra.get("plots"):
-        from tasks.data.drift_report import write_html
+        from tasks.monitoring.drift_page import write_html
 
         result = dataclasses.replace(result, html_path=str(write_html(path.with_suffix(".html"), result, extra)))
     write_json(path, {**result.to_dict(), "is_drift": result.is_drift,
@@ -510,7 +510,7 @@ def should_train(settings: Settings, result: DriftResult, force: bool = False) -
 
 def log_report(settings: Settings, mlflow_run_id: str, drift: dict[str, Any]) -> None:
     """Attach the drift report (JSON, HTML page and its plots) to the training run as ``drift/`` artifacts."""
-    from tasks.release.registry import mlflow_client
+    from tasks.models.registry import mlflow_client
 
     report = Path(drift.get("report_path") or "")
     files = [report] if report.is_file() else []

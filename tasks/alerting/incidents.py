@@ -21,8 +21,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from tasks.alerting.alert import Alert
 from tasks.data import lake
-from tasks.ops.alerts import Alert
 from tasks.settings import Settings
 
 SCHEMA = pa.schema(

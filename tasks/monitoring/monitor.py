@@ -8,7 +8,7 @@
 3. **window**: this model version's predictions from the scoring runs of the ``window_days`` up
    to the logical date, joined to the feedback labels (``tasks.serving.feedback``);
 4. **rules**: live accuracy, per-class recall, calibration, predicted-label distribution and
-   confidence distribution against the reference (``tasks.serving.live_metrics``); a shift that
+   confidence distribution against the reference (``tasks.monitoring.live_metrics``); a shift that
    the labels show harmless is reported (``shifted``), not alerted;
 5. **explanations**: Integrated Gradients overlays for the misclassified and the low-confidence
    images of the window (``tasks.serving.explain``);
@@ -36,9 +36,9 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.data import lake
-from tasks.ops.reports import write_json
-from tasks.serving.champion import ServingModel, serving_model
-from tasks.serving.live_metrics import Metric, Reference, alarms, evaluate_window
+from tasks.files import write_json
+from tasks.models.champion import ServingModel, serving_model
+from tasks.monitoring.live_metrics import Metric, Reference, alarms, evaluate_window
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def champion_reference(settings: Settings, model: ServingModel, predictor: Any) 
     path = settings.reports_path / "monitoring" / model.name / f"v{model.version}" / "reference-v2.json"
     if path.exists():
         return _read_reference(path)
-    from tasks.release.registry import get_model_version, mlflow_client, trained_on
+    from tasks.models.registry import get_model_version, mlflow_client, trained_on
     from tasks.training.train_data import load_split_rows
 
     table, version = trained_on(get_model_version(mlflow_client(settings), model.name, model.version))
@@ -218,7 +218,7 @@ def _metric_rows(settings: Settings, model: ServingModel, metrics: list[Metric],
 def _log_to_mlflow(settings: Settings, model: ServingModel, metrics: list[Metric], out: Path, day: str,
                    run_id: str) -> str:
     """One MLflow run per model version and window (a re-run logs into the same run)."""
-    from tasks.release.registry import ensure_experiment, mlflow_client
+    from tasks.models.registry import ensure_experiment, mlflow_client
 
     client = mlflow_client(settings)
     experiment = ensure_experiment(settings, client)
@@ -274,12 +274,13 @@ def export_labelled(settings: Settings, window: _Window) -> int:
 
 def _alert(settings: Settings, model: ServingModel, breached: list[Metric], dashboard: Path, run_id: str) -> tuple[bool, bool]:
     """(alerted, resolved): one model_degraded incident per model version, resolved when healthy again."""
-    from tasks.ops import alerts, incidents
+    from tasks.alerting import delivery, incidents
+    from tasks.alerting.alert import Alert
 
     dedup = f"{settings.env}:model_degraded:{model.name}:v{model.version}"
     if breached:
         names = ", ".join(m.name for m in breached)
-        deliveries = alerts.send(alerts.Alert(
+        deliveries = delivery.send(Alert(
             summary=f"{model.name} v{model.version} degraded in {settings.env}: {names}",
             severity=settings.monitoring.severity, source="monitor", env=settings.env, dedup_key=dedup,
             kind="model_degraded", dag_id="cd4ml_monitor", run_id=run_id, error=breached[0].detail,
@@ -289,7 +290,7 @@ def _alert(settings: Settings, model: ServingModel, breached: list[Metric], dash
     resolved = False
     for incident in incidents.open_incidents(settings, kinds=frozenset({"model_degraded"})):
         if incident.dedup_key == dedup:
-            resolved |= bool(alerts.resolve_incident(settings, incident, run_id, "monitor: every rule within limits"))
+            resolved |= bool(delivery.resolve_incident(settings, incident, run_id, "monitor: every rule within limits"))
     return False, resolved
 
 
@@ -298,8 +299,8 @@ def _alert(settings: Settings, model: ServingModel, breached: list[Metric], dash
 
 def monitor(settings: Settings, *, run_id: str, logical_date: str | datetime) -> MonitorResult:
     """Monitor the champion over the window ending at ``logical_date`` (module doc)."""
-    from tasks.serving.monitor_report import write_dashboard
-    from tasks.training.model import load_predictor
+    from tasks.models.loading import load_predictor
+    from tasks.monitoring.dashboard import write_dashboard
 
     model = serving_model(settings)  # 1
     end = datetime.fromisoformat(lake.normalise_logical_date(logical_date))

@@ -4,7 +4,7 @@
   run reuses its version) and copies the lineage (curated table and version, raw version,
   environment, drift status, requirements hash) onto the model version as tags. Aliases move
   only in ``tasks.release.release`` (challenger after the gate, champion through promotion).
-* ``champion`` answers "which model serves, trained on which data" from those tags.
+* Which version is champion is ``tasks.models.champion``.
 * ``mlflow_client`` / ``ensure_experiment`` are the one place the tracking and registry URIs
   are set from the settings (also used by ``tasks.training.train`` and ``tasks.release.evaluate``).
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -136,34 +135,7 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
-@dataclass(frozen=True)
-class ChampionInfo:
-    version: int
-    run_id: str
-    curated_table: str | None
-    curated_version: int | None
-    raw_version: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def champion_model_version(settings: Settings, client: MlflowClient) -> ModelVersion | None:
-    """The ModelVersion the champion alias points at; None without a registered model or alias."""
-    name = settings.registry.model_name
-    try:
-        registered = client.get_registered_model(name)
-    except MlflowException as exc:
-        if exc.error_code == NOT_FOUND:
-            return None
-        raise
-    version = (registered.aliases or {}).get(settings.registry.champion_alias)
-    if version is None:
-        return None
-    return client.get_model_version(name, str(version))
-
-
-def _lineage(version: ModelVersion, client: MlflowClient) -> dict[str, Any]:
+def version_lineage(version: ModelVersion, client: MlflowClient) -> dict[str, Any]:
     """Lineage from the model version's tags, falling back to its run's tags."""
     tags = dict(version.tags or {})
     if version.run_id and not all(k in tags for k in (TAG_CURATED_TABLE, TAG_CURATED_VERSION)):
@@ -177,15 +149,6 @@ def _lineage(version: ModelVersion, client: MlflowClient) -> dict[str, Any]:
         "curated_version": _int_or_none(tags.get(TAG_CURATED_VERSION)),
         "raw_version": _int_or_none(tags.get(TAG_RAW_VERSION)),
     }
-
-
-def champion(settings: Settings) -> ChampionInfo | None:
-    """The model version holding the champion alias, with its data lineage; None if none."""
-    client = mlflow_client(settings)
-    version = champion_model_version(settings, client)
-    if version is None:
-        return None
-    return ChampionInfo(version=int(version.version), run_id=version.run_id, **_lineage(version, client))
 
 
 def get_model_version(client: MlflowClient, name: str, version: int | str) -> ModelVersion:
@@ -310,7 +273,7 @@ def model_versions(settings: Settings) -> list[dict[str, Any]]:
                 "version": int(version.version),
                 "aliases": sorted(aliases_by_version.get(str(version.version), [])),
                 "run_id": version.run_id,
-                **_lineage(version, client),
+                **version_lineage(version, client),
                 "gate_passed": {"true": True, "false": False}.get(tags.get("cd4ml.gate.passed", "")),
                 "gate_decision": tags.get("cd4ml.gate.decision"),
                 "copied_from": tags.get(TAG_COPIED_FROM),
@@ -322,13 +285,11 @@ def model_versions(settings: Settings) -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "ChampionInfo",
     "LineageError",
     "StaleGateError",
     "UnknownModelVersionError",
     "alias_version",
-    "champion",
-    "champion_model_version",
+    "version_lineage",
     "ensure_experiment",
     "get_model_version",
     "mlflow_client",

@@ -15,7 +15,7 @@ Time travel needs two things of an old version: its data files and its log. Both
 
 Protected versions come from ``protected_versions``: every version of this environment's
 registered model names its curated table and version and its raw version (tags set by
-``tasks.release.registry``); named dataset versions (``lake.tag_version``) are protected too while
+``tasks.models.registry``); named dataset versions (``lake.tag_version``) are protected too while
 ``retention.protect_tagged`` is on. After the vacuum every protected version is opened and each
 of its files checked on disk; a missing one is an error, never silence.
 """
@@ -61,7 +61,7 @@ def _uri(settings: Settings, table: str) -> str:
 
 def protected_versions(settings: Settings, table: str) -> set[int]:
     """Versions of ``table`` (a name or URI) that VACUUM must keep (module doc)."""
-    from tasks.release import registry  # imports MLflow: only when retention actually runs
+    from tasks.models import registry  # imports MLflow: only when retention actually runs
 
     uri = _uri(settings, table)
     keep: set[int] = set()
