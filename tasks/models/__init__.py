@@ -1,0 +1,1 @@
+"""The shared model layer: the MLflow registry, who is champion, loading a logged model."""
