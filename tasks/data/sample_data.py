@@ -6,7 +6,7 @@
   scikit-image's ``astronaut``, ``coffee``, ``rocket``, ``immunohistochemistry`` and
   ``motorcycle``) cut into non-overlapping 64x64 tiles at two scales (1 and 0.7), saved as JPEG
   (quality 90); the class is the photo a tile comes from, so colour carries much of the signal
-  (a grey model loses most of it: README). ``<landing>/<photo>/tile_s<scale>_r<row>_c<col>.jpg``.
+  (a grey model loses most of it: bench/README.md). ``<landing>/<photo>/tile_s<scale>_r<row>_c<col>.jpg``.
   Tiles of one photo at two scales show the same scene, not the same pixels; the splits are
   still per image, so the two scales of a region can land in different splits.
 

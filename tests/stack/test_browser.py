@@ -1,6 +1,6 @@
 """The Airflow UI in headless Chromium (Debian's chromium + chromium-driver, driven by Selenium).
 
-`cd4ml up` on the embedded defaults (the README's walk-through), with sit set to need a person's
+`cd4ml up` on the embedded defaults (the walk-through of docs/operations.md), with sit set to need a person's
 approval so the Required Actions page is part of the path:
 
 1. an operator signs in, opens cd4ml_train, fills the trigger form (curated_version, a run id)
