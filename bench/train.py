@@ -40,9 +40,12 @@ from PIL import Image  # noqa: E402
 
 from tasks.data import lake  # noqa: E402
 from tasks.settings import load_settings  # noqa: E402
+from tasks.training.augment import augment_generator  # noqa: E402
+from tasks.training.data_cache import ensure_cache, load_cache  # noqa: E402
+from tasks.training.device import device_plan  # noqa: E402
+from tasks.training.loader import set_epoch, train_loader  # noqa: E402
+from tasks.training.loop import lr_factor, train_one_epoch  # noqa: E402
 from tasks.training.model import build_model  # noqa: E402
-from tasks.training.train_data import augment_generator, device_plan, ensure_cache, load_cache, set_epoch, train_loader  # noqa: E402
-from tasks.training.train_ddp import lr_factor, train_one_epoch  # noqa: E402
 
 # Steps measured per round: enough for ~1-3 s per round on one CPU thread.
 DEFAULT_STEPS = {("cpu", "small_cnn"): 200, ("cpu", "resnet18"): 6, ("cuda", "small_cnn"): 600, ("cuda", "resnet18"): 300}

@@ -77,7 +77,7 @@ def make_table(uri: str, n: int, source: int, seed: int = 0) -> int:
 
 
 def phase_build(uri: str, version: int, size: int, cache: str) -> dict:
-    from tasks.training.train_data import ensure_cache
+    from tasks.training.data_cache import ensure_cache
 
     started = time.perf_counter()
     path = ensure_cache(cache, uri, version, size, channels=3, fit="crop")
@@ -100,8 +100,8 @@ def _epoch(loader, data, plan, model: str, steps: int) -> tuple[float, int]:
     """One pass (or ``steps`` batches with a model): each batch becomes the model's input (and a train step)."""
     import torch
 
+    from tasks.training.loader import model_input, set_epoch
     from tasks.training.model import build_model
-    from tasks.training.train_data import model_input, set_epoch
 
     net = opt = None
     if model != "none":
@@ -126,7 +126,9 @@ def _epoch(loader, data, plan, model: str, steps: int) -> tuple[float, int]:
 def phase_epoch(path: str, workers: int, batch: int, model: str = "none", steps: int = 0) -> dict:
     import torch
 
-    from tasks.training.train_data import device_plan, load_cache, train_loader
+    from tasks.training.data_cache import load_cache
+    from tasks.training.device import device_plan
+    from tasks.training.loader import train_loader
 
     torch.set_num_threads(1)
     data = load_cache(path)
@@ -141,7 +143,9 @@ def phase_bare_epoch(path: str, batch: int, model: str = "none", steps: int = 0)
     import numpy as np
     import torch
 
-    from tasks.training.train_data import device_plan, load_cache, train_loader
+    from tasks.training.data_cache import load_cache
+    from tasks.training.device import device_plan
+    from tasks.training.loader import train_loader
 
     torch.set_num_threads(1)
     data = load_cache(path)

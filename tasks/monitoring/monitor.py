@@ -120,7 +120,7 @@ def champion_reference(settings: Settings, model: ServingModel, predictor: Any) 
     if path.exists():
         return _read_reference(path)
     from tasks.models.registry import get_model_version, mlflow_client, trained_on
-    from tasks.training.train_data import load_split_rows
+    from tasks.training.data_cache import load_split_rows
 
     table, version = trained_on(get_model_version(mlflow_client(settings), model.name, model.version))
     classes = list(predictor.classes)

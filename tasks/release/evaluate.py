@@ -73,7 +73,7 @@ from tasks.models.registry import (
     trained_on,
 )
 from tasks.settings import Settings
-from tasks.training.train_data import load_split_rows
+from tasks.training.data_cache import load_split_rows
 
 log = logging.getLogger(__name__)
 

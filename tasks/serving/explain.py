@@ -210,6 +210,85 @@ def render_overlay(seen: np.ndarray, heat: np.ndarray, caption: str) -> Image.Im
     return canvas
 
 
+def _check_arguments(
+    images: Sequence[bytes], keys: Sequence[str], labels: Sequence[str | None] | None, steps: int, batch: int
+) -> None:
+    if len(keys) != len(images):
+        raise ValueError(f"{len(images)} images but {len(keys)} keys")
+    if labels is not None and len(labels) != len(images):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels")
+    if len(set(keys)) != len(keys):
+        raise ValueError("keys must be unique: each names one overlay file")
+    if steps < 2 or batch < 1:
+        raise ValueError(f"steps must be >= 2 and batch >= 1, got steps={steps}, batch={batch}")
+
+
+@dataclass(frozen=True)
+class _Attributed:
+    """One batch of decoded images, predicted and attributed (row ``j`` = the batch's ``j``-th kept image)."""
+
+    seen: np.ndarray  # (n, C, S, S) in [0, 1]: the images as the model saw them
+    magnitude: np.ndarray  # (n, S, S): sum over channels of |attribution|
+    top: Any  # softmax top-2: values and indices per image
+    target: torch.Tensor  # the predicted class, attributed
+    gap: torch.Tensor  # logit(x) - logit(baseline) of the target
+    delta: torch.Tensor  # Captum's completeness error
+    steps: torch.Tensor  # integration steps used per image
+
+
+def _attribute(network: torch.nn.Module, spec: Any, x: torch.Tensor, steps: int, batch: int) -> _Attributed:
+    """Predict, then Integrated Gradients of the prediction; images that miss completeness are integrated finer."""
+    baseline = black_baseline(spec, x)
+    with torch.no_grad():
+        logits = network(x)
+        top = torch.softmax(logits, dim=1).topk(2, dim=1)  # a network has >= 2 classes
+        target = top.indices[:, 0]
+        rows = torch.arange(len(x))
+        gap = logits[rows, target] - network(baseline)[rows, target]
+    attributions, delta = integrated_gradients(network, x, target, baseline, steps=steps, pass_size=batch)
+    used = torch.full((len(x),), steps)
+    coarse = (delta.abs() > RELATIVE_TOLERANCE * gap.abs() + ABSOLUTE_TOLERANCE).nonzero().flatten()
+    if len(coarse):  # too few steps for these: integrate again, finer
+        attributions[coarse], delta[coarse] = integrated_gradients(
+            network, x[coarse], target[coarse], baseline[coarse], steps=steps * REFINE, pass_size=batch
+        )
+        used[coarse] = steps * REFINE
+    seen = unnormalise(spec, x.detach().float()).numpy()
+    magnitude = attributions.abs().sum(dim=1).numpy()  # (n, S, S)
+    return _Attributed(seen, magnitude, top, target, gap, delta, used)
+
+
+def _explanation(a: _Attributed, j: int, key: str, label: str | None, classes: list[str], path: Path) -> Explanation:
+    """Row ``j`` of an attributed batch as an ``Explanation`` (its overlay to be written at ``path``)."""
+    brightness = a.seen[j].mean(axis=0)
+    ink = brightness > brightness.mean()
+    total = float(a.magnitude[j].sum())
+    return Explanation(
+        key=key,
+        predicted=classes[int(a.target[j])],
+        confidence=float(a.top.values[j, 0]),
+        true_label=label,
+        runner_up=classes[int(a.top.indices[j, 1])],
+        runner_up_confidence=float(a.top.values[j, 1]),
+        path=path,
+        convergence_delta=float(a.delta[j]),
+        logit_gap=float(a.gap[j]),
+        steps=int(a.steps[j]),
+        ink_share=float(a.magnitude[j][ink].sum() / total) if total > 0 else 0.0,
+        ink_area=float(ink.mean()),
+    )
+
+
+def _save_overlay(explanation: Explanation, seen: np.ndarray, magnitude: np.ndarray) -> None:
+    """The overlay PNG, with the key and caption as text chunks; heat scaled to the image's 99th percentile."""
+    ceiling = float(np.percentile(magnitude, 99))
+    heat = np.clip(magnitude / ceiling, 0.0, 1.0) if ceiling > 0 else np.zeros_like(magnitude)
+    info = PngInfo()
+    info.add_text("key", explanation.key)
+    info.add_text("caption", explanation.caption)
+    render_overlay(seen, heat, explanation.caption).save(explanation.path, format="PNG", pnginfo=info)
+
+
 def explain(
     predictor: Any,
     images: Sequence[bytes],
@@ -228,14 +307,7 @@ def explain(
     An image that does not decode is skipped and reported in ``Explained.skipped``; no input
     means no files.
     """
-    if len(keys) != len(images):
-        raise ValueError(f"{len(images)} images but {len(keys)} keys")
-    if labels is not None and len(labels) != len(images):
-        raise ValueError(f"{len(images)} images but {len(labels)} labels")
-    if len(set(keys)) != len(keys):
-        raise ValueError("keys must be unique: each names one overlay file")
-    if steps < 2 or batch < 1:
-        raise ValueError(f"steps must be >= 2 and batch >= 1, got steps={steps}, batch={batch}")
+    _check_arguments(images, keys, labels, steps, batch)
     if not images:
         return Explained()
     network, spec, classes = predictor.network, predictor.spec, list(predictor.classes)
@@ -248,53 +320,13 @@ def explain(
         skipped += bad
         if not kept:
             continue
-        x = torch.cat(tensors).contiguous(memory_format=memory_format)
-        baseline = black_baseline(spec, x)
-        with torch.no_grad():
-            logits = network(x)
-            top = torch.softmax(logits, dim=1).topk(2, dim=1)  # a network has >= 2 classes
-            target = top.indices[:, 0]
-            rows = torch.arange(len(x))
-            gap = logits[rows, target] - network(baseline)[rows, target]
-        attributions, delta = integrated_gradients(network, x, target, baseline, steps=steps, pass_size=batch)
-        used = torch.full((len(x),), steps)
-        coarse = (delta.abs() > RELATIVE_TOLERANCE * gap.abs() + ABSOLUTE_TOLERANCE).nonzero().flatten()
-        if len(coarse):  # too few steps for these: integrate again, finer
-            attributions[coarse], delta[coarse] = integrated_gradients(
-                network, x[coarse], target[coarse], baseline[coarse], steps=steps * REFINE, pass_size=batch
-            )
-            used[coarse] = steps * REFINE
-        seen = unnormalise(spec, x.detach().float()).numpy()
-        magnitude = attributions.abs().sum(dim=1).numpy()  # (n, S, S)
+        attributed = _attribute(network, spec, torch.cat(tensors).contiguous(memory_format=memory_format), steps, batch)
         out.mkdir(parents=True, exist_ok=True)
-        for j, i in enumerate(kept):
-            position = start + i
-            brightness = seen[j].mean(axis=0)
-            ink = brightness > brightness.mean()
-            total = float(magnitude[j].sum())
-            ceiling = float(np.percentile(magnitude[j], 99))
-            heat = np.clip(magnitude[j] / ceiling, 0.0, 1.0) if ceiling > 0 else np.zeros_like(magnitude[j])
-            second = int(top.indices[j, 1])
+        for j, position in enumerate(start + i for i in kept):
             label = None if labels is None or labels[position] is None else str(labels[position])
-            path = out / file_name(keys[position])
-            explanation = Explanation(
-                key=keys[position],
-                predicted=classes[int(target[j])],
-                confidence=float(top.values[j, 0]),
-                true_label=label,
-                runner_up=classes[second],
-                runner_up_confidence=float(top.values[j, 1]),
-                path=path,
-                convergence_delta=float(delta[j]),
-                logit_gap=float(gap[j]),
-                steps=int(used[j]),
-                ink_share=float(magnitude[j][ink].sum() / total) if total > 0 else 0.0,
-                ink_area=float(ink.mean()),
-            )
-            info = PngInfo()
-            info.add_text("key", explanation.key)
-            info.add_text("caption", explanation.caption)
-            render_overlay(seen[j], heat, explanation.caption).save(path, format="PNG", pnginfo=info)
+            key = keys[position]
+            explanation = _explanation(attributed, j, key, label, classes, out / file_name(key))
+            _save_overlay(explanation, attributed.seen[j], attributed.magnitude[j])
             explanations.append(explanation)
     return Explained(tuple(explanations), tuple(skipped))
 

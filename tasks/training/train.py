@@ -1,8 +1,9 @@
 """Train the classifier on one explicit version of the curated table and log it to MLflow.
 
 ``train(settings, curated_table, curated_version, run_id, logical_date, force)`` is what the DAG
-calls; the training loop itself lives in ``tasks.training.train_ddp`` and the data path in
-``tasks.training.train_data``.
+calls. The processes are started by ``tasks.training.launch``, the epoch loop is
+``tasks.training.loop``, the decoded data ``tasks.training.data_cache`` (read through
+``loader``, ``augment`` and ``device``).
 
 * Input: ``curated_table`` at ``curated_version`` (time travel), never "latest". Train and val
   are decoded once into a local cache (``training.cache_dir``), in sha256 order, so row order in
@@ -31,7 +32,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,17 +55,18 @@ from tasks.models.registry import (
     mlflow_client,
 )
 from tasks.settings import REPO_ROOT, Settings, SettingsError, TrainingSettings
-from tasks.training.train_data import NoTrainingDataError, class_order, ensure_cache, load_cache, load_split_rows
-from tasks.training.train_ddp import (
-    REQUEST_FILE,
-    RESULT_FILE,
-    TAG_BEST_EPOCH,
-    TAG_EPOCHS_RUN,
-    WorkerOutcome,
-    WorkerRequest,
-    run_worker,
-    scaled_learning_rate,
+from tasks.training.data_cache import (
+    CachedSplits,
+    NoTrainingDataError,
+    class_order,
+    ensure_cache,
+    load_cache,
+    load_split_rows,
 )
+from tasks.training.launch import launch
+from tasks.training.loop import scaled_learning_rate
+from tasks.training.request import WorkerOutcome, WorkerRequest
+from tasks.training.tracking import TAG_BEST_EPOCH, TAG_EPOCHS_RUN
 
 log = logging.getLogger(__name__)
 
@@ -254,40 +255,109 @@ def lineage_tags(
     return tags
 
 
-def _die_with_parent() -> None:
-    """In the torchrun child: get SIGTERM when the task process dies (e.g. SIGKILLed by Airflow).
+@dataclass(frozen=True)
+class _Job:
+    """What one ``train`` call is about: the data version, the config that names it, where it is tracked."""
 
-    Otherwise an orphaned torchrun would keep training and writing checkpoints while the
-    retry resumes from the same folder.
-    """
-    import ctypes
-    import signal
+    settings: Settings
+    client: MlflowClient
+    experiment_id: str
+    curated_table: str
+    curated_version: int
+    raw_version: int | None
+    finetune_uri: str | None  # the exact model version fine-tuning starts from
+    config_hash: str
+    run_id: str  # the Airflow run's
+    logical_date: str
 
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+def _identify(settings: Settings, curated_table: str, curated_version: int, run_id: str, logical_date: str) -> _Job:
+    """The experiment, the raw version behind the data and the config hash of this training."""
+    cfg = settings.training
+    client = mlflow_client(settings)
+    experiment_id = ensure_experiment(settings, client)
+    raw_version = raw_version_of(curated_table, curated_version)
+    finetune_uri = resolve_model_uri(client, cfg.finetune_from) if cfg.finetune_from else None
+    config_hash = training_config_hash(settings, finetune_uri)
+    return _Job(
+        settings, client, experiment_id, curated_table, curated_version, raw_version, finetune_uri, config_hash, run_id,
+        logical_date,
+    )
 
 
-def _run_torchrun(request_path: Path, nproc: int, num_threads: int, tracking_uri: str) -> WorkerOutcome:
-    """``torchrun --standalone --nproc_per_node N -m tasks.training.train_ddp``; rank 0 leaves result.json."""
-    result_path = request_path.with_name(RESULT_FILE)
-    result_path.unlink(missing_ok=True)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
-        "OMP_NUM_THREADS": str(num_threads),
-        "MLFLOW_TRACKING_URI": tracking_uri,
+def _run_params(settings: Settings, cached: CachedSplits, world: int) -> dict[str, str]:
+    """MLflow params beyond the training section: the data as decoded and the global batch."""
+    cfg = settings.training
+    return {
+        "registered_model_name": settings.registry.model_name,
+        "classes": ",".join(cached.classes),
+        "preprocess": json.dumps(cached.spec.to_dict()),
+        "n_train": str(len(cached.y_train)),
+        "n_val": str(len(cached.y_val)),
+        "world_size": str(world),
+        "global_batch_size": str(cfg.batch_size * world),
+        "effective_learning_rate": repr(scaled_learning_rate(cfg, world)),
     }
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        "-m", "tasks.training.train_ddp", "--request", str(request_path),
-    ]
-    log.info("launching %s", " ".join(command))
-    done = subprocess.run(command, env=env, check=False, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-    if done.returncode != 0 or not result_path.exists():
-        raise RuntimeError(
-            f"torchrun exited with {done.returncode}; a retry resumes from the checkpoint in {request_path.parent}"
-        )
-    return WorkerOutcome(**json.loads(result_path.read_text()))
+
+
+def _worker_request(job: _Job, tags: Mapping[str, str] | None) -> WorkerRequest:
+    """Decode the version once (cached) and write down everything the training processes need."""
+    settings, cfg = job.settings, job.settings.training
+    cache_path = ensure_cache(cfg.cache_dir, job.curated_table, job.curated_version, cfg.image_size, cfg.channels, cfg.fit)
+    world = cfg.nproc_per_node if cfg.launcher == "torchrun" else 1
+    checkpoint_dir = checkpoint_dir_for(settings, job.curated_table, job.curated_version, job.config_hash, job.run_id)
+    cached = load_cache(cache_path)
+    run_tags = {
+        **lineage_tags(
+            settings, job.curated_table, job.curated_version, job.raw_version, job.config_hash, job.run_id, job.logical_date
+        ),
+        TAG_LAUNCHER: cfg.launcher,
+        **({TAG_FINETUNED_FROM: job.finetune_uri} if job.finetune_uri else {}),
+        **dict(tags or {}),
+    }
+    return WorkerRequest(
+        settings=settings.model_dump(mode="json"),
+        curated_table=job.curated_table,
+        curated_version=job.curated_version,
+        cache_path=cache_path,
+        tracking_uri=settings.tracking_uri,
+        experiment_id=job.experiment_id,
+        run_name=f"train-{job.logical_date}",
+        tags=run_tags,
+        params=_run_params(settings, cached, world),
+        checkpoint_dir=str(checkpoint_dir),
+        finetune_uri=job.finetune_uri,
+    )
+
+
+def _settle(job: _Job, request: WorkerRequest, outcome: WorkerOutcome | None) -> TrainResult:
+    """Check the outcome, tag a resumed run, drop the checkpoints (unless kept) and report."""
+    cfg, where = job.settings.training, f"{job.curated_table}@v{job.curated_version}"
+    if outcome is None or not outcome.model_uri:
+        raise RuntimeError(f"training of {where} returned no model")
+    if outcome.resumed_from_epoch:
+        job.client.set_tag(outcome.mlflow_run_id, TAG_RESUMED_FROM, str(outcome.resumed_from_epoch))
+    if not cfg.keep_checkpoints and request.checkpoint_dir:
+        shutil.rmtree(request.checkpoint_dir, ignore_errors=True)
+    log.info(
+        "trained run %s on %s@v%d: best val_accuracy %.4f at epoch %d/%d (%s, %d process(es), %s)",
+        outcome.mlflow_run_id, job.curated_table, job.curated_version, outcome.metrics["best_val_accuracy"],
+        outcome.best_epoch, outcome.epochs_run, cfg.launcher, outcome.world_size, outcome.device,
+    )
+    return TrainResult(
+        mlflow_run_id=outcome.mlflow_run_id,
+        curated_table=job.curated_table,
+        curated_version=job.curated_version,
+        raw_version=job.raw_version,
+        metrics=outcome.metrics,
+        epochs_run=outcome.epochs_run,
+        best_epoch=outcome.best_epoch,
+        model_uri=outcome.model_uri,
+        reused=False,
+        resumed_from_epoch=outcome.resumed_from_epoch,
+        world_size=outcome.world_size,
+        launcher=cfg.launcher,
+    )
 
 
 def train(
@@ -307,89 +377,19 @@ def train(
     ``tags`` are added to the MLflow run (e.g. the tuning study that chose the parameters).
     """
     settings = with_training(settings, overrides)
-    cfg = settings.training
-    curated_version = int(curated_version)
-    client = mlflow_client(settings)
-    experiment_id = ensure_experiment(settings, client)
-    raw_version = raw_version_of(curated_table, curated_version)
-    finetune_uri = resolve_model_uri(client, cfg.finetune_from) if cfg.finetune_from else None
-    config_hash = training_config_hash(settings, finetune_uri)
-
+    job = _identify(settings, curated_table, int(curated_version), run_id, logical_date)
     if not force:
-        existing = _find_reusable_run(client, experiment_id, curated_table, curated_version, config_hash)
+        existing = _find_reusable_run(job.client, job.experiment_id, curated_table, job.curated_version, job.config_hash)
         if existing is not None:
             log.info("reusing run %s (same curated version and training config)", existing.info.run_id)
-            return _result_from_run(existing, raw_version, reused=True)
-    if cfg.launcher == "kubernetes":
+            return _result_from_run(existing, job.raw_version, reused=True)
+    if settings.training.launcher == "kubernetes":
         raise LauncherError(
             "training.launcher is 'kubernetes': run the trainer image with the spec from "
             "tasks.training.train.trainer_pod_spec() (KubernetesPodOperator); the pod runs `cd4ml train`"
         )
-
-    cache_path = ensure_cache(cfg.cache_dir, curated_table, curated_version, cfg.image_size, cfg.channels, cfg.fit)
-    world = cfg.nproc_per_node if cfg.launcher == "torchrun" else 1
-    checkpoint_dir = checkpoint_dir_for(settings, curated_table, curated_version, config_hash, run_id)
-    cached = load_cache(cache_path)
-    run_tags = {
-        **lineage_tags(settings, curated_table, curated_version, raw_version, config_hash, run_id, logical_date),
-        TAG_LAUNCHER: cfg.launcher,
-        **({TAG_FINETUNED_FROM: finetune_uri} if finetune_uri else {}),
-        **dict(tags or {}),
-    }
-    params = {
-        "registered_model_name": settings.registry.model_name,
-        "classes": ",".join(cached.classes),
-        "preprocess": json.dumps(cached.spec.to_dict()),
-        "n_train": str(len(cached.y_train)),
-        "n_val": str(len(cached.y_val)),
-        "world_size": str(world),
-        "global_batch_size": str(cfg.batch_size * world),
-        "effective_learning_rate": repr(scaled_learning_rate(cfg, world)),
-    }
-    request = WorkerRequest(
-        settings=settings.model_dump(mode="json"),
-        curated_table=curated_table,
-        curated_version=curated_version,
-        cache_path=cache_path,
-        tracking_uri=settings.tracking_uri,
-        experiment_id=experiment_id,
-        run_name=f"train-{logical_date}",
-        tags=run_tags,
-        params=params,
-        checkpoint_dir=str(checkpoint_dir),
-        finetune_uri=finetune_uri,
-    )
-    if cfg.launcher == "torchrun":
-        request_path = checkpoint_dir / REQUEST_FILE
-        request.write(request_path)
-        outcome = _run_torchrun(request_path, cfg.nproc_per_node, cfg.num_threads, settings.tracking_uri)
-    else:
-        outcome = run_worker(request)
-    if outcome is None or not outcome.model_uri:
-        raise RuntimeError(f"training of {curated_table}@v{curated_version} returned no model")
-    if outcome.resumed_from_epoch:
-        client.set_tag(outcome.mlflow_run_id, TAG_RESUMED_FROM, str(outcome.resumed_from_epoch))
-    if not cfg.keep_checkpoints:
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    log.info(
-        "trained run %s on %s@v%d: best val_accuracy %.4f at epoch %d/%d (%s, %d process(es), %s)",
-        outcome.mlflow_run_id, curated_table, curated_version, outcome.metrics["best_val_accuracy"],
-        outcome.best_epoch, outcome.epochs_run, cfg.launcher, outcome.world_size, outcome.device,
-    )
-    return TrainResult(
-        mlflow_run_id=outcome.mlflow_run_id,
-        curated_table=curated_table,
-        curated_version=curated_version,
-        raw_version=raw_version,
-        metrics=outcome.metrics,
-        epochs_run=outcome.epochs_run,
-        best_epoch=outcome.best_epoch,
-        model_uri=outcome.model_uri,
-        reused=False,
-        resumed_from_epoch=outcome.resumed_from_epoch,
-        world_size=outcome.world_size,
-        launcher=cfg.launcher,
-    )
+    request = _worker_request(job, tags)
+    return _settle(job, request, launch(request, settings.training))
 
 
 @dataclass(frozen=True)

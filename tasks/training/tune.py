@@ -6,7 +6,7 @@
   mapped tasks on several Celery workers at once.
 * ``create_study`` makes the study (idempotent) and the parent MLflow run that every trial
   nests under; ``run_trial`` asks for one trial, trains it with the real training loop
-  (``tasks.training.train_ddp.run_worker``, in this process, no checkpoints, no logged model),
+  (``tasks.training.launch.run_worker``, in this process, no checkpoints, no logged model),
   reports val accuracy each epoch and stops when the pruner (median, successive halving or
   Hyperband, ``tuning.pruner``) says so; ``best_params`` closes the parent run and returns the
   best trial's parameters, which ``tasks.training.train.train(..., overrides=params)`` turns into the
@@ -32,9 +32,10 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from tasks.models.registry import LINEAGE_RUN_TAGS, TAG_CONFIG_HASH, ensure_experiment, mlflow_client
 from tasks.settings import SearchParam, Settings, TuningSettings
+from tasks.training.data_cache import ensure_cache, load_cache
+from tasks.training.launch import run_worker
+from tasks.training.request import WorkerRequest
 from tasks.training.train import lineage_tags, raw_version_of, training_config_hash, with_training
-from tasks.training.train_data import ensure_cache, load_cache
-from tasks.training.train_ddp import WorkerRequest, run_worker
 
 log = logging.getLogger(__name__)
 

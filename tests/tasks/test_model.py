@@ -64,7 +64,7 @@ def test_transfer_keeps_the_backbone_and_starts_a_new_head_when_classes_change()
 
 
 def test_random_shift_moves_pixels_within_bounds_and_is_seeded() -> None:
-    from tasks.training.train_data import random_shift
+    from tasks.training.augment import random_shift
 
     x = torch.zeros(64, 1, 8, 8)
     x[:, 0, 3:5, 3:5] = 1.0  # a centred 2x2 square: any shift up to 2 keeps it inside
@@ -78,7 +78,8 @@ def test_random_shift_moves_pixels_within_bounds_and_is_seeded() -> None:
 
 
 def test_distributed_shards_are_disjoint_and_cover_the_split() -> None:
-    from tasks.training.train_data import device_plan, set_epoch, train_loader
+    from tasks.training.device import device_plan
+    from tasks.training.loader import set_epoch, train_loader
 
     plan = device_plan("cpu", amp=True, channels_last=True)
     assert plan.amp_dtype is None and not plan.pin_memory and plan.backend == "gloo"
@@ -104,7 +105,7 @@ def test_the_decode_cache_is_built_once_per_version_and_matches_the_serving_deco
     import numpy as np
 
     from cd4ml_runtime.preprocess import PreprocessSpec, decode_many
-    from tasks.training.train_data import NoTrainingDataError, ensure_cache, load_cache, load_split_rows
+    from tasks.training.data_cache import NoTrainingDataError, ensure_cache, load_cache, load_split_rows
 
     uri = str(tmp_path / "curated")
     version = write_curated_digits(uri, limit=120)
@@ -122,7 +123,7 @@ def test_the_decode_cache_is_built_once_per_version_and_matches_the_serving_deco
     served = decode_many(rows["image"].to_pylist(), PreprocessSpec(1, 16))
     assert np.array_equal(cached.train.read(np.arange(len(cached.train))), served)
     assert np.array_equal(cached.train.read([5, 2, 5]), served[[5, 2, 5]])  # any order, repeats
-    from tasks.training.train_data import SplitStore
+    from tasks.training.data_cache import SplitStore
 
     eager = SplitStore(cached.train.path, cached.train.n, cached.train.shape, release_bytes=1)  # pages handed back each read
     assert all(np.array_equal(eager.read([i, 0]), served[[i, 0]]) for i in range(len(served)))
@@ -139,7 +140,7 @@ def test_the_decode_cache_is_built_once_per_version_and_matches_the_serving_deco
 
 def test_learning_rate_scales_with_the_global_batch() -> None:
     from tasks.settings import TrainingSettings
-    from tasks.training.train_ddp import lr_factor, scaled_learning_rate
+    from tasks.training.loop import lr_factor, scaled_learning_rate
 
     base = {
         "model": "small_cnn", "image_size": 16, "epochs": 2, "batch_size": 64, "learning_rate": 0.001,

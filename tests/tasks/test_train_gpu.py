@@ -17,7 +17,7 @@ pytestmark = [
 
 
 def test_the_cuda_plan_uses_bf16_channels_last_pinned_memory_and_nccl() -> None:
-    from tasks.training.train_data import device_plan, to_device
+    from tasks.training.device import device_plan, to_device
 
     plan = device_plan("auto", amp=True, channels_last=True)
     assert plan.device.type == "cuda" and plan.backend == "nccl"

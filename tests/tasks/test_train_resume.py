@@ -110,3 +110,56 @@ def test_the_checkpoint_folder_is_deterministic_per_table_version_config_and_run
     assert training_config_hash(with_training(settings, {"launcher": "torchrun", "num_threads": 2})) == h
     assert training_config_hash(with_training(settings, {"learning_rate": 0.01})) != h
     assert training_config_hash(settings, "models:/m/3") != h
+
+
+# The keys of a format-1 checkpoint, as written before the loop kept its state in TrainState:
+# a retry after an upgrade must still read what the killed attempt wrote.
+FORMAT_1_KEYS = {
+    "format", "epoch", "model", "optimizer", "scheduler", "early_stopping", "best_state", "history", "rng", "seconds",
+    "loop_seconds", "images", "stop", "stopped_by_callback", "mlflow_run_id", "world_size",
+}
+
+
+def test_the_train_state_round_trips_through_a_checkpoint_random_generators_included(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    from tasks.training.checkpoint import Checkpoints
+    from tasks.training.device import device_plan
+    from tasks.training.loop import EarlyStopping, TrainState
+
+    plan = device_plan("cpu", amp=False, channels_last=False)
+
+    def fresh(seed: int) -> TrainState:
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+        return TrainState(model, optimizer, scheduler, EarlyStopping(patience=2, min_delta=0.01))
+
+    state = fresh(0)
+    state.model(torch.randn(4, 3)).sum().backward()
+    state.optimizer.step()
+    state.scheduler.step()
+    state.stopper.update(1, 0.5, 0.9)
+    state.best_weights = {k: v.clone() for k, v in state.model.state_dict().items()}
+    state.record(1, {"val_accuracy": 0.5}, seconds=2.0, loop_seconds=1.5, images=64)
+    state.mlflow_run_id = "run-1"
+    saved = state.to_checkpoint(plan, world_size=1)
+    assert set(saved) == FORMAT_1_KEYS and saved["format"] == 1
+    checkpoints = Checkpoints(str(tmp_path))
+    checkpoints.save(saved)
+    expected_draws = (torch.rand(3), np.random.rand(), random.random())
+
+    resumed = fresh(1)  # other weights, other generator states
+    resumed.restore(checkpoints.load(plan.device), plan)
+    assert (torch.rand(3).tolist(), np.random.rand(), random.random()) == (expected_draws[0].tolist(), *expected_draws[1:])
+    assert resumed.epoch == 1 and resumed.history == state.history and resumed.mlflow_run_id == "run-1"
+    assert (resumed.seconds, resumed.loop_seconds, resumed.images, resumed.stop) == (2.0, 1.5, 64, False)
+    assert resumed.stopper == state.stopper
+    assert all(torch.equal(resumed.model.state_dict()[k], v) for k, v in state.model.state_dict().items())
+    assert resumed.scheduler.state_dict()["last_epoch"] == 1
+    assert resumed.optimizer.state_dict()["state"][0]["step"] == state.optimizer.state_dict()["state"][0]["step"]
+    assert json.loads((tmp_path / "state.json").read_text()) == {"epoch": 1, "mlflow_run_id": "run-1", "stop": False}

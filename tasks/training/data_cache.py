@@ -1,4 +1,4 @@
-"""The training data path: decode once into files on disk, stream batches to CPU or CUDA.
+"""The decode cache: one curated version decoded once into files on disk.
 
 * ``ensure_cache`` streams one curated version (time travel) in record batches and decodes its
   train and val images once, with the model's own preprocessing (``cd4ml_runtime.preprocess``:
@@ -14,27 +14,15 @@
   few colour photos in a grey dataset are read as grey (and the reverse), never a silent switch.
 * ``SplitStore`` gathers a batch from a read-only memory map of the split file and hands the
   touched pages back to the kernel every 64 MB, so the process's resident memory does not grow
-  with the dataset (the page cache keeps the file warm for the next epoch). ``train_loader`` shards the train
-  split by rank (``DistributedSampler``) and fetches a whole batch per call; with
-  ``num_workers`` > 0 worker processes read ahead and pin while the model trains.
-* Pixels travel as uint8, pinned and copied ``non_blocking`` on CUDA; scaling, augmentation
-  (random resized crop, horizontal flip, colour jitter, shifts: train split only) and the
-  per-channel normalisation run on the device as batched tensor ops, seeded per
-  (seed, epoch, rank) so a resumed run sees exactly the batches an unbroken one would.
-* ``DevicePlan`` is the one switch between CPU and CUDA: bf16 autocast, pinned memory,
-  non-blocking copies and NCCL on CUDA; float32 and gloo on CPU; channels_last on both
-  (``training.channels_last``). The training loop calls the same code either way.
+  with the dataset (the page cache keeps the file warm for the next epoch).
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
-import functools
 import hashlib
 import io
 import json
-import math
 import mmap
 import os
 import shutil
@@ -50,10 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
-import torch.nn.functional as F
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 
-from cd4ml_runtime.preprocess import ChannelStats, ImageDecodeError, PreprocessSpec, decode_many, normalise, standardise
+from cd4ml_runtime.preprocess import ChannelStats, ImageDecodeError, PreprocessSpec, decode_many
 from tasks.data import lake
 from tasks.errors import DataError
 
@@ -365,195 +351,3 @@ def load_cache(path: str) -> CachedSplits:
         y_val=torch.from_numpy(np.load(root / "y_val.npy")),
         examples=[base64.b64decode(e) for e in meta["examples"]],
     )
-
-
-class BatchStoreDataset(Dataset):
-    """Indexed with a list of positions, returns the whole batch: one read, no per-image collate."""
-
-    def __init__(self, x: SplitStore | torch.Tensor, y: torch.Tensor) -> None:
-        self.x, self.y = x, y
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(positions, dtype=torch.long)
-        if isinstance(self.x, SplitStore):
-            return torch.from_numpy(self.x.read(positions)), self.y[index]
-        return self.x[index], self.y[index]
-
-
-@dataclass(frozen=True)
-class DevicePlan:
-    """Everything that differs between CPU and CUDA training, decided once."""
-
-    device: torch.device
-    amp_dtype: torch.dtype | None
-    memory_format: torch.memory_format
-    pin_memory: bool
-    non_blocking: bool
-    backend: str  # torch.distributed backend: gloo on CPU, nccl on CUDA
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
-
-    def describe(self) -> str:
-        amp = str(self.amp_dtype).replace("torch.", "") if self.amp_dtype else "float32"
-        layout = "channels_last" if self.memory_format == torch.channels_last else "contiguous"
-        return f"{self.device} {amp} {layout} {self.backend}"
-
-
-def device_plan(device: str, amp: bool, channels_last: bool, local_rank: int = 0) -> DevicePlan:
-    """CUDA (``auto`` when available): bf16 autocast, pinned, non-blocking, NCCL; else CPU float32, gloo.
-
-    channels_last applies on both: tensor cores want it on CUDA, and oneDNN's NHWC kernels
-    measured ~1.5x faster than NCHW for the small CNN on CPU (ResNet-18: no difference).
-    """
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if use_cuda and not torch.cuda.is_available():
-        raise RuntimeError("training.device is 'cuda' but torch sees no CUDA device")
-    if not use_cuda:
-        return DevicePlan(torch.device("cpu"), None, layout, False, False, "gloo")
-    torch.cuda.set_device(local_rank)
-    amp_dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else None
-    return DevicePlan(torch.device("cuda", local_rank), amp_dtype, layout, True, True, "nccl")
-
-
-def train_loader(
-    x: SplitStore | torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, rank: int, world_size: int,
-    plan: DevicePlan, num_workers: int = 0,
-) -> DataLoader:
-    """Shuffled batches of this rank's shard; call ``set_epoch(loader, epoch)`` each epoch."""
-    dataset = BatchStoreDataset(x, y)
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False)
-    return DataLoader(
-        dataset,
-        sampler=BatchSampler(sampler, batch_size=batch_size, drop_last=False),
-        batch_size=None,
-        num_workers=num_workers,
-        pin_memory=plan.pin_memory,
-        persistent_workers=num_workers > 0,
-        prefetch_factor=4 if num_workers > 0 else None,
-    )
-
-
-def set_epoch(loader: DataLoader, epoch: int) -> None:
-    """Reshuffle for ``epoch``: the order depends only on (seed, epoch), so a resumed run repeats it."""
-    loader.sampler.sampler.set_epoch(epoch)  # type: ignore[attr-defined]  # BatchSampler over a DistributedSampler
-
-
-def to_device(x_u8: torch.Tensor, plan: DevicePlan) -> torch.Tensor:
-    """uint8 pixels to float in [0, 1] on the device."""
-    return x_u8.to(plan.device, non_blocking=plan.non_blocking).float().div_(255)
-
-
-@functools.lru_cache(maxsize=16)
-def _shift_base(h: int, w: int, max_shift: int, device: torch.device) -> torch.Tensor:
-    """Flat positions of an unshifted (h, w) window inside the padded image."""
-    wp = w + 2 * max_shift
-    return (torch.arange(h, device=device).view(h, 1) * wp + torch.arange(w, device=device).view(1, w)).view(1, 1, h * w)
-
-
-def random_shift(x: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
-    """Translate each image by up to ``max_shift`` pixels in x and y (zero fill), in one gather.
-
-    One random draw per image picks its (dy, dx) and one flat ``gather`` over the padded batch
-    moves the pixels: ~5x cheaper than advanced indexing, which matters when the model step
-    itself takes a few milliseconds.
-    """
-    if max_shift <= 0:
-        return x
-    b, c, h, w = x.shape
-    span, wp = 2 * max_shift + 1, w + 2 * max_shift
-    padded = F.pad(x, (max_shift, max_shift, max_shift, max_shift)).reshape(b, c, -1)
-    choice = torch.randint(0, span * span, (b, 1, 1), generator=generator, device=x.device)
-    offset = torch.div(choice, span, rounding_mode="floor") * wp + choice % span
-    index = (_shift_base(h, w, max_shift, x.device) + offset).expand(b, c, h * w)
-    return torch.gather(padded, 2, index).view(b, c, h, w)
-
-
-def _uniform(b: int, low: float, high: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    return torch.rand(b, generator=generator, device=device) * (high - low) + low
-
-
-def random_resized_crop(x: torch.Tensor, min_scale: float, generator: torch.Generator) -> torch.Tensor:
-    """Each image: a random window of ``min_scale``..1 of its area (aspect 3/4..4/3) resized back, one grid_sample."""
-    if min_scale >= 1.0:
-        return x
-    b, device = x.shape[0], x.device
-    area = _uniform(b, min_scale, 1.0, generator, device)
-    log_ratio = _uniform(b, math.log(3 / 4), math.log(4 / 3), generator, device)
-    ratio = torch.exp(log_ratio)
-    w = torch.sqrt(area * ratio).clamp(max=1.0)
-    h = torch.sqrt(area / ratio).clamp(max=1.0)
-    cx = (torch.rand(b, generator=generator, device=device) * 2 - 1) * (1 - w)
-    cy = (torch.rand(b, generator=generator, device=device) * 2 - 1) * (1 - h)
-    theta = torch.zeros(b, 2, 3, device=device)
-    theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = w, cx, h, cy
-    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
-
-
-def random_hflip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    flip = torch.rand(x.shape[0], generator=generator, device=x.device) < 0.5
-    return torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
-
-
-def color_jitter(x: torch.Tensor, strength: float, generator: torch.Generator) -> torch.Tensor:
-    """Brightness, contrast and (colour images) saturation, each x U(1 - strength, 1 + strength) per image."""
-    if strength <= 0:
-        return x
-    b, c, device = x.shape[0], x.shape[1], x.device
-    lo, hi = max(0.0, 1 - strength), 1 + strength
-    x = x * _uniform(b, lo, hi, generator, device).view(b, 1, 1, 1)
-    mean = x.mean(dim=(1, 2, 3), keepdim=True)
-    x = (x - mean) * _uniform(b, lo, hi, generator, device).view(b, 1, 1, 1) + mean
-    if c == 3:
-        weights = torch.tensor([0.299, 0.587, 0.114], device=device).view(1, 3, 1, 1)
-        grey = (x * weights).sum(dim=1, keepdim=True)
-        x = (x - grey) * _uniform(b, lo, hi, generator, device).view(b, 1, 1, 1) + grey
-    return x.clamp_(0.0, 1.0)
-
-
-@dataclass(frozen=True)
-class Augment:
-    """Train-split augmentation, from ``training.augment_*`` (all off = the pixels as decoded)."""
-
-    shift: int = 0
-    crop_scale: float = 1.0  # random resized crop: smallest share of the area kept; 1 = off
-    hflip: bool = False  # only where a mirrored image keeps its label (photos yes, digits no)
-    color_jitter: float = 0.0
-
-    @classmethod
-    def of(cls, cfg: Any) -> Augment:
-        return cls(cfg.augment_shift, cfg.augment_crop_scale, cfg.augment_hflip, cfg.augment_color_jitter)
-
-    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        x = random_resized_crop(x, self.crop_scale, generator)
-        if self.hflip:
-            x = random_hflip(x, generator)
-        x = color_jitter(x, self.color_jitter, generator)
-        return random_shift(x, self.shift, generator)
-
-
-def augment_generator(plan: DevicePlan, seed: int, epoch: int, rank: int) -> torch.Generator:
-    """The augmentation RNG for one (epoch, rank): independent of anything that ran before."""
-    return torch.Generator(device=plan.device).manual_seed(seed * 1_000_003 + epoch * 1_009 + rank)
-
-
-def model_input(x_u8: torch.Tensor, spec: PreprocessSpec, plan: DevicePlan) -> torch.Tensor:
-    """Unaugmented uint8 pixels to the model's input on the device (validation, evaluation)."""
-    x = normalise(x_u8.to(plan.device, non_blocking=plan.non_blocking), spec)
-    return x.contiguous(memory_format=plan.memory_format)
-
-
-def batches(
-    loader: DataLoader, plan: DevicePlan, augment: Augment, spec: PreprocessSpec, generator: torch.Generator
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Device batches ready for the model: scaled, augmented, normalised, in the plan's memory format."""
-    for xb, yb in loader:
-        x = standardise(augment(to_device(xb, plan), generator), spec).contiguous(memory_format=plan.memory_format)
-        yield x, yb.to(plan.device, non_blocking=plan.non_blocking)
