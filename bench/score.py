@@ -1,7 +1,7 @@
 """Batch scoring (``tasks.serving.score.score``) against a bare loop calling the pyfunc on the same images.
 
 * Champion: the one of ``--home`` (or ``CD4ML_HOME``) in ``CD4ML_ENV`` (default sit) when given;
-  otherwise one built like the serving tests' (``tests/champion.py``: real digits, 16 px grey
+  otherwise one built like the serving tests' (``tests/factories/champion.py``: real digits, 16 px grey
   ``small_cnn``, trained, gated and promoted in a temporary home).
 * Images: ``--n`` (10,000) distinct PNG files in one flat folder, made from scikit-learn's 1,797
   real digits: upscaled to 32x32 grey (bilinear), shifted by -2..2 pixels and given Gaussian
@@ -90,7 +90,7 @@ def champion_of(home: str | None, scratch: Path, **training: Any) -> tuple[Any, 
 
         settings = load_settings(home=home)
         return settings, serving_model(settings), str(Path(home).resolve())
-    from tests.champion import champion_home
+    from tests.factories.champion import champion_home
 
     built = scratch / "champion-home"
     settings, model = champion_home(str(built), **training)
@@ -429,7 +429,7 @@ def main() -> int:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "torch": torch.__version__,
                     "torch_threads": torch_threads, "loadavg_before": load_before, "loadavg_after": _load()},
         "model": {**model.to_dict(), "architecture": args.model, "image_size": args.image_size,
-                  "home": "temporary (tests/champion.py)" if not args.home else home},
+                  "home": "temporary (tests/factories/champion.py)" if not args.home else home},
         "images": {**images, "kind": "32x32 grey PNG from sklearn load_digits, shifted -2..2 px, noise sigma 4",
                    "n_small": args.n_small},
         "batch_size": batch_size, "commit_every": settings.serving.commit_every,

@@ -1,7 +1,7 @@
 """Latency of the champion behind MLflow's scoring server (``cd4ml serve``), against the same model in process.
 
 * Champion: the one of ``--home`` (or ``CD4ML_HOME``) in ``CD4ML_ENV`` (default sit) when given;
-  otherwise one built like the serving tests' (``tests/champion.py``: real digits, 16 px grey,
+  otherwise one built like the serving tests' (``tests/factories/champion.py``: real digits, 16 px grey,
   trained, gated and promoted in a temporary home).
 * Server: ``python -m tasks.cli serve --port <free> --workers 1`` (the CLI resolves the champion,
   pins its version and execs ``mlflow models serve --env-manager local``). Time to the first
@@ -60,7 +60,7 @@ def champion_of(home: str | None, scratch: Path) -> tuple[Any, Any, str]:
 
         settings = load_settings(home=home)
         return settings, serving_model(settings), str(Path(home).resolve())
-    from tests.champion import champion_home
+    from tests.factories.champion import champion_home
 
     built = scratch / "champion-home"
     settings, model = champion_home(str(built))
@@ -86,7 +86,7 @@ def main() -> int:
     import pandas as pd
 
     from tasks.serving.serve import request_body, server_env, server_process
-    from tests.tasks.test_train import curated_rows
+    from tests.factories.digits import curated_rows
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="cd4ml-bench-serve-") as tmp:
@@ -155,7 +155,7 @@ def main() -> int:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "loadavg_before": [round(v, 2) for v in load_before],
                     "loadavg_after": [round(v, 2) for v in os.getloadavg()]},
-        "model": {**model.to_dict(), "home": "temporary (tests/champion.py)" if not args.home else home},
+        "model": {**model.to_dict(), "home": "temporary (tests/factories/champion.py)" if not args.home else home},
         "n": args.n, "warmup": args.warmup, "images": "real digit PNGs, test split (8x8 grey, model input 16 px)",
         "client": "one keep-alive connection, TCP_NODELAY, requests one after another",
         "server": {"command": "cd4ml serve --workers 1 (mlflow models serve --env-manager local)",

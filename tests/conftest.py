@@ -47,7 +47,7 @@ def raw_digits(settings, digits_landing: Path):
 
 @pytest.fixture(scope="session")
 def champion(tmp_path_factory: pytest.TempPathFactory):
-    """(settings, ServingModel): a private home whose champion is a real model (tests/champion.py)."""
-    from tests.champion import champion_home
+    """(settings, ServingModel): a private home whose champion is a real model (tests/factories/champion.py)."""
+    from tests.factories.champion import champion_home
 
     return champion_home(str(tmp_path_factory.mktemp("champion-home")))

@@ -284,7 +284,7 @@ def bootstrap(stack: Stack) -> None:
 
 
 # ----------------------------------------------------------------------------------- processes
-def _group_pids(pgid: int) -> list[int]:
+def group_pids(pgid: int) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -306,10 +306,10 @@ def stop_groups(pgids: list[int], timeout: float = 30.0) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_group_pids(g) for g in pgids):
+    while time.monotonic() < deadline and any(group_pids(g) for g in pgids):
         time.sleep(0.5)
     for pgid in pgids:
-        if _group_pids(pgid):
+        if group_pids(pgid):
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:

@@ -300,7 +300,7 @@ def _predict(model_uri: str, images: list[bytes]) -> list[str]:
     return [str(label) for label in model.predict(pd.DataFrame({"image": images}))["label"].tolist()]
 
 
-def _comparison_checks(settings: Settings, truth: list[str], cand: list[str], champ: list[str],
+def comparison_checks(settings: Settings, truth: list[str], cand: list[str], champ: list[str],
                        champion_version: int) -> tuple[list[Check], dict[str, Any]]:
     gate = settings.gate
     paired = paired_comparison(truth, cand, champ)
@@ -396,7 +396,7 @@ def evaluate(settings: Settings, candidate_version: int, test_table: str, test_v
             champ_scores = score(truth, champ_pred)
             champion_value = champ_scores[gate.metric]
             details["champion_scores"] = champ_scores
-            more, compared = _comparison_checks(settings, truth, cand_pred, champ_pred, champion_version)
+            more, compared = comparison_checks(settings, truth, cand_pred, champ_pred, champion_version)
             checks += more
             details.update(compared)
         else:

@@ -186,7 +186,7 @@ class AirflowHandle:
         # children may outlive the leader: always sweep each group
         time.sleep(0.5)
         for _name, p in self.procs.items():
-            if _group_pids(p.pid):
+            if group_pids(p.pid):
                 _killpg(p.pid, signal.SIGKILL)
             if p.poll() is None:
                 p.wait(timeout=5)
@@ -226,7 +226,7 @@ def _killpg(pgid: int, sig) -> None:
         pass
 
 
-def _group_pids(pgid: int) -> list[int]:
+def group_pids(pgid: int) -> list[int]:
     pids = []
     for d in os.listdir("/proc"):
         if not d.isdigit():

@@ -20,7 +20,7 @@ import pytest
 
 from tests.dags.conftest import edited_conf, run_airflow
 from tests.dags.test_dags_run import _alert_lines, airflow_template, peers, private_env  # noqa: F401  (fixtures)
-from tests.tasks.test_drift import _rows
+from tests.factories.digits import curated_table
 
 pytestmark = pytest.mark.airflow
 DATE = "2026-11-21"
@@ -48,13 +48,13 @@ def prod_world(tmp_path_factory) -> dict:
     images, labels = digits_arrays()
     order = np.random.default_rng(0).permutation(len(images))
     images, labels = images[order], labels[order]
-    base = _rows(images[:700], labels[:700], ["train"] * 500 + ["val"] * 100 + ["test"] * 100)
+    base = curated_table(images[:700], labels[:700], ["train"] * 500 + ["val"] * 100 + ["test"] * 100)
     uri = settings.curated_table
     ref = lake.overwrite(uri, base, metadata={"run_id": "test-ref"})
     trained = train(settings, uri, ref, run_id="prod-champion", logical_date=DATE)
     version = register_candidate(settings, trained.mlflow_run_id)
     mlflow_client(settings).set_registered_model_alias(settings.registry.model_name, "champion", str(version))
-    inverted = _rows(255 - images[700:1100], labels[700:1100], ["train"] * 300 + ["val"] * 50 + ["test"] * 50)
+    inverted = curated_table(255 - images[700:1100], labels[700:1100], ["train"] * 300 + ["val"] * 50 + ["test"] * 50)
     drifted = lake.overwrite(uri, pa.concat_tables([base, inverted]), metadata={"run_id": "test-inverted"})
     return {"home": home, "confs": confs, "settings": settings, "drifted": drifted, "champion": version}
 

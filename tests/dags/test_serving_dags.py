@@ -18,7 +18,7 @@ from PIL import Image
 
 from tests.dags.conftest import edited_conf, run_airflow
 from tests.dags.test_dags_run import airflow_template, private_env  # noqa: F401  (fixtures)
-from tests.tasks.test_train import split_rows
+from tests.factories.digits import split_rows
 
 pytestmark = pytest.mark.airflow
 DATE = "2026-11-21"
@@ -50,7 +50,7 @@ def test_a_new_environment_skips_scoring_and_monitoring_with_the_reason(private_
 
 
 def test_score_then_monitor_a_planted_drop_emits_one_retrain_request(private_env, tmp_path) -> None:  # noqa: F811
-    from tests.champion import champion_home
+    from tests.factories.champion import champion_home
 
     home = tmp_path / "served"
     settings, model = champion_home(str(home))

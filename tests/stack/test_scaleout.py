@@ -56,9 +56,9 @@ def _services_or_skip() -> None:
 
 
 def _alive(pgid: int) -> list[int]:
-    from tasks.ops.stack import _group_pids
+    from tasks.ops.stack import group_pids
 
-    return _group_pids(pgid)
+    return group_pids(pgid)
 
 
 @pytest.fixture(scope="module")

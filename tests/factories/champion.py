@@ -23,7 +23,8 @@ def champion_home(root: str, **training: Any) -> tuple[Any, Any]:
     from tasks.release.release import mark_challenger, promote
     from tasks.settings import load_settings
     from tasks.training.train import train
-    from tests.tasks.test_train import fast, write_curated_digits
+    from tests.factories.digits import write_curated_digits
+    from tests.factories.training import fast
 
     home = Path(root)
     with pytest.MonkeyPatch.context() as mp:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.tasks.test_train import split_rows
+from tests.factories.digits import split_rows
 
 
 def _write_batch(folder: Path, rows: list[dict], flip_every: int = 0) -> dict[str, str]:

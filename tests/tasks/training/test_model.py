@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tasks.test_train import write_curated_digits
+from tests.factories.digits import write_curated_digits
 
 
 @pytest.mark.parametrize("name,channels,size", [("small_cnn", 1, 16), ("small_cnn", 3, 16), ("resnet18", 1, 16),

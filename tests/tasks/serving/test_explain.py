@@ -30,7 +30,7 @@ from tasks.serving.explain import (
     integrated_gradients,
     write_index,
 )
-from tests.tasks.test_train import encode, split_rows
+from tests.factories.digits import encode, split_rows
 
 LOW_CONFIDENCE = 16  # least confident correct digits, next to every misclassified one
 

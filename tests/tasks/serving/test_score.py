@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.tasks.test_train import split_rows
+from tests.factories.digits import split_rows
 
 
 def _landing(folder: Path, n: int = 120) -> dict[str, str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tasks.test_train import fast, private_home, runs_in_experiment, split_rows, write_curated_digits
+from tests.factories.digits import split_rows, write_curated_digits
+from tests.factories.training import fast, private_home, runs_in_experiment
 
 
 def test_two_gloo_processes_reach_the_accuracy_of_one_and_log_a_single_run(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import subprocess
@@ -17,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from PIL import Image
 
 from tasks.data import lake
 from tasks.data.sample_data import digits_arrays
@@ -30,26 +28,9 @@ from tasks.monitoring.drift import (
     sample_rows,
     should_train,
 )
+from tests.factories.digits import curated_table
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _png(pixels: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(pixels, mode="L").save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _rows(images: np.ndarray, labels: np.ndarray, splits: list[str]) -> pa.Table:
-    data = [_png(a) for a in images]
-    shas = [hashlib.sha256(d).hexdigest() for d in data]
-    n = len(data)
-    return pa.table({
-        "sha256": pa.array(shas, pa.string()), "image": pa.array(data, pa.binary()),
-        "label": pa.array([str(int(v)) for v in labels], pa.string()), "split": pa.array(splits, pa.string()),
-        "component": pa.array(shas, pa.string()), "width": pa.array([8] * n, pa.int32()),
-        "height": pa.array([8] * n, pa.int32()),
-    })
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +47,7 @@ def world(tmp_path_factory: pytest.TempPathFactory):
     order = np.random.default_rng(0).permutation(len(images))  # the raw order is by writer
     images, labels = images[order], labels[order]
     splits = ["train"] * 700 + ["val"] * 150 + ["test"] * 150
-    base = _rows(images[:1000], labels[:1000], splits)
+    base = curated_table(images[:1000], labels[:1000], splits)
     uri = settings.curated_table
 
     def version(extra: pa.Table | None, tag: str) -> int:
@@ -82,9 +63,9 @@ def world(tmp_path_factory: pytest.TempPathFactory):
     return {
         "settings": settings, "uri": uri, "ref": ref, "run_id": trained.mlflow_run_id,
         "reference": DriftReference(uri, ref, model_version),
-        "same": version(_rows(pool, pool_labels, ["train"] * 500), "same"),
-        "inverted": version(_rows(255 - pool, pool_labels, ["train"] * 500), "inverted"),
-        "one_class": version(_rows(pool[ones], pool_labels[ones], ["train"] * int(ones.sum())), "one-class"),
+        "same": version(curated_table(pool, pool_labels, ["train"] * 500), "same"),
+        "inverted": version(curated_table(255 - pool, pool_labels, ["train"] * 500), "inverted"),
+        "one_class": version(curated_table(pool[ones], pool_labels[ones], ["train"] * int(ones.sum())), "one-class"),
         "unchanged": version(None, "unchanged"),
         "n_ones": int(ones.sum()),
     }

@@ -18,14 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.tasks.test_train import (
-    CURATED_SCHEMA,
-    curated_rows,
-    fast,
-    private_home,
-    with_model_name,
-    write_curated_digits,
-)
+from tasks.curation.curate import CURATED_SCHEMA
+from tests.factories.digits import curated_rows, write_curated_digits
+from tests.factories.training import fast, private_home, with_model_name
 
 
 @dataclass(frozen=True)
@@ -198,7 +193,7 @@ def test_per_class_recall_floor_and_serving_limits_fail_the_gate(models: Models)
 
 
 def test_a_class_fails_only_for_a_drop_beyond_the_limit_that_is_not_noise(settings) -> None:
-    from tasks.release.evaluate import _comparison_checks
+    from tasks.release.evaluate import comparison_checks
 
     truth = ["8"] * 20 + ["1"] * 200
     champion = list(truth)
@@ -206,10 +201,10 @@ def test_a_class_fails_only_for_a_drop_beyond_the_limit_that_is_not_noise(settin
     eight_missed = ["3"] * 8 + ["8"] * 12 + ["1"] * 200  # -0.40, p = 0.004
     gate = settings.gate
     assert gate.max_class_recall_drop == 0.15 and gate.alpha == 0.05
-    checks, details = _comparison_checks(settings, truth, three_missed, champion, 1)
+    checks, details = comparison_checks(settings, truth, three_missed, champion, 1)
     assert {c.name: c.passed for c in checks}["class_recall"], checks
     assert details["per_class"]["8"]["net_losses"] == 3
-    checks, details = _comparison_checks(settings, truth, eight_missed, champion, 1)
+    checks, details = comparison_checks(settings, truth, eight_missed, champion, 1)
     by_name = {c.name: c for c in checks}
     assert not by_name["class_recall"].passed and "8 -0.400" in by_name["class_recall"].detail
     assert details["per_class"]["8"]["p_value_candidate_worse"] < 0.01
@@ -217,7 +212,7 @@ def test_a_class_fails_only_for_a_drop_beyond_the_limit_that_is_not_noise(settin
 
 def test_smoke_test_fails_cleanly_for_a_model_that_cannot_load(models: Models, tmp_path: Path) -> None:
     from tasks.release.evaluate import smoke_test
-    from tests.tasks.test_train import split_rows
+    from tests.factories.digits import split_rows
 
     image = split_rows("test")[0]["image"]
     out = smoke_test(models.settings, f"models:/{models.settings.registry.model_name}-nothing/1", [image], {"0"})
@@ -314,7 +309,7 @@ def test_rollback_restores_the_previous_champion_and_is_a_no_op_when_repeated(mo
     from tasks.models.registry import mlflow_client, register_candidate
     from tasks.release.evaluate import evaluate
     from tasks.release.release import RolledBackError, audit, promote, rollback
-    from tests.tasks.test_train import split_rows
+    from tests.factories.digits import split_rows
 
     s = _model(models, "rollback")
     first = _first_champion(models, s)

@@ -6,7 +6,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.tasks.test_train import fast, private_home, write_curated_digits
+from tests.factories.digits import write_curated_digits
+from tests.factories.training import fast, private_home
 
 GOOD, BAD, WORSE = 0.003, 1e-6, 3e-7
 

@@ -1,105 +1,20 @@
-"""Training on real digits: learns, reads the exact curated version, reuses, stops early, serves.
-
-The helpers at the top (a curated table of real digits, fast training settings, a private
-CD4ML_HOME per module) are also used by test_evaluate.py and test_registry.py.
-"""
+"""Training on real digits: learns, reads the exact curated version, reuses, stops early, serves."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from PIL import Image
 
-from tasks.curation.curate import CURATED_SCHEMA
-
-
-def encode(array: Any, fmt: str = "PNG") -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(array, mode="L").save(buffer, format=fmt)
-    return buffer.getvalue()
-
-
-@lru_cache(maxsize=1)
-def curated_rows() -> tuple[dict[str, Any], ...]:
-    """All real digits as curated rows: PNG bytes, deduplicated by sha256, split 70/15/15 by index."""
-    from tasks.data.sample_data import digits_arrays
-
-    images, labels = digits_arrays()
-    rows, seen = [], set()
-    for i, (image, label) in enumerate(zip(images, labels)):
-        data = encode(image)
-        sha = hashlib.sha256(data).hexdigest()
-        if sha in seen:
-            continue
-        seen.add(sha)
-        bucket = i % 20
-        split = "train" if bucket < 14 else "val" if bucket < 17 else "test"
-        rows.append(
-            {"sha256": sha, "image": data, "label": str(int(label)), "split": split, "component": sha[:16], "width": 8, "height": 8}
-        )
-    return tuple(rows)
-
-
-def write_curated_digits(
-    uri: str, raw_version: int | None = 3, limit: int | None = None, splits: tuple[str, ...] = ("train", "val", "test")
-) -> int:
-    """Write a curated snapshot of the digits like tasks.curation.curate would; returns the new version."""
-    from tasks.data import lake
-
-    rows = [r for r in curated_rows()[:limit] if r["split"] in splits]
-    metadata: dict[str, Any] = {"run_id": "test-curate", "logical_date": "2026-11-21", "step": "curate"}
-    if raw_version is not None:
-        metadata["raw_version"] = raw_version
-    return lake.overwrite(uri, pa.Table.from_pylist(rows, schema=CURATED_SCHEMA), metadata=metadata)
-
-
-def split_rows(split: str) -> list[dict[str, Any]]:
-    return [r for r in curated_rows() if r["split"] == split]
-
-
-def fast(settings: Any, **training: Any) -> Any:
-    """Settings with a few epochs on one thread (tests must be quick on a 2-core machine)."""
-    updates = {"epochs": 4, "num_threads": 1, **training}
-    return settings.model_copy(update={"training": settings.training.model_copy(update=updates)})
-
-
-def with_model_name(settings: Any, suffix: str) -> Any:
-    """A private registered model per test, so aliases set by one test never reach another."""
-    registry = settings.registry.model_copy(update={"model_name": f"{settings.registry.model_name}-{suffix}"})
-    return settings.model_copy(update={"registry": registry})
-
-
-@contextlib.contextmanager
-def private_home(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Any]:
-    """A CD4ML_HOME shared by one test module (one MLflow database to create, not one per test)."""
-    from tasks.settings import load_settings
-
-    with pytest.MonkeyPatch.context() as mp:
-        home = tmp_path_factory.mktemp(name)
-        mp.setenv("CD4ML_HOME", str(home))
-        mp.setenv("CD4ML_ENV", "sit")
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        yield load_settings()
-
-
-def runs_in_experiment(settings: Any) -> list[Any]:
-    from tasks.models.registry import ensure_experiment, mlflow_client
-
-    client = mlflow_client(settings)
-    return client.search_runs([ensure_experiment(settings, client)], max_results=1000)
+from tests.factories.digits import encode, split_rows, write_curated_digits
+from tests.factories.training import fast, private_home, runs_in_experiment, with_model_name
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.tasks.test_train import fast, private_home, write_curated_digits
+from tests.factories.digits import write_curated_digits
+from tests.factories.training import fast, private_home
 
 HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
 
@@ -57,7 +58,7 @@ def test_train_evaluate_and_register_with_a_postgresql_tracking_store(
     from tasks.release.evaluate import evaluate
     from tasks.release.release import promote
     from tasks.training.train import train
-    from tests.tasks.test_train import split_rows
+    from tests.factories.digits import split_rows
 
     with private_home(tmp_path_factory, "pg-home") as base, pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", databases["mlflow"])

@@ -94,9 +94,9 @@ def test_supervisor_restarts_what_dies_gives_up_when_it_keeps_dying_and_leaves_n
         sup.start(name)
     steady_group = sup.procs["steady"].pid
     deadline = time.monotonic() + 5
-    while len(st._group_pids(steady_group)) < 2 and time.monotonic() < deadline:
+    while len(st.group_pids(steady_group)) < 2 and time.monotonic() < deadline:
         pass
-    assert len(st._group_pids(steady_group)) >= 2
+    assert len(st.group_pids(steady_group)) >= 2
     with pytest.raises(st.StackError, match=r"crashy exited 3 6 times in 10 min"):
         for _ in range(20):
             sup.procs["crashy"].wait(timeout=5)
@@ -104,7 +104,7 @@ def test_supervisor_restarts_what_dies_gives_up_when_it_keeps_dying_and_leaves_n
     assert said[0] == "crashy exited with 3; restarting it (1/5)" and len(said) == st.MAX_RESTARTS
     assert sup.procs["steady"].poll() is None  # the healthy one was left alone
     sup.stop()
-    assert st._group_pids(steady_group) == []
+    assert st.group_pids(steady_group) == []
     assert not (sup.stack.state_dir / "stack.json").exists()
 
 
@@ -117,4 +117,4 @@ def test_down_stops_a_stack_whose_supervisor_is_gone(tmp_path):
     (state / "stack.json").write_text(f'{{"supervisor": {dead.pid}, "groups": {{"scheduler": {proc.pid}}}}}')
     assert st.down(home=str(tmp_path), mode="embedded") == ["scheduler"]
     proc.wait(timeout=10)
-    assert st._group_pids(proc.pid) == []
+    assert st.group_pids(proc.pid) == []

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.tasks.test_train import fast, private_home, write_curated_digits
+from tests.factories.digits import write_curated_digits
+from tests.factories.training import fast, private_home
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,7 +37,7 @@ def test_resnet18_trains_on_the_gpu_and_serves_on_cpu(tmp_path_factory: pytest.T
 
     from tasks.models.registry import mlflow_client
     from tasks.training.train import train
-    from tests.tasks.test_train import split_rows
+    from tests.factories.digits import split_rows
 
     with private_home(tmp_path_factory, "gpu-home") as base:
         settings = fast(base, model="resnet18", epochs=3, device="cuda", num_threads=4)

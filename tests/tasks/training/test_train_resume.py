@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.tasks.test_train import fast, private_home, runs_in_experiment, write_curated_digits
+from tests.factories.digits import write_curated_digits
+from tests.factories.training import fast, private_home, runs_in_experiment
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 KILL_AFTER_EPOCH = 2
 
 CHILD = """

@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.tasks.test_train import curated_rows
+from tests.factories.digits import curated_rows
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:

@@ -17,7 +17,7 @@ from tasks.curation.curation_features import pixel_embedding
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
 from tasks.data.sample_data import write_digits
-from tests.tasks.test_curate import IMAGES, LABELS, components, encode, outcome, plant, sha
+from tests.tasks.curation.test_curate import IMAGES, LABELS, components, encode, outcome, plant, sha
 
 SURE, UNSURE = 0.975, 0.965  # planted similarities stay clear of the 0.97 threshold by this margin
 COPY_MARGIN = 0.995  # the merge blend's copy score to either source stays below this (threshold 0.9974)
