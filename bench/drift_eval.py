@@ -6,13 +6,13 @@ with ``numpy.random.default_rng(0)`` (the raw order is by writer).
 * Champion, exactly as in a real run: the first ``--reference`` (1,000) shuffled digits are
   written as PNGs, ``ingest_landing`` -> ``curate`` -> ``tasks.training.train.train`` (settings' epochs
   unless ``--epochs``) -> ``register_candidate`` -> alias ``champion``. Settings: ``sit`` with
-  ``release.sample_fraction: 1.0`` (as /tmp/dx/scenario.py). The detectors are fitted once with
+  ``training_data.sample_fraction: 1.0`` (as /tmp/dx/scenario.py). The detectors are fitted once with
   ``load_or_fit(settings, DriftReference(curated table, version, model version),
   Featurizer(settings, "models:/<name>/<version>"))``: the champion's held-out val+test images.
 * New data: the remaining ~797 shuffled digits (the pool). Each scenario draws ``R`` samples of
   ``N`` pool images (without replacement inside a sample, independently across repeats, seed
   1000 + r, the same indices in every scenario), transforms them, encodes PNG bytes and calls
-  ``run_tests(detectors, featurizer, Sample(...), alpha=p_value / 3)`` directly. Decision:
+  ``run_tests(detectors, featurizer, Sample(...), alpha=familywise_alpha / 3)`` directly. Decision:
   drift if any test says drift. Reported: detection rate (with a 95% Clopper-Pearson interval),
   each test's rate, the champion's mean accuracy and its drop against the untransformed pool.
 * Targets (the issue): no change -> false alarms <= 5%; every shift that costs the champion more
@@ -77,7 +77,7 @@ def _settings(epochs: int | None):
     from tasks.settings import load_settings
 
     s = load_settings("sit")
-    s = s.model_copy(update={"release": s.release.model_copy(update={"sample_fraction": 1.0})})
+    s = s.model_copy(update={"training_data": s.training_data.model_copy(update={"sample_fraction": 1.0})})
     if epochs:
         s = s.model_copy(update={"training": s.training.model_copy(update={"epochs": epochs})})
     return s
@@ -304,7 +304,7 @@ def fit_timing_detectors(settings: Any, model_version: int, n_ref: int) -> dict[
     featurizer = drift.Featurizer(settings, uri)
     folder = drift.detector_folder(settings, reference, featurizer.method)
     cfg = settings.drift
-    alpha = cfg.p_value / len(drift.TESTS)
+    alpha = cfg.familywise_alpha / len(drift.TESTS)
     times: dict[str, float] = {}
     t = time.perf_counter()
     probs, embedding = featurizer(images)
@@ -390,7 +390,7 @@ def timing_child(model_version: int, n_new: int, warm: int) -> None:
 
     import dataclasses
 
-    alpha = settings.drift.p_value / len(drift.TESTS)
+    alpha = settings.drift.familywise_alpha / len(drift.TESTS)
 
     def once() -> dict[str, float]:
         timed, mmd = Timed(featurizer), Timed(detectors.mmd)
@@ -497,7 +497,7 @@ def main() -> None:
     meta = detectors.meta
     _progress(f"detectors: {meta['n_reference']} reference images (MMD {meta['n_mmd_reference']}), "
               f"test accuracy {meta['test_accuracy']}, fitted in {fit_s:.1f} s")
-    alpha = settings.drift.p_value / len(drift.TESTS)
+    alpha = settings.drift.familywise_alpha / len(drift.TESTS)
 
     from collections import Counter
 
@@ -530,7 +530,7 @@ def main() -> None:
             per.append({"n": len(data), "distinct": len(set(sample.shas)), "accuracy": extra["accuracy"],
                         "drift": detected,
                         # what policy block does with this check (tasks/monitoring/drift.py blocks: detected and harmful)
-                        "blocked": detected and drift.is_harmful(drop, settings.drift.max_accuracy_drop),
+                        "blocked": detected and drift.is_harmful(drop, settings.drift.harmful_accuracy_drop),
                         **{x["name"]: {"drift": x["drift"], "p": round(x["p_value"], 5)} for x in tests},
                         "ks_min_class": min(per_class, key=per_class.get),
                         "cf_mmd_plus1": old_ks or t["embedding_mmd"]["drift"] or chi,
@@ -584,7 +584,7 @@ def main() -> None:
         "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "total_s": round(total_s, 1),
         "drift_py_sha256": hashlib.sha256((REPO / "tasks" / "drift.py").read_bytes()).hexdigest()[:16],
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "settings": {"env": "sit (release.sample_fraction 1.0)", "drift": settings.drift.model_dump(mode="json"),
+        "settings": {"env": "sit (training_data.sample_fraction 1.0)", "drift": settings.drift.model_dump(mode="json"),
                      "epochs": settings.training.epochs, "alpha_per_test": alpha},
         "data": {"source": "sklearn load_digits, shuffled with default_rng(0)", "reference_digits": args.reference,
                  "pool_digits": len(X_pool)},

@@ -16,7 +16,7 @@ feedback labels wrong). Reported per scenario: the champion's accuracy on the wi
 rule's firing rate with a 95% Clopper-Pearson interval.
 
 Targets: no change -> no rule fires in more than 5% of windows; a shift that costs the champion
-more than twice ``monitoring.max_accuracy_drop`` against its own test accuracy -> the monitor
+more than twice ``monitoring.max_live_accuracy_drop`` against its own test accuracy -> the monitor
 alerts (``alarms``: degraded) in >= 90% of windows. Reported besides: the alert rate of
 harmless shifts (within the margin), which ``alarms`` reports as shifted instead.
 
@@ -177,9 +177,9 @@ def main() -> None:
     null = results[0]["rates"]
     # costly: the champion loses more than twice the margin against its own test accuracy (a loss just past the
     # margin needs far more than 150 labels to be told from noise at p < 0.01: reported, not targeted)
-    costly = [r for r in results[1:] if r["below_test_accuracy"] > 2 * cfg.max_accuracy_drop
+    costly = [r for r in results[1:] if r["below_test_accuracy"] > 2 * cfg.max_live_accuracy_drop
               and "feedback" not in r["scenario"]]
-    harmless = [r for r in results[1:] if r["below_test_accuracy"] <= cfg.max_accuracy_drop
+    harmless = [r for r in results[1:] if r["below_test_accuracy"] <= cfg.max_live_accuracy_drop
                 and "feedback" not in r["scenario"]]
     out = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.platform(),

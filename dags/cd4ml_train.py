@@ -6,7 +6,7 @@ Triggered by the `curated_images` Asset, or by hand with an explicit `curated_ve
 
 1. **drift_check**: the images added since the champion's training data against that data, on
    the champion's own softmax (KS) and embedding (MMD) plus a label chi-square (tasks/monitoring/drift.py);
-   a detected drift is harmful when it costs the champion more than `drift.max_accuracy_drop` of
+   a detected drift is harmful when it costs the champion more than `drift.harmful_accuracy_drop` of
    accuracy on the new labelled images. `drift.policy` `warn` alerts and trains, `block` (prod)
    stops here with one alert on harmful drift (a harmless one warns and trains), `retrain`
    trains only on drifted data (**retrain_gate** skips the rest otherwise). First run:
@@ -27,7 +27,7 @@ Triggered by the `curated_images` Asset, or by hand with an explicit `curated_ve
    `release.approval` is `none` (sit, uat) and after a person approves in the Required Actions
    page where it is `required` (prod). A reject or timeout is recorded and alerted.
 
-In an environment with `release.sample_fraction` below 1 (sit), training, drift and the gate
+In an environment with `training_data.sample_fraction` below 1 (sit), training, drift and the gate
 use a deterministic, named sample of the curated version (tasks/data/sampling.py).
 """
 

@@ -1,10 +1,15 @@
 """Settings: one code path, the environment picks the file.
 
-``CD4ML_ENV`` (sit | uat | prod, default sit) selects ``conf/<env>.yaml``, which is
-deep-merged over ``conf/base.yaml``. ``CD4ML_HOME`` (default ``./.cd4ml``) is the root of
-all local state. ``MLFLOW_TRACKING_URI`` overrides the tracking store, so production points
-at PostgreSQL without a code change. Everything is validated at load: a bad environment
-name or a bad threshold fails with one clear message, before any work starts.
+Every default lives here, in the models below, each field with a description (the reference
+docs/configuration.md is generated from them: ``python -m tasks.settings_reference``). The
+YAML files hold only deliberate overrides: ``conf/base.yaml`` for every environment,
+``conf/<env>.yaml`` for one (``CD4ML_ENV``: sit | uat | prod, default sit), and
+``conf/datasets/<name>.yaml`` for a dataset (``CD4ML_DATASET``), merged in that order.
+``{home}`` (``CD4ML_HOME``, default ``./.cd4ml``, the root of all local state) and ``{env}``
+are filled into every string. ``MLFLOW_TRACKING_URI`` overrides the tracking store, so
+production points at PostgreSQL without a code change. Everything is validated at load: a
+bad environment name, a bad threshold or a key under its old name fails with one clear
+message, before any work starts.
 """
 
 from __future__ import annotations
@@ -35,46 +40,62 @@ class _Section(BaseModel):
 
 
 class StorageSettings(_Section):
-    landing_uri: str
-    lake_uri: str
-    reports_dir: str
-    scoring_uri: str = "{home}/{env}/scoring"  # unlabelled images the scheduled cd4ml_score run scores
-    feedback_uri: str = "{home}/{env}/feedback"  # true labels that arrive later (*.csv, *.jsonl: image,label)
+    """Where the data lives. ``{home}`` is CD4ML_HOME, ``{env}`` the environment name."""
+
+    landing_uri: str = Field("{home}/landing", description="Folder or fsspec URL where new images arrive (label = folder name, or a manifest).")
+    lake_uri: str = Field("{home}/{env}/lake", description="Root of the Delta tables (raw_images, rejects, curated_images, ...); CD4ML_LAKE_URI overrides.")
+    reports_dir: str = Field("{home}/{env}/reports", description="Folder of the validation, curation, drift, gate and monitoring reports.")
+    scoring_uri: str = Field("{home}/{env}/scoring", description="Unlabelled images the scheduled cd4ml_score run scores (folder or fsspec URL).")
+    feedback_uri: str = Field("{home}/{env}/feedback", description="True labels that arrive later: *.csv / *.jsonl files with columns image,label.")
 
 
 class TrackingSettings(_Section):
-    uri: str
-    artifact_root: str
-    experiment: str
+    """The MLflow tracking store."""
+
+    uri: str = Field("sqlite:///{home}/mlflow.db", description="MLflow tracking URI; MLFLOW_TRACKING_URI overrides it (PostgreSQL in production).")
+    artifact_root: str = Field("{home}/mlartifacts", description="Artifact root of a newly created experiment (a tracking server keeps its own).")
+    experiment: str = Field("cd4ml-{env}", description="MLflow experiment name of the training runs.")
 
 
 class RegistrySettings(_Section):
-    model_name: str
-    champion_alias: str = "champion"
+    """The MLflow registered model of this environment."""
+
+    model_name: str = Field("digits-classifier-{env}", description="Registered model name: one per environment (and dataset).")
+    champion_alias: str = Field("champion", description="Registry alias of the model that serves, is monitored and is the gate's baseline.")
 
 
 class IngestSettings(_Section):
-    schedule: str | None = "@daily"  # cd4ml_ingest's schedule (cron or preset); null = triggered only
-    image_extensions: tuple[str, ...]
-    min_side: int = Field(gt=0)
-    max_side: int = Field(gt=0)
-    max_pixels: int = Field(gt=0)
-    # The class names, or "discover": the first validated version names them (tasks/data/classes.py).
-    allowed_labels: tuple[str, ...] | Literal["discover"]
-    batch_size: int = Field(gt=0)
-    # Data plane (tasks/data/sources.py, tasks/data/ingest.py, tasks/data/spark_ingest.py); defaults keep old confs valid.
-    label_source: Literal["folders", "csv", "jsonl"] = "folders"
-    manifest_uri: str | None = None  # csv/jsonl manifest; relative = inside the landing root
-    keep_modes: tuple[str, ...] = ("L", "RGB")  # stored as they are
-    # Converted to L/RGB at ingest (stored as lossless PNG); any other mode is rejected.
-    convert_modes: tuple[Literal["1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I", "CMYK"], ...] = (
-        "1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I",
-    )
-    target_file_mb: int = Field(default=16, gt=0)  # Delta data file size: bounds the writer's memory
-    commit_retries: int = Field(default=8, gt=0)  # re-plans after a lost Delta commit race
-    engine: Literal["local", "spark"] = "local"
-    spark_master: str = "local[*]"
-    spark_conf: dict[str, str] = Field(default_factory=dict)  # e.g. spark.jars for the delta-spark jars
+    """Admission of new images into raw_images (tasks/data/ingest.py and its Spark twin)."""
+
+    schedule: str | None = Field("@daily", description="When cd4ml_ingest looks at the landing zone (cron or preset); null = only when triggered.")
+    image_extensions: tuple[str, ...] = Field(
+        (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff"),
+        description="File name endings read as images (case-insensitive); other files are ignored.")
+    min_side: int = Field(8, gt=0, description="Pixels: an image whose width or height is below is rejected at ingest (too_small); validation checks it again.")
+    max_side: int = Field(4096, gt=0, description="Pixels: an image whose width or height is above is rejected at ingest (too_large); at least min_side.")
+    max_pixels: int = Field(16777216, gt=0, description="Pixels (width x height) above which a file is rejected unread: the decompression-bomb guard.")
+    allowed_labels: tuple[str, ...] | Literal["discover"] = Field(
+        ("0", "1", "2", "3", "4", "5", "6", "7", "8", "9"),
+        description='The class names, or "discover": the first validated version names them (tasks/data/classes.py).')
+    batch_size: int = Field(512, gt=0, description="Files read and decoded per streamed batch (one Delta commit per run).")
+    label_source: Literal["folders", "csv", "jsonl"] = Field(
+        "folders", description="Where labels come from: the folder names, or a csv/jsonl manifest (columns path,label; needs manifest_uri).")
+    manifest_uri: str | None = Field(None, description="The csv/jsonl manifest; relative = inside the landing root, its paths relative to its folder.")
+    keep_modes: tuple[str, ...] = Field(
+        ("L", "RGB"), description="Pillow image modes stored untouched; with the L/RGB targets of convert_modes, the only modes validation accepts.")
+    convert_modes: tuple[Literal["1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I", "CMYK"], ...] = Field(
+        ("1", "P", "PA", "LA", "RGBA", "I;16", "I;16B", "I;16L", "I"),
+        description="Pillow modes converted to L or RGB at ingest (stored as lossless PNG); any other mode is rejected.")
+    target_file_mb: int = Field(16, gt=0, description="MB: Delta data file size; bounds the writer's memory.")
+    commit_retries: int = Field(8, gt=0, description="Re-plans and retries after losing a Delta commit race to another writer.")
+    engine: Literal["local", "spark"] = Field("local", description="local: delta-rs on one machine | spark: a delta-spark job (requirements-spark.txt).")
+    spark_master: str = Field("local[*]", description="Spark master URL of the spark engine.")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description='Extra Spark configuration, e.g. {"spark.jars": "...delta-spark jars"}.')
+
+    @property
+    def stored_modes(self) -> tuple[str, ...]:
+        """The modes raw_images may hold: kept as they are, or the L/RGB a conversion produces."""
+        return tuple(sorted(set(self.keep_modes) | ({"L", "RGB"} if self.convert_modes else set())))
 
     @model_validator(mode="after")
     def _sides(self) -> "IngestSettings":
@@ -86,29 +107,32 @@ class IngestSettings(_Section):
 
 
 class ValidationSettings(_Section):
-    allowed_modes: tuple[str, ...]
-    min_images_per_class: int = Field(ge=0)
-    max_class_imbalance: float = Field(ge=1.0)
-    max_rejected_share: float = Field(ge=0.0, le=1.0)
+    """Great Expectations checks of a raw version before anything uses it (tasks/data/validate.py)."""
+
+    min_images_per_class: int = Field(50, ge=0, description="Images every allowed class needs in the raw version.")
+    max_class_imbalance: float = Field(3.0, ge=1.0, description="Largest class / smallest class, at most.")
+    max_rejected_share: float = Field(0.05, ge=0.0, le=1.0, description="Rejected files / files seen in the batch, at most (a fraction).")
 
 
 class RetentionSettings(_Section):
     """VACUUM: how long unreferenced Delta files stay; versions models were trained on always stay."""
 
-    retention_hours: int = Field(default=168, ge=0)
-    protect_tagged: bool = True  # named dataset versions are kept like trained-on versions
+    retention_hours: int = Field(168, ge=0, description="Hours VACUUM keeps unreferenced Delta files; trained-on versions are kept always.")
+    protect_tagged: bool = Field(True, description="Named dataset versions are protected like trained-on versions.")
 
 
 class OutlierSettings(_Section):
     """Bad-image thresholds on fastdup's image statistics (see tasks/curation/curate.py for the tuning)."""
 
-    min_blur: float = Field(default=50.0, ge=0.0)  # variance of the Laplacian of the exported copy
-    min_mean: float = Field(default=10.0, ge=0.0, le=255.0)  # below: too dark
-    max_mean: float = Field(default=245.0, ge=0.0, le=255.0)  # above: too bright
-    min_side: int = Field(default=8, gt=0)  # decoded width or height below: too small
-    # A rule that flags more than this share of the images (and at least 10) does not fit the data:
-    # curation stops with the numbers instead of dropping them quietly. 1 = never stop.
-    max_share: float = Field(default=0.05, gt=0.0, le=1.0)
+    min_blur: float = Field(50.0, ge=0.0, description="Variance of the Laplacian of the exported copy below which an image is dropped as blurry; 0 = off.")
+    min_mean: float = Field(10.0, ge=0.0, le=255.0, description="Mean grey level (0..255) below which an image is dropped as too dark; below max_mean.")
+    max_mean: float = Field(245.0, ge=0.0, le=255.0, description="Mean grey level (0..255) above which an image is dropped as too bright.")
+    min_training_side: int = Field(
+        8, gt=0, description="Pixels: an image whose decoded width or height is below is dropped from the curated data (too_small); "
+        "ingest.min_side already rejects below its own floor, so only a larger value has an effect.")
+    max_share: float = Field(
+        0.05, gt=0.0, le=1.0, description="A rule that flags more than this fraction of the images (and at least 10) stops curation "
+        "with the numbers instead of dropping them quietly; 1 = never stop.")
 
     @model_validator(mode="after")
     def _means(self) -> "OutlierSettings":
@@ -118,17 +142,24 @@ class OutlierSettings(_Section):
 
 
 class CurationSettings(_Section):
+    """Grouping, copy removal, splits and outliers (tasks/curation/)."""
+
     # Grouping is generous (components decide splits: near-copies never straddle them), dropping
     # precise: an image is dropped only as a copy of a kept image, by the copy score (tasks/curation/copy_pairs.py).
-    near_duplicate_threshold: float = Field(gt=0.0, le=1.0)  # embedding cosine: grouping only
-    copy_similarity: float = Field(default=0.9974, gt=0.0, le=1.0)  # copy score: a copy at or above
-    copy_candidates: int = Field(default=8, ge=1, le=256)  # nearest neighbours per new image to score
-    split_ratios: dict[Literal["train", "val", "test"], float]
-    split_salt: str
-    # Curation features; defaults keep older confs valid.
-    embedding: Literal["pixels", "fastdup"] = "pixels"  # pixels for tiny digits; fastdup's model for photos
-    feature_size: int = Field(default=8, gt=0)  # pixels: side of the grey-pixel embedding
-    outliers: OutlierSettings = Field(default_factory=OutlierSettings)
+    near_duplicate_threshold: float = Field(
+        0.97, gt=0.0, le=1.0, description="Embedding cosine at or above which two images are one component: decides splits, drops nothing.")
+    copy_similarity: float = Field(
+        0.9974, gt=0.0, le=1.0, description="Copy score to a kept image at or above which an image is dropped as its copy "
+        "(calibrated by bench/dedup_calibration.py).")
+    copy_candidates: int = Field(8, ge=1, le=256, description="Nearest neighbours of each new image given a copy score.")
+    split_ratios: dict[Literal["train", "val", "test"], float] = Field(
+        default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15},
+        description="Fractions of new components per split: train, val and test, each >= 0, summing to 1.")
+    split_salt: str = Field("cd4ml-v1", description="Salt of the split hash; changing it reshuffles every split.")
+    embedding: Literal["pixels", "fastdup"] = Field(
+        "pixels", description="pixels: grey-pixel embedding (tiny digits) | fastdup: fastdup's model (photos).")
+    feature_size: int = Field(8, gt=0, description="Pixels: side of the grey-pixel embedding (embedding: pixels).")
+    outliers: OutlierSettings = Field(default_factory=OutlierSettings, description="Bad-image thresholds.")
 
     @field_validator("split_ratios")
     @classmethod
@@ -143,68 +174,80 @@ class CurationSettings(_Section):
 class DriftSettings(_Section):
     """tasks/monitoring/drift.py: new data against the champion's training data, on the champion's own features."""
 
-    p_value: float = Field(gt=0.0, lt=1.0)  # family-wise level of the whole check (its tests share it)
-    max_samples: int = Field(gt=1)  # new images tested per check (hash sample)
-    image_size: int = Field(gt=0)  # pixel fallback only: the champion's own image size otherwise
-    n_permutations: int = Field(gt=0)
-    max_reference: int = Field(default=10000, gt=1)  # reference images the detectors are fitted on
-    mmd_reference: int = Field(default=1000, gt=1)  # of those, the MMD test's (its cost grows with the square)
-    # warn: alert and train | block: harmful drift stops training and alerts on-call |
-    # retrain: train only when the new data drifted (or there is no champion yet)
-    policy: Literal["warn", "block", "retrain"] = "warn"
-    # A detected drift is harmful when the champion's accuracy on the new labelled images is more than this
-    # (absolute) below its test accuracy, or when that cannot be measured (no labels, no champion softmax).
-    max_accuracy_drop: float = Field(default=0.05, ge=0.0, le=1.0)
+    familywise_alpha: float = Field(
+        0.05, gt=0.0, lt=1.0, description="Significance level of the whole drift check: its three tests share it (each at alpha / 3), "
+        "so data from the same distribution raises a false alarm with probability at most this.")
+    max_samples: int = Field(500, gt=1, description="New images tested per check (a deterministic hash sample).")
+    image_size: int = Field(16, gt=0, description="Pixels: input side of the pixel fallback only; a champion is read at its own image size.")
+    n_permutations: int = Field(100, gt=0, description="Permutations of the MMD test.")
+    max_reference: int = Field(10000, gt=1, description="Reference images the detectors are fitted on (once per champion version).")
+    mmd_reference: int = Field(1000, gt=1, description="Of those, the MMD test's reference (its cost grows with the square).")
+    policy: Literal["warn", "block", "retrain"] = Field(
+        "warn", description="warn: alert and train | block: harmful drift stops training and alerts on-call | "
+        "retrain: train only when the new data drifted (or there is no champion yet).")
+    harmful_accuracy_drop: float = Field(
+        0.05, ge=0.0, le=1.0, description="Absolute accuracy: a detected drift is harmful when the champion's accuracy on the new "
+        "labelled images is more than this below its test accuracy (or cannot be measured).")
 
 
 class KubernetesTrainerSettings(_Section):
     """The trainer pod a ``kubernetes`` launcher asks for (spec built by ``tasks.training.train.trainer_pod_spec``)."""
 
-    image: str = "cd4ml-trainer:latest"
-    namespace: str = "cd4ml"
-    gpus: int = Field(default=0, ge=0)
-    cpu: str = "2"
-    memory: str = "8Gi"
-    # Mounted at CD4ML_HOME: the decode cache and checkpoints must outlive a pod, or a retry restarts at epoch 1.
-    state_pvc: str = "cd4ml-state"
-    service_account: str | None = None
-    # Kubernetes Secret holding MLFLOW_TRACKING_URI for the pod (never in the repo or the spec).
-    secret_name: str = "cd4ml-secrets"
+    image: str = Field("cd4ml-trainer:latest", description="Container image of the trainer pod.")
+    namespace: str = Field("cd4ml", description="Kubernetes namespace of the trainer pod.")
+    gpus: int = Field(0, ge=0, description="GPUs requested (nvidia.com/gpu).")
+    cpu: str = Field("2", description="CPU request (Kubernetes quantity).")
+    memory: str = Field("8Gi", description="Memory request and limit (Kubernetes quantity).")
+    state_pvc: str = Field(
+        "cd4ml-state", description="PersistentVolumeClaim mounted at CD4ML_HOME: the decode cache and checkpoints outlive a pod, "
+        "so a retry resumes instead of restarting at epoch 1.")
+    service_account: str | None = Field(None, description="Service account of the pod; null = the namespace's default.")
+    secret_name: str = Field("cd4ml-secrets", description="Kubernetes Secret holding MLFLOW_TRACKING_URI for the pod (never in the repo or the spec).")
 
 
 class TrainingSettings(_Section):
-    model: Literal["small_cnn", "resnet18", "resnet50"]
-    image_size: int = Field(gt=0)  # side of the square model input (cd4ml_runtime.preprocess)
-    channels: Literal[1, 3, "auto"] = "auto"  # auto: the majority of the images' stored modes (L -> 1, RGB -> 3)
-    fit: Literal["crop", "pad", "squash"] = "crop"  # non-square images: centre crop | letterbox | stretch
-    epochs: int = Field(gt=0)
-    batch_size: int = Field(gt=0)  # per process; the global batch is batch_size * world size
-    learning_rate: float = Field(gt=0)  # for base_batch_size; scaled to the global batch by lr_scaling
-    weight_decay: float = Field(ge=0)
-    patience: int = Field(ge=0)
-    min_delta: float = Field(ge=0)
-    seed: int
-    num_threads: int = Field(gt=0)
-    lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
-    base_batch_size: int = Field(default=64, gt=0)
-    scheduler: Literal["cosine", "constant"] = "cosine"
-    warmup_epochs: int = Field(default=0, ge=0)
-    augment_shift: int = Field(default=1, ge=0)  # random translation in pixels, train split only; 0 = off
-    augment_crop_scale: float = Field(default=1.0, gt=0.0, le=1.0)  # random resized crop, smallest area kept; 1 = off
-    augment_hflip: bool = False  # only where a mirrored image keeps its label (photos yes, digits no)
-    augment_color_jitter: float = Field(default=0.0, ge=0.0, le=1.0)  # brightness/contrast/saturation x U(1 -+ j)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    amp: bool = True  # bf16 autocast on CUDA; CPU always trains in float32
-    channels_last: bool = True  # CUDA and CPU
-    num_workers: int = Field(default=0, ge=0)
-    finetune_from: str | None = None  # a model URI (models:/name@alias or models:/name/N): transfer learning
-    freeze_backbone: bool = False
-    launcher: Literal["in_process", "torchrun", "kubernetes"] = "in_process"
-    nproc_per_node: int = Field(default=1, gt=0)
-    checkpoint_dir: str
-    cache_dir: str
-    keep_checkpoints: bool = False
-    kubernetes: KubernetesTrainerSettings = KubernetesTrainerSettings()
+    """The network and how it is trained (tasks/training/)."""
+
+    model: Literal["small_cnn", "resnet18", "resnet50"] = Field("small_cnn", description="Network architecture.")
+    image_size: int = Field(16, gt=0, description="Pixels: side of the square model input (cd4ml_runtime.preprocess).")
+    channels: Literal[1, 3, "auto"] = Field(
+        "auto", description="Input channels: 1 (grey), 3 (RGB) or auto: the majority of the images' stored modes (L -> 1, RGB -> 3).")
+    fit: Literal["crop", "pad", "squash"] = Field("crop", description="Non-square images: centre crop | letterbox | stretch.")
+    epochs: int = Field(15, gt=0, description="Maximum epochs (early stopping may end sooner).")
+    batch_size: int = Field(64, gt=0, description="Images per step per process; the global batch is batch_size x processes.")
+    learning_rate: float = Field(0.002, gt=0, description="Adam learning rate for base_batch_size, scaled to the global batch by lr_scaling.")
+    weight_decay: float = Field(0.0001, ge=0, description="Adam weight decay.")
+    patience: int = Field(4, ge=0, description="Epochs without a validation improvement of min_delta before early stopping.")
+    min_delta: float = Field(0.001, ge=0, description="Smallest validation improvement that counts for early stopping.")
+    seed: int = Field(7, description="Random seed of weights, shuffling and augmentation.")
+    num_threads: int = Field(1, gt=0, description="Torch CPU threads (a small CNN on 2 cores: extra threads only contend).")
+    lr_scaling: Literal["linear", "sqrt", "none"] = Field(
+        "linear", description="How learning_rate scales with global batch / base_batch_size.")
+    base_batch_size: int = Field(64, gt=0, description="The global batch size learning_rate is tuned for.")
+    scheduler: Literal["cosine", "constant"] = Field(
+        "cosine", description="Per-step learning-rate schedule over epochs, after warmup_epochs of linear warm-up.")
+    warmup_epochs: int = Field(0, ge=0, description="Epochs of linear learning-rate warm-up.")
+    augment_shift: int = Field(1, ge=0, description="Pixels of random translation, train split only; 0 = off.")
+    augment_crop_scale: float = Field(
+        1.0, gt=0.0, le=1.0, description="Random resized crop: smallest fraction of the area kept, train split only; 1 = off.")
+    augment_hflip: bool = Field(False, description="Random horizontal flip: only where a mirrored image keeps its label (photos yes, digits no).")
+    augment_color_jitter: float = Field(
+        0.0, ge=0.0, le=1.0, description="Brightness/contrast/saturation multiplied by U(1-j, 1+j); 0 = off.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
+    amp: bool = Field(True, description="bf16 autocast on CUDA; CPU always trains in float32.")
+    channels_last: bool = Field(True, description="NHWC memory format, CUDA and CPU (oneDNN measured ~1.5x faster for the small CNN).")
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes (the decoded cache is in memory: workers only add IPC).")
+    finetune_from: str | None = Field(
+        None, description="A model URI (models:/name@alias or models:/name/N) whose weights start training: transfer learning.")
+    freeze_backbone: bool = Field(False, description="With finetune_from: train the classifier head only.")
+    launcher: Literal["in_process", "torchrun", "kubernetes"] = Field(
+        "in_process", description="in_process | torchrun (DDP over nproc_per_node processes) | kubernetes (a trainer pod).")
+    nproc_per_node: int = Field(1, gt=0, description="Training processes (torchrun or kubernetes launcher only).")
+    checkpoint_dir: str = Field("{home}/{env}/checkpoints", description="Checkpoints: one folder per table, version, config and Airflow run.")
+    cache_dir: str = Field("{home}/{env}/cache", description="Decoded pixels per table version and image size.")
+    keep_checkpoints: bool = Field(False, description="Keep the checkpoint folder after a successful run.")
+    kubernetes: KubernetesTrainerSettings = Field(
+        default_factory=KubernetesTrainerSettings, description="The trainer pod of launcher kubernetes.")
 
     @field_validator("channels", mode="before")
     @classmethod
@@ -218,14 +261,23 @@ class TrainingSettings(_Section):
         return self
 
 
+class TrainingDataSettings(_Section):
+    """Which curated images this environment trains on (tasks/data/sampling.py)."""
+
+    sample_fraction: float = Field(
+        1.0, gt=0.0, le=1.0, description="Fraction of the curated images trained on: below 1, a deterministic sample "
+        "(sha256 of salt and image key) written as a named dataset version.")
+    sample_salt: str = Field("cd4ml-sample-v1", description="Salt of the sample hash; changing it draws another sample.")
+
+
 class SearchParam(_Section):
     """One tuned training field: a float or int range (optionally log-scaled) or a list of choices."""
 
-    type: Literal["float", "int", "categorical"]
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    choices: tuple[bool | int | float | str, ...] | None = None
+    type: Literal["float", "int", "categorical"] = Field(description="float or int range, or categorical choices.")
+    low: float | None = Field(None, description="Lower end of a float/int range.")
+    high: float | None = Field(None, description="Upper end of a float/int range (above low).")
+    log: bool = Field(False, description="Sample the range on a log scale (needs low > 0).")
+    choices: tuple[bool | int | float | str, ...] | None = Field(None, description="The values of a categorical parameter.")
 
     @model_validator(mode="after")
     def _shape(self) -> "SearchParam":
@@ -239,19 +291,31 @@ class SearchParam(_Section):
         return self
 
 
+def _default_search_space() -> dict[str, SearchParam]:
+    return {
+        "learning_rate": SearchParam(type="float", low=0.0003, high=0.01, log=True),
+        "weight_decay": SearchParam(type="float", low=0.000001, high=0.001, log=True),
+        "batch_size": SearchParam(type="categorical", choices=(32, 64, 128)),
+        "augment_shift": SearchParam(type="categorical", choices=(0, 1, 2)),
+    }
+
+
 class TuningSettings(_Section):
-    on_by_default: bool = False  # the `tune` Param's default: scheduled (asset-triggered) runs tune too
-    n_trials: int = Field(gt=0)
-    epochs_per_trial: int = Field(gt=0)  # the pruner's maximum resource
-    sampler: Literal["tpe", "random"] = "tpe"
-    seed: int = 0
-    pruner: Literal["none", "median", "successive_halving", "hyperband"]
-    min_resource: int = Field(default=1, gt=0)
-    reduction_factor: int = Field(default=3, gt=1)
-    n_startup_trials: int = Field(default=2, ge=0)
-    n_warmup_steps: int = Field(default=0, ge=0)
-    storage: str  # CD4ML_OPTUNA_STORAGE overrides (PostgreSQL in production)
-    search_space: dict[str, SearchParam]
+    """Hyper-parameter search with Optuna (tasks/training/tune.py)."""
+
+    on_by_default: bool = Field(False, description="Default of cd4ml_train's `tune` Param: scheduled (asset-triggered) runs tune too.")
+    n_trials: int = Field(8, gt=0, description="Trials per study.")
+    epochs_per_trial: int = Field(6, gt=0, description="Epochs of a trial: the pruner's maximum resource.")
+    sampler: Literal["tpe", "random"] = Field("tpe", description="Optuna sampler.")
+    seed: int = Field(0, description="Seed of the sampler.")
+    pruner: Literal["none", "median", "successive_halving", "hyperband"] = Field("hyperband", description="Optuna pruner.")
+    min_resource: int = Field(1, gt=0, description="Epochs before a trial may be pruned (successive_halving, hyperband).")
+    reduction_factor: int = Field(3, gt=1, description="Reduction factor of successive_halving and hyperband.")
+    n_startup_trials: int = Field(2, ge=0, description="Median pruner: trials completed before pruning starts.")
+    n_warmup_steps: int = Field(0, ge=0, description="Median pruner: epochs of a trial before it may be pruned.")
+    storage: str = Field("sqlite:///{home}/{env}/optuna.db", description="Optuna storage URL; CD4ML_OPTUNA_STORAGE overrides (PostgreSQL in production).")
+    search_space: dict[str, SearchParam] = Field(
+        default_factory=_default_search_space, description="Training field -> its range or choices (fields of the training section only).")
 
     @field_validator("search_space")
     @classmethod
@@ -265,35 +329,39 @@ class TuningSettings(_Section):
 class GateSettings(_Section):
     """The automatic gate (tasks/release/evaluate.py): floors, a paired test, per-class recall, smoke, latency, size."""
 
-    metric: Literal["accuracy", "macro_f1"]
-    min_value: float = Field(ge=0.0, le=1.0)  # absolute floor of the candidate on the test split
-    # Non-inferiority margin: the candidate's accuracy may trail the champion's by at most this much
-    # (absolute) before the paired test is even asked; a larger drop is "worse" whatever the test says.
-    max_regression: float = Field(ge=0.0, le=1.0)
-    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)  # McNemar exact, one-sided: p < alpha = significantly worse
-    min_test_images: int = Field(default=100, gt=0)  # below: the gate refuses to decide
-    max_class_recall_drop: float = Field(default=0.15, ge=0.0, le=1.0)  # per class, absolute
-    min_class_support: int = Field(default=10, gt=0)  # classes with fewer test images are reported, not judged
-    smoke_test: bool = True  # load the registered pyfunc in a fresh process, classify PNG and JPEG bytes
-    latency_samples: int = Field(default=50, gt=0)  # single-image predictions timed in the smoke process
-    max_latency_p95_ms: float = Field(default=250.0, gt=0.0)
-    max_model_mb: float = Field(default=100.0, gt=0.0)
-    smoke_timeout_s: int = Field(default=300, gt=0)
+    metric: Literal["accuracy", "macro_f1"] = Field("accuracy", description="The metric min_value applies to.")
+    min_value: float = Field(0.85, ge=0.0, le=1.0, description="Absolute floor of the candidate's metric on the test split.")
+    max_regression: float = Field(
+        0.03, ge=0.0, le=1.0, description="Non-inferiority margin (absolute accuracy): the candidate may trail the champion by at most "
+        "this before the paired test is asked; a larger drop fails whatever the test says.")
+    alpha: float = Field(
+        0.05, gt=0.0, lt=1.0, description="Significance level of the one-sided exact McNemar tests (overall and per class) that the "
+        "candidate is worse than the champion: p < alpha = significantly worse.")
+    min_test_images: int = Field(100, gt=0, description="Test images (after removing any either model trained on) below which the gate refuses to decide.")
+    max_class_recall_drop: float = Field(
+        0.15, ge=0.0, le=1.0, description="Absolute recall a class may lose against the champion (failing only when also significant at alpha).")
+    min_class_support: int = Field(10, gt=0, description="Test images a class needs to be judged; smaller classes are reported only.")
+    smoke_test: bool = Field(True, description="Load the registered pyfunc in a fresh process and classify real PNG and JPEG bytes.")
+    latency_samples: int = Field(50, gt=0, description="Single-image predictions timed in the smoke process.")
+    max_latency_p95_ms: float = Field(250.0, gt=0.0, description="Milliseconds: p95 single-image latency in the smoke process, at most.")
+    max_model_mb: float = Field(100.0, gt=0.0, description="MB: size of the logged model, at most.")
+    smoke_timeout_s: int = Field(300, gt=0, description="Seconds the smoke process may take.")
 
 
 class ReleaseSettings(_Section):
     """How a model reaches this environment's champion alias (tasks/release/release.py)."""
 
-    # deploy_code: this environment trains on its own data; deploy_model: it copies the champion of
-    # ``upstream`` into its own registered model (MLflow copy_model_version) and gates it here.
-    pattern: Literal["deploy_code", "deploy_model"] = "deploy_code"
-    upstream: Literal["sit", "uat", "prod"] | None = None
-    approval: Literal["none", "required"] = "none"
-    approval_timeout_hours: float = Field(default=72.0, gt=0.0)
-    approvers: tuple[str, ...] = ()  # user ids allowed to answer (HITL assigned_users); empty = any UI user
-    sample_fraction: float = Field(default=1.0, gt=0.0, le=1.0)  # < 1: train on a hash sample of image keys
-    sample_salt: str = "cd4ml-sample-v1"
-    challenger_alias: str = "challenger"
+    pattern: Literal["deploy_code", "deploy_model"] = Field(
+        "deploy_code", description="deploy_code: this environment trains on its own data | deploy_model: it copies the champion of "
+        "upstream into its own registered model and gates it here.")
+    upstream: Literal["sit", "uat", "prod"] | None = Field(
+        None, description="deploy_model: the environment whose champion is copied (not this environment).")
+    approval: Literal["none", "required"] = Field(
+        "none", description="none: a passing challenger is promoted at once | required: a person decides in the Airflow UI.")
+    approval_timeout_hours: float = Field(72.0, gt=0.0, description="Hours without an answer after which the approval counts as rejected.")
+    approvers: tuple[str, ...] = Field(
+        (), description="Who may answer: user names, or role:<Role> under the FAB auth manager; empty = anyone who can open the DAG.")
+    challenger_alias: str = Field("challenger", description="Registry alias of a candidate waiting for approval.")
 
     @model_validator(mode="after")
     def _pattern(self) -> "ReleaseSettings":
@@ -308,32 +376,45 @@ Channel = Literal["log", "slack", "pagerduty", "email"]
 class AlertRetrySettings(_Section):
     """Each channel's send is tried ``attempts`` times, waiting backoff_s, 2*backoff_s, ... (capped)."""
 
-    attempts: int = Field(default=3, ge=1)
-    backoff_s: float = Field(default=2.0, ge=0.0)
-    max_backoff_s: float = Field(default=30.0, ge=0.0)
-    timeout_s: int = Field(default=10, gt=0)  # per HTTP request (Slack, PagerDuty)
+    attempts: int = Field(3, ge=1, description="Sends tried per channel.")
+    backoff_s: float = Field(2.0, ge=0.0, description="Seconds before the second try; doubled before each next one.")
+    max_backoff_s: float = Field(30.0, ge=0.0, description="Seconds: the longest wait between tries.")
+    timeout_s: int = Field(10, gt=0, description="Seconds per HTTP request (Slack, PagerDuty).")
 
 
 class DeadlineSettings(_Section):
     """A DAG run must finish within ``minutes`` of its logical date or of being queued (Airflow DeadlineAlert)."""
 
-    reference: Literal["logical_date", "queued_at"]
-    minutes: float = Field(gt=0.0)
+    reference: Literal["logical_date", "queued_at"] = Field(description="What the deadline counts from.")
+    minutes: float = Field(gt=0.0, description="Minutes after the reference by which the run must have finished.")
+
+
+def _default_deadlines() -> dict[str, DeadlineSettings]:
+    return {
+        "cd4ml_ingest": DeadlineSettings(reference="logical_date", minutes=120),
+        "cd4ml_curate": DeadlineSettings(reference="queued_at", minutes=60),
+        "cd4ml_train": DeadlineSettings(reference="queued_at", minutes=240),
+        "cd4ml_rollback": DeadlineSettings(reference="queued_at", minutes=30),
+    }
 
 
 class AlertSettings(_Section):
     """Where alerts go (tasks/alerting/delivery.py): channels per severity, the Airflow Connections behind them."""
 
-    # severity -> channels. "log" is in every route: the log line is the record of every alert.
-    routes: dict[Literal["info", "warning", "critical"], tuple[Channel, ...]]
-    ui_base_url: str = "http://localhost:8080"  # Airflow UI: task-log and Required Actions links
-    runbook_base_url: str | None = None  # e.g. https://git.example.com/ml/cd4ml/-/blob/main; None = repo path
-    slack_conn_id: str = "cd4ml_slack"  # conn type slackwebhook: password = webhook token or URL
-    pagerduty_conn_id: str = "cd4ml_pagerduty"  # conn type pagerduty_events: password = routing key
-    smtp_conn_id: str = "cd4ml_smtp"  # conn type smtp: host, port, login, password, extra from_email
-    email_to: tuple[str, ...] = ()
-    retry: AlertRetrySettings = AlertRetrySettings()
-    deadlines: dict[str, DeadlineSettings] = {}  # dag_id -> deadline; DAGs not listed have none
+    routes: dict[Literal["info", "warning", "critical"], tuple[Channel, ...]] = Field(
+        default_factory=lambda: {"info": ("log",), "warning": ("log",), "critical": ("log",)},
+        description="Severity (info, warning, critical: each needed) -> channels (log, slack, pagerduty, email); "
+        "log is in every route, the record of every alert.")
+    ui_base_url: str = Field("http://localhost:8080", description="Airflow UI: task-log and Required Actions links in alerts.")
+    runbook_base_url: str | None = Field(
+        None, description="Where docs/runbooks/ is browsable (e.g. your git host's blob URL); null = the repository path.")
+    slack_conn_id: str = Field("cd4ml_slack", description="Airflow Connection (slackwebhook): password = webhook token or URL.")
+    pagerduty_conn_id: str = Field("cd4ml_pagerduty", description="Airflow Connection (pagerduty_events): password = routing key.")
+    smtp_conn_id: str = Field("cd4ml_smtp", description="Airflow Connection (smtp): host, port, login, password, extra from_email.")
+    email_to: tuple[str, ...] = Field((), description="Recipients of the email channel (needed when a route sends email).")
+    retry: AlertRetrySettings = Field(default_factory=AlertRetrySettings, description="Retries of each channel's send.")
+    deadlines: dict[str, DeadlineSettings] = Field(
+        default_factory=_default_deadlines, description="DAG id -> the deadline its runs must meet; DAGs not listed have none.")
 
     @model_validator(mode="after")
     def _routes(self) -> "AlertSettings":
@@ -349,56 +430,63 @@ class AlertSettings(_Section):
 
 
 class ServingSettings(_Section):
-    """The champion at work (tasks/serving/): batch scoring, the REST server, explanations."""
+    """The champion at work (tasks/serving/): batch scoring and the REST server."""
 
-    schedule: str | None = "@daily"  # cd4ml_score on storage.scoring_uri (cron or preset); None = only when triggered
-    batch_size: int = Field(default=256, gt=0)  # images read, decoded and predicted together
-    decode_workers: int = Field(default=1, ge=0)  # processes decoding images while the network runs; 0 = none
-    decode_min_files: int = Field(default=2048, ge=0)  # fewer files: decoded in process (a worker costs ~0.3 s to start)
-    commit_every: int = Field(default=20000, gt=0)  # predictions per Delta commit: a killed run keeps what it committed
-    port: int = Field(default=5001, gt=0, lt=65536)  # `cd4ml serve`
-    low_confidence: float = Field(default=0.5, ge=0.0, le=1.0)  # below: explained in the monitoring report
-    max_explanations: int = Field(default=24, ge=0)  # overlays per monitoring run (misclassified first)
+    schedule: str | None = Field("@daily", description="When cd4ml_score scores storage.scoring_uri (cron or preset); null = only when triggered.")
+    batch_size: int = Field(256, gt=0, description="Images read, decoded and predicted together (memory stays flat).")
+    decode_workers: int = Field(1, ge=0, description="Processes decoding images with the model's own runtime while the network runs; 0 = none.")
+    decode_min_files: int = Field(2048, ge=0, description="Files in a run below which images are decoded in process (a worker costs ~0.3 s to start).")
+    commit_every: int = Field(20000, gt=0, description="Predictions per Delta commit: a killed run keeps what it committed.")
+    port: int = Field(5001, gt=0, lt=65536, description="TCP port of `cd4ml serve` (MLflow's scoring server).")
 
 
 class MonitoringSettings(_Section):
     """Live metrics of the champion (tasks/monitoring/monitor.py); each rule is judged against its own test split."""
 
-    schedule: str | None = "@daily"  # cd4ml_monitor (cron or preset); None = only when triggered
-    window_days: int = Field(default=7, gt=0)  # predictions of scoring runs in the N days up to the logical date
-    min_predictions: int = Field(default=100, ge=1)  # fewer: distributions are reported, not judged
-    min_feedback: int = Field(default=50, ge=1)  # fewer labelled predictions: accuracy/recall/calibration not judged
-    p_value: float = Field(default=0.01, gt=0.0, lt=1.0)  # every rule needs significance AND effect size
-    max_accuracy_drop: float = Field(default=0.05, ge=0.0, le=1.0)  # live accuracy vs the champion's test accuracy
-    max_class_recall_drop: float = Field(default=0.15, ge=0.0, le=1.0)
-    min_class_support: int = Field(default=20, ge=1)
-    max_ece_increase: float = Field(default=0.05, ge=0.0, le=1.0)  # expected calibration error vs the test split's
-    max_label_shift: float = Field(default=0.15, ge=0.0, le=1.0)  # total variation of predicted labels vs test
-    max_confidence_shift: float = Field(default=0.15, ge=0.0, le=1.0)  # KS statistic of confidences vs test
-    alert_on_harmless_shift: bool = False  # a label/confidence shift alerts even when judged accuracy holds
-    retrain_on_breach: bool = False  # on a breach: labelled live images to the landing zone + the retrain-request Asset
-    severity: Literal["info", "warning", "critical"] = "warning"
+    schedule: str | None = Field("@daily", description="When cd4ml_monitor loads feedback and judges the window; null = only when triggered.")
+    window_days: int = Field(7, gt=0, description="Days: predictions of the scoring runs in this many days up to the logical date.")
+    min_predictions: int = Field(100, ge=1, description="Predictions below which distributions are reported, not judged.")
+    min_feedback: int = Field(50, ge=1, description="Labelled predictions below which accuracy, recall and calibration are reported, not judged.")
+    rule_alpha: float = Field(
+        0.01, gt=0.0, lt=1.0, description="Significance level each rule's test must reach: a rule fires only when the change is "
+        "significant at this level AND larger than its limit.")
+    max_live_accuracy_drop: float = Field(
+        0.05, ge=0.0, le=1.0, description="Absolute accuracy: live accuracy may be below the champion's test accuracy by at most this.")
+    max_class_recall_drop: float = Field(0.15, ge=0.0, le=1.0, description="Absolute recall a class's live recall may be below its test recall.")
+    min_class_support: int = Field(20, ge=1, description="Labelled predictions of a class before its recall is judged.")
+    max_ece_increase: float = Field(0.05, ge=0.0, le=1.0, description="Expected calibration error may exceed the test split's by at most this.")
+    max_label_shift: float = Field(
+        0.15, ge=0.0, le=1.0, description="Total variation distance of the predicted labels vs the test split's predictions, at most.")
+    max_confidence_shift: float = Field(0.15, ge=0.0, le=1.0, description="KS statistic of the confidences vs the test split's, at most.")
+    alert_on_harmless_shift: bool = Field(
+        False, description="A label/confidence shift alerts even when the judged live accuracy holds.")
+    retrain_on_breach: bool = Field(
+        False, description="On a breach: the window's labelled images go to the landing zone and the retrain-request Asset is emitted.")
+    severity: Literal["info", "warning", "critical"] = Field("warning", description="Alert severity of a breach (routes in alerts.routes).")
+    low_confidence: float = Field(
+        0.5, ge=0.0, le=1.0, description="Confidence below which a prediction is explained in the monitoring report.")
+    max_explanations: int = Field(24, ge=0, description="Attribution overlays per monitoring run (misclassified first).")
 
 
 class Settings(_Section):
-    env: Literal["sit", "uat", "prod"]
-    home: str
-    project: str
-    storage: StorageSettings
-    tracking: TrackingSettings
-    registry: RegistrySettings
-    ingest: IngestSettings
-    validation: ValidationSettings
-    retention: RetentionSettings = Field(default_factory=RetentionSettings)
-    curation: CurationSettings
-    drift: DriftSettings
-    training: TrainingSettings
-    tuning: TuningSettings
-    gate: GateSettings
-    release: ReleaseSettings = Field(default_factory=ReleaseSettings)
-    alerts: AlertSettings
-    serving: ServingSettings = Field(default_factory=ServingSettings)
-    monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
+    env: Literal["sit", "uat", "prod"] = Field(description="The environment (CD4ML_ENV or --env); set by the loader, never in a file.")
+    home: str = Field(description="Root of all local state (CD4ML_HOME, default ./.cd4ml); set by the loader, never in a file.")
+    storage: StorageSettings = Field(default_factory=StorageSettings, description="Where the data lives.")
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings, description="The MLflow tracking store.")
+    registry: RegistrySettings = Field(default_factory=RegistrySettings, description="The registered model.")
+    ingest: IngestSettings = Field(default_factory=IngestSettings, description="Admission of new images.")
+    validation: ValidationSettings = Field(default_factory=ValidationSettings, description="Checks of a raw version.")
+    retention: RetentionSettings = Field(default_factory=RetentionSettings, description="VACUUM of the Delta tables.")
+    curation: CurationSettings = Field(default_factory=CurationSettings, description="Grouping, copies, splits, outliers.")
+    drift: DriftSettings = Field(default_factory=DriftSettings, description="New data against the champion's training data.")
+    training_data: TrainingDataSettings = Field(default_factory=TrainingDataSettings, description="The images trained on.")
+    training: TrainingSettings = Field(default_factory=TrainingSettings, description="The network and its training.")
+    tuning: TuningSettings = Field(default_factory=TuningSettings, description="Hyper-parameter search.")
+    gate: GateSettings = Field(default_factory=GateSettings, description="The automatic gate.")
+    release: ReleaseSettings = Field(default_factory=ReleaseSettings, description="How a model becomes champion.")
+    alerts: AlertSettings = Field(default_factory=AlertSettings, description="Where alerts go.")
+    serving: ServingSettings = Field(default_factory=ServingSettings, description="Batch scoring and the REST server.")
+    monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings, description="Live metrics of the champion.")
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -456,6 +544,24 @@ class Settings(_Section):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
+# Keys under an old name or removed: refused with the new name, never read silently or dropped.
+RENAMED_KEYS: dict[str, str] = {
+    "release.sample_fraction": "training_data.sample_fraction",
+    "release.sample_salt": "training_data.sample_salt",
+    "serving.low_confidence": "monitoring.low_confidence",
+    "serving.max_explanations": "monitoring.max_explanations",
+    "curation.outliers.min_side": "curation.outliers.min_training_side",
+    "drift.p_value": "drift.familywise_alpha",
+    "drift.max_accuracy_drop": "drift.harmful_accuracy_drop",
+    "monitoring.p_value": "monitoring.rule_alpha",
+    "monitoring.max_accuracy_drop": "monitoring.max_live_accuracy_drop",
+}
+REMOVED_KEYS: dict[str, str] = {
+    "project": "it was read nowhere",
+    "validation.allowed_modes": "validation accepts the modes ingest stores: ingest.keep_modes and the L/RGB of ingest.convert_modes",
+}
+
+
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in (override or {}).items():
@@ -471,8 +577,8 @@ def _fill(value: Any, fields: dict[str, str]) -> Any:
         return value.format(**fields)
     if isinstance(value, dict):
         return {k: _fill(v, fields) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_fill(v, fields) for v in value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill(v, fields) for v in value)
     return value
 
 
@@ -485,7 +591,27 @@ def resolve_env(env: str | None = None) -> str:
     return name
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _has_key(data: dict[str, Any], dotted: str) -> bool:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def refuse_old_keys(data: dict[str, Any], source: str) -> None:
+    """Stop on a key under its old name (naming the new one) or a removed key (saying why)."""
+    for old, new in RENAMED_KEYS.items():
+        if _has_key(data, old):
+            raise SettingsError(f"{source}: {old} was renamed to {new}")
+    for old, why in REMOVED_KEYS.items():
+        if _has_key(data, old):
+            raise SettingsError(f"{source}: {old} was removed ({why}); delete it")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """One settings file as a mapping, refused when it holds a key under an old name."""
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError as exc:
@@ -494,7 +620,36 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise SettingsError(f"settings file {path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise SettingsError(f"settings file {path} must hold a mapping, got {type(data).__name__}")
+    refuse_old_keys(data, f"settings file {path}")
     return data
+
+
+def resolve_conf_dir(conf: Path | None = None) -> Path:
+    """The settings folder: the argument, else CD4ML_CONF_DIR, else the repository's conf/."""
+    return Path(conf or os.environ.get("CD4ML_CONF_DIR") or REPO_ROOT / "conf")
+
+
+def dataset_name() -> str:
+    """``CD4ML_DATASET``, checked to name a file conf/datasets/<name>.yaml ("" = none)."""
+    dataset = (os.environ.get("CD4ML_DATASET") or "").strip()
+    if dataset and not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", dataset):
+        raise SettingsError(f"CD4ML_DATASET {dataset!r} must be a plain name (a file conf/datasets/<name>.yaml)")
+    return dataset
+
+
+def code_defaults() -> dict[str, Any]:
+    """Every section's defaults as the models define them, placeholders ({home}, {env}) unfilled."""
+    return Settings(env=DEFAULT_ENV, home="").model_dump(exclude={"env", "home"})
+
+
+def _validated(values: dict[str, Any], name: str, conf: Path) -> Settings:
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise SettingsError(f"invalid settings for env {name!r} ({conf}): {problems}") from exc
 
 
 def load_settings(
@@ -502,24 +657,20 @@ def load_settings(
 ) -> Settings:
     """Load and validate the settings for ``env`` (default: ``CD4ML_ENV`` or sit)."""
     name = resolve_env(env)
-    conf = Path(conf_dir or os.environ.get("CD4ML_CONF_DIR") or REPO_ROOT / "conf")
+    conf = resolve_conf_dir(conf_dir)
     root = Path(home or os.environ.get("CD4ML_HOME") or Path.cwd() / ".cd4ml").resolve()
-    merged = _deep_merge(_read_yaml(conf / "base.yaml"), _read_yaml(conf / f"{name}.yaml"))
-    dataset = (os.environ.get("CD4ML_DATASET") or "").strip()
+    merged = _deep_merge(read_yaml(conf / "base.yaml"), read_yaml(conf / f"{name}.yaml"))
+    dataset = dataset_name()
     if dataset:  # what the data needs (classes, channels, size, model) over every environment's settings
-        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", dataset):
-            raise SettingsError(f"CD4ML_DATASET {dataset!r} must be a plain name (a file conf/datasets/<name>.yaml)")
-        merged = _deep_merge(merged, _read_yaml(conf / "datasets" / f"{dataset}.yaml"))
-    merged = _fill(merged, {"home": str(root), "env": name})
+        merged = _deep_merge(merged, read_yaml(conf / "datasets" / f"{dataset}.yaml"))
+    for key in ("env", "home"):
+        if key in merged:
+            raise SettingsError(f"settings in {conf}: {key} is set by the loader (CD4ML_ENV / CD4ML_HOME), not in a file")
+    # The files merge over the code's defaults key by key (a file naming one alert route keeps the others).
+    values = _fill(_deep_merge(code_defaults(), merged), {"home": str(root), "env": name})
     if os.environ.get("CD4ML_LAKE_URI"):  # a deployment's bucket (terraform output lake_uri), like MLFLOW_TRACKING_URI
-        merged.setdefault("storage", {})["lake_uri"] = os.environ["CD4ML_LAKE_URI"]
-    try:
-        settings = Settings(env=name, home=str(root), **merged)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
-        raise SettingsError(f"invalid settings for env {name!r} ({conf}): {problems}") from exc
+        values.setdefault("storage", {})["lake_uri"] = os.environ["CD4ML_LAKE_URI"]
+    settings = _validated({"env": name, "home": str(root), **values}, name, conf)
     if settings.release.upstream == name:
         raise SettingsError(f"invalid settings for env {name!r} ({conf}): release.upstream cannot be the environment itself")
     return settings

@@ -5,7 +5,7 @@ What happens to each image of the raw version, in order (the first rule that app
 1. No features: it does not decode (``undecodable``) or fastdup refuses the exported copy
    (``fastdup_invalid``).
 2. Bad image, from fastdup's image statistics and ``curation.outliers`` (``outlier_reason``):
-   ``too_small`` (decoded width or height below ``min_side``), ``too_dark`` (mean below
+   ``too_small`` (decoded width or height below ``min_training_side``), ``too_dark`` (mean below
    ``min_mean``), ``too_bright`` (mean above ``max_mean``), ``blurry`` (variance of the
    Laplacian below ``min_blur``). Bad images are left out of the duplicate graph: a black
    frame is "similar" to every other black frame whatever its label.
@@ -70,7 +70,7 @@ model for real photos.
 Outlier defaults, tuned on the exported copies of the 1,797 digits (8x8 upscaled bilinear to
 32x32): their blur is >= 90 (median 247), a Gaussian blur of 0.8 px already gives ~33 and of 1 px
 ~15, and a flat image 0, so ``min_blur`` is 50; their mean grey is 54..108, so 10 and 245 only
-catch frames that are (nearly) black or white; ``min_side`` is 8, ingest's own floor, because 8x8
+catch frames that are (nearly) black or white; ``min_training_side`` is 8, ingest's own floor, because 8x8
 is simply the size of this dataset (for photos, raise it). The size test uses the decoded size,
 not fastdup's, because fastdup only ever sees the upscaled copy.
 
@@ -247,8 +247,8 @@ def split_for(component_key: str, salt: str, ratios: dict[str, float]) -> str:
 
 def outlier_reason(width: int, height: int, stats: ImageFeatures, limits: OutlierSettings) -> tuple[str, str] | None:
     """(reason, detail) when an image is too small, too dark, too bright or blurry, else None."""
-    if min(width, height) < limits.min_side:
-        return "too_small", f"{width}x{height} has a side below min_side {limits.min_side}"
+    if min(width, height) < limits.min_training_side:
+        return "too_small", f"{width}x{height} has a side below min_training_side {limits.min_training_side}"
     if stats.mean is not None and stats.mean < limits.min_mean:
         return "too_dark", f"mean {stats.mean:.1f} < min_mean {limits.min_mean:g}"
     if stats.mean is not None and stats.mean > limits.max_mean:

@@ -1,6 +1,6 @@
 """The deterministic training sample of an environment that trains on part of the data (sit).
 
-``release.sample_fraction < 1``: an image is in the sample when ``sha256(salt + ":" + key)``,
+``training_data.sample_fraction < 1``: an image is in the sample when ``sha256(salt + ":" + key)``,
 read as a number in [0, 1), is below the fraction. It depends only on the image key, so the
 same curated version always gives the same sample, on any machine, and a newer curated version
 keeps every image it shares with an older sample. Splits are the curated ones, untouched.
@@ -30,15 +30,15 @@ def in_sample(key: str, fraction: float, salt: str) -> bool:
 
 
 def sample_name(settings: Settings, curated_version: int) -> str:
-    release = settings.release
-    salt = hashlib.sha256(release.sample_salt.encode()).hexdigest()[:8]
-    return f"sample-{round(release.sample_fraction * 100, 2):g}pct-{salt}-of-curated-v{int(curated_version)}"
+    cfg = settings.training_data
+    salt = hashlib.sha256(cfg.sample_salt.encode()).hexdigest()[:8]
+    return f"sample-{round(cfg.sample_fraction * 100, 2):g}pct-{salt}-of-curated-v{int(curated_version)}"
 
 
 def training_data(settings: Settings, curated_table: str, curated_version: int, run_id: str) -> dict:
     """The (table, version, sample name) this environment trains on for one curated version."""
-    release = settings.release
-    if release.sample_fraction >= 1.0:
+    cfg = settings.training_data
+    if cfg.sample_fraction >= 1.0:
         return {"table": curated_table, "version": int(curated_version), "sample": None}
     uri = settings.sample_table
     name = sample_name(settings, curated_version)
@@ -47,7 +47,7 @@ def training_data(settings: Settings, curated_table: str, curated_version: int, 
             return {"table": uri, "version": tag.version, "sample": name}
 
     rows = lake.read(curated_table, int(curated_version))
-    keep = pa.array([in_sample(k, release.sample_fraction, release.sample_salt) for k in rows["sha256"].to_pylist()])
+    keep = pa.array([in_sample(k, cfg.sample_fraction, cfg.sample_salt) for k in rows["sha256"].to_pylist()])
     sample = rows.filter(keep)
     source = lake.commit_at(curated_table, curated_version)
     metadata = {
@@ -55,8 +55,8 @@ def training_data(settings: Settings, curated_table: str, curated_version: int, 
         "curated_table": curated_table,
         "curated_version": int(curated_version),
         "raw_version": source.metadata.get("raw_version", "") if source is not None else "",
-        "fraction": release.sample_fraction,
-        "salt": release.sample_salt,
+        "fraction": cfg.sample_fraction,
+        "salt": cfg.sample_salt,
         "run_id": run_id,
         "name": name,
     }

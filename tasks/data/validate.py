@@ -5,7 +5,8 @@ image bytes) and runs three GE suites in one ephemeral data context:
 
 * ``raw_rows``: one row per image: keys and facts not null, sha256 unique, label in
   ``ingest.allowed_labels``, width/height within ``ingest.min_side..max_side``, mode in
-  ``validation.allowed_modes``, and at least one row.
+  ``ingest.stored_modes`` (kept or converted: ``ingest.keep_modes`` and the L/RGB of
+  ``ingest.convert_modes``), and at least one row.
 * ``raw_class_counts``: a derived frame, one row per allowed label present, whose ``count``
   must be at least ``validation.min_images_per_class``. Unknown labels are reported once, by
   the label-in-set expectation, not again as a tiny class.
@@ -177,7 +178,7 @@ def _checks(settings: Settings, labels: list[str]) -> list[_Check]:
         _Check(ROWS_SUITE, "label_in_set", gxe.ExpectColumnValuesToBeInSet(column="label", value_set=list(labels))),
         _Check(ROWS_SUITE, "width_between", gxe.ExpectColumnValuesToBeBetween(column="width", min_value=ing.min_side, max_value=ing.max_side)),
         _Check(ROWS_SUITE, "height_between", gxe.ExpectColumnValuesToBeBetween(column="height", min_value=ing.min_side, max_value=ing.max_side)),
-        _Check(ROWS_SUITE, "mode_in_set", gxe.ExpectColumnValuesToBeInSet(column="mode", value_set=list(val.allowed_modes))),
+        _Check(ROWS_SUITE, "mode_in_set", gxe.ExpectColumnValuesToBeInSet(column="mode", value_set=list(ing.stored_modes))),
         _Check(COUNTS_SUITE, "min_images_per_class",
                gxe.ExpectColumnValuesToBeBetween(column="count", min_value=val.min_images_per_class, max_value=None)),
         # One-row frame: the column max is the value itself, and GE reports it pass or fail.
@@ -439,6 +440,7 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
             "allowed_labels_from": label_source,
             "min_side": settings.ingest.min_side,
             "max_side": settings.ingest.max_side,
+            "allowed_modes": list(settings.ingest.stored_modes),  # the report keeps its old key
             **_plain(settings.validation.model_dump(mode="json")),
         },
         "batch": summary,

@@ -123,7 +123,7 @@ def write_dashboard(out: Path, settings: Any, model: Any, metrics: list[Metric],
         f"<html><head><meta charset='utf-8'><title>cd4ml monitoring {html.escape(model.name)} v{model.version}</title>"
         f"</head><body><h2>{html.escape(settings.env)}: {html.escape(model.name)} v{model.version}</h2>"
         f"<p>window {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC; rules need the effect beyond the limit and "
-        f"p &lt; {settings.monitoring.p_value}</p>{status}"
+        f"p &lt; {settings.monitoring.rule_alpha}</p>{status}"
         "<table border='1' cellpadding='3'><tr><th>rule</th><th>live</th><th>test split</th><th>limit</th><th>n</th>"
         f"<th>p-value</th><th>verdict</th><th>detail</th></tr>{rows}</table>{link}{figures}</body></html>")
     return list(pngs.values()), page

@@ -17,8 +17,8 @@ reference's top principal components, tested with MMD (alibi-detect, permutation
 seed, exact permutation p-value). Per-class KS as the decision false-alarmed 8% of the time at
 a 5% level on a few-hundred-image reference; the confidence test 0% (bench/drift_eval.py). Where labels exist, a
 chi-square test of the new class counts against the reference's proportions. The three tests
-share ``drift.p_value`` (Bonferroni: each at p_value / 3), so a check on data from the same
-distribution raises a false alarm with probability at most p_value. A model that is not a cd4ml
+share ``drift.familywise_alpha`` (Bonferroni: each at alpha / 3), so a check on data from the same
+distribution raises a false alarm with probability at most that alpha. A model that is not a cd4ml
 image classifier falls back to grey pixels for the MMD test (no softmax test).
 
 Severity: the champion's accuracy on the new labelled sample against its accuracy on the
@@ -30,7 +30,7 @@ accuracy) are fitted once per champion version and settings, saved with alibi-de
 ``save_detector`` under ``<reports>/drift/detectors/`` and loaded by later checks.
 
 Harmful or not: a detected drift is *harmful* when the champion's accuracy on the new labelled
-sample is more than ``drift.max_accuracy_drop`` (5 points) below its test accuracy, or when that
+sample is more than ``drift.harmful_accuracy_drop`` (5 points) below its test accuracy, or when that
 cannot be measured (no labels, no champion softmax). A harmless drift (the data moved, the
 champion copes: a slightly darker camera) is reported and alerted as a warning.
 
@@ -95,7 +95,7 @@ class DriftResult:
     current_table: str
     current_version: int
     p_value: float | None  # the smallest Bonferroni-adjusted p-value of the decisive tests
-    threshold: float | None  # the family-wise level (settings.drift.p_value)
+    threshold: float | None  # the family-wise level (settings.drift.familywise_alpha)
     n_reference: int
     n_current: int  # new images tested (the decision's sample)
     report_path: str
@@ -107,7 +107,7 @@ class DriftResult:
     policy: str = "warn"
     html_path: str | None = None
     run_id: str = ""
-    # Detected drift only: True when it costs the champion more than drift.max_accuracy_drop, or when that
+    # Detected drift only: True when it costs the champion more than drift.harmful_accuracy_drop, or when that
     # cannot be measured; False when the champion's accuracy on the new images holds. None: no drift.
     harmful: bool | None = None
 
@@ -260,7 +260,7 @@ def detector_folder(settings: Settings, reference: DriftReference, method_key: s
     cfg = settings.drift
     key = hashlib.sha256(json.dumps({
         "table": reference.table, "version": reference.version, "model": str(reference.model_version),
-        "max_reference": cfg.max_reference, "mmd_reference": cfg.mmd_reference, "p": cfg.p_value,
+        "max_reference": cfg.max_reference, "mmd_reference": cfg.mmd_reference, "p": cfg.familywise_alpha,
         "perm": cfg.n_permutations, "size": cfg.image_size, "method": method_key, "salt": SAMPLE_SALT, "format": 2,
     }, sort_keys=True).encode()).hexdigest()[:12]
     name = f"{settings.registry.model_name}-v{reference.model_version}-{key}"
@@ -283,7 +283,7 @@ def load_or_fit(settings: Settings, reference: DriftReference, featurizer: Featu
     from alibi_detect.cd import MMDDrift
 
     cfg = settings.drift
-    alpha = cfg.p_value / len(TESTS)
+    alpha = cfg.familywise_alpha / len(TESTS)
     # Held out from fitting: on its own training images a model is more confident than on any unseen
     # image, so a train-split reference would call every new batch "drift" (measured: p = 0).
     sample, _ = _read_sample(reference.table, reference.version, cfg.max_reference, "reference",
@@ -412,7 +412,7 @@ def check_drift(settings: Settings, current_table: str, current_version: int, re
         status="skipped", reason="", reference_table=reference.table if reference else None,
         reference_version=reference.version if reference else None,
         champion_version=str(reference.model_version) if reference else None, current_table=current_table,
-        current_version=current_version, p_value=None, threshold=cfg.p_value, n_reference=0, n_current=0,
+        current_version=current_version, p_value=None, threshold=cfg.familywise_alpha, n_reference=0, n_current=0,
         report_path=str(report_file(settings, current_version, reference.version if reference else None)),
         policy=cfg.policy, run_id=run_id,
     )
@@ -426,7 +426,7 @@ def check_drift(settings: Settings, current_table: str, current_version: int, re
 
     started = time.perf_counter()
     model_uri = f"models:/{settings.registry.model_name}/{reference.model_version}" if reference.model_version else None
-    alpha = cfg.p_value / len(TESTS)
+    alpha = cfg.familywise_alpha / len(TESTS)
     new, _ = _read_sample(current_table, current_version, cfg.max_samples, "new", splits=None, only=fresh)
     whole_sample, _ = _read_sample(current_table, current_version, cfg.max_samples, "whole", splits=REFERENCE_SPLITS)
     with _seeded():  # building the model and (re)fitting detectors draw random numbers: not the caller's
@@ -443,11 +443,11 @@ def check_drift(settings: Settings, current_table: str, current_version: int, re
     versus = (f"{len(new.shas)} new images of v{current_version} vs the champion's training data "
               f"v{reference.version} (champion v{reference.model_version})")
     smallest = min(t["p_value"] for t in tests)
-    harmful = is_harmful(severity["accuracy_drop"], cfg.max_accuracy_drop) if drifted else None
+    harmful = is_harmful(severity["accuracy_drop"], cfg.harmful_accuracy_drop) if drifted else None
     reason = (f"drift in {', '.join(drifted)}: {versus}" if drifted else f"no drift: {versus}") + (
         f"; champion accuracy {extra_new['accuracy']:.3f} on them vs {test_accuracy:.3f} on its test split"
         if severity["accuracy_drop"] is not None else "") + _harm_phrase(harmful, severity["accuracy_drop"],
-                                                                          cfg.max_accuracy_drop)
+                                                                          cfg.harmful_accuracy_drop)
     result = dataclasses.replace(
         template, status="drift" if drifted else "no_drift", reason=reason, p_value=smallest, harmful=harmful,
         n_reference=detectors.meta["n_reference"], n_current=len(new.shas), tests=tests, severity=severity,

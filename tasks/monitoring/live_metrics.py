@@ -3,11 +3,11 @@
 Every rule compares the live window with the same quantity on the champion's own test split
 (its reference, computed once per model version), so a rule fits any model and any data, and
 every rule needs both a real effect (larger than its limit) and evidence (a test at
-``monitoring.p_value``): a small sample never fires on noise, a huge one never fires on a
+``monitoring.rule_alpha``): a small sample never fires on noise, a huge one never fires on a
 change nobody would care about.
 
-* ``accuracy``: live accuracy below test accuracy - ``max_accuracy_drop``, and a one-sided
-  two-sample test of H0 "live >= test - max_accuracy_drop" (a z-test with the margin that
+* ``accuracy``: live accuracy below test accuracy - ``max_live_accuracy_drop``, and a one-sided
+  two-sample test of H0 "live >= test - max_live_accuracy_drop" (a z-test with the margin that
   counts the noise of both samples: a test split of 127 images is no exact truth); judged with
   at least ``min_feedback`` labelled predictions.
 * ``recall:<class>``: the same per class, with ``max_class_recall_drop``, for classes with at
@@ -19,9 +19,9 @@ change nobody would care about.
   champion's predicted-label shares on all the data it was trained on (train, val and test: a
   small test split is not a faithful picture of the class mix, measured on the sit sample where
   127 test images held 2% ones) above ``max_label_shift``, and a two-sample chi-square
-  (contingency) test below p_value.
+  (contingency) test below rule_alpha.
 * ``confidence_shift``: two-sample Kolmogorov-Smirnov statistic of confidences above
-  ``max_confidence_shift``, and its p-value below p_value.
+  ``max_confidence_shift``, and its p-value below rule_alpha.
 
 ``alarms`` decides what degrades the champion (and alerts): every breached accuracy, recall or
 calibration rule; the two shift rules only while the labels cannot tell whether the shift hurts
@@ -122,11 +122,11 @@ def accuracy_rule(truth: Sequence[str], predicted: Sequence[str], ref: Reference
     n = len(truth)
     hits = sum(t == p for t, p in zip(truth, predicted))
     value = hits / n if n else None
-    limit = ref.accuracy - cfg.max_accuracy_drop
+    limit = ref.accuracy - cfg.max_live_accuracy_drop
     judged = n >= cfg.min_feedback and bool(ref.truth)
     ref_hits = sum(t == p for t, p in zip(ref.truth, ref.predicted))
-    p = _below_with_margin(hits, n, ref_hits, len(ref.truth), cfg.max_accuracy_drop) if n and ref.truth else None
-    breached = bool(judged and value is not None and value < limit and p is not None and p < cfg.p_value)
+    p = _below_with_margin(hits, n, ref_hits, len(ref.truth), cfg.max_live_accuracy_drop) if n and ref.truth else None
+    breached = bool(judged and value is not None and value < limit and p is not None and p < cfg.rule_alpha)
     detail = (f"{hits}/{n} labelled predictions right ({value:.3f}); test accuracy {ref.accuracy:.3f}, limit {limit:.3f}"
               if n else "no feedback labels in the window")
     if n and not judged:
@@ -149,7 +149,7 @@ def recall_rules(truth: Sequence[str], predicted: Sequence[str], ref: Reference,
         judged = n >= cfg.min_class_support and limit is not None
         ref_hits = sum(ref.predicted[i] == cls for i in ref_idx)
         p = _below_with_margin(hits, n, ref_hits, len(ref_idx), cfg.max_class_recall_drop) if judged else None
-        breached = bool(judged and value < limit and p < cfg.p_value)
+        breached = bool(judged and value < limit and p < cfg.rule_alpha)
         detail = f"{hits}/{n} images of class {cls} recognised" + (
             f"; test recall {ref_recall:.3f}, limit {limit:.3f}" if ref_recall is not None else "; not in the test split")
         out.append(Metric(f"recall:{cls}", value, ref_recall, limit, n, p, judged, breached, detail))
@@ -168,7 +168,7 @@ def calibration_rule(confidence: Sequence[float], correct: Sequence[bool], ref: 
     expected = sum(b["confidence"] * b["count"] for b in over) / count if count else 0.0
     p = _binom_below(hits, count, expected) if count else None
     judged = n >= cfg.min_feedback
-    breached = bool(judged and ece > limit and p is not None and p < cfg.p_value)
+    breached = bool(judged and ece > limit and p is not None and p < cfg.rule_alpha)
     detail = (f"ECE {ece:.3f} on {n} labelled predictions; test ECE {ref_ece:.3f}, limit {limit:.3f}" if n
               else "no feedback labels in the window")
     return Metric("calibration_ece", ece if n else None, ref_ece, limit, n, p, judged, breached, detail)
@@ -189,7 +189,7 @@ def label_shift_rule(predicted: Sequence[str], ref: Reference, cfg: MonitoringSe
     seen = [c for c in classes if live[c] + built[c] > 0]
     p = float(chi2_contingency([[live[c] for c in seen], [built[c] for c in seen]]).pvalue) if len(seen) > 1 else 1.0
     judged = n >= cfg.min_predictions
-    breached = bool(judged and tvd > cfg.max_label_shift and p < cfg.p_value)
+    breached = bool(judged and tvd > cfg.max_label_shift and p < cfg.rule_alpha)
     top = sorted(classes, key=lambda c: -abs(live[c] / n - built[c] / m))[:3]
     detail = (f"total variation {tvd:.3f} over {n} predictions against {m} on the training data; most changed: "
               + ", ".join(f"{c} {live[c] / n:.2f} vs {built[c] / m:.2f}" for c in top))
@@ -206,7 +206,7 @@ def confidence_shift_rule(confidence: Sequence[float], ref: Reference, cfg: Moni
     result = ks_2samp(confidence, ref.confidence)
     stat, p = float(result.statistic), float(result.pvalue)
     judged = n >= cfg.min_predictions
-    breached = bool(judged and stat > cfg.max_confidence_shift and p < cfg.p_value)
+    breached = bool(judged and stat > cfg.max_confidence_shift and p < cfg.rule_alpha)
     detail = (f"KS {stat:.3f}; median confidence {np.median(confidence):.3f} live vs "
               f"{np.median(ref.confidence):.3f} on the test split")
     return Metric("confidence_shift", stat, 0.0, cfg.max_confidence_shift, n, p, judged, breached, detail)

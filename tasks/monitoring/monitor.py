@@ -166,14 +166,14 @@ def _selected(window: _Window, settings: Settings) -> list[int]:
     """Misclassified first (most confident mistakes first), then the least confident; one per image."""
     wrong = [i for i, (r, t) in enumerate(zip(window.rows, window.truth)) if t is not None and t != r["label"]]
     wrong.sort(key=lambda i: (-window.rows[i]["confidence"], window.rows[i]["image_key"]))
-    unsure = [i for i, r in enumerate(window.rows) if r["confidence"] < settings.serving.low_confidence and i not in wrong]
+    unsure = [i for i, r in enumerate(window.rows) if r["confidence"] < settings.monitoring.low_confidence and i not in wrong]
     unsure.sort(key=lambda i: (window.rows[i]["confidence"], window.rows[i]["image_key"]))
     chosen, keys = [], set()
     for i in wrong + unsure:
         if window.rows[i]["image_key"] not in keys:
             keys.add(window.rows[i]["image_key"])
             chosen.append(i)
-    return chosen[: settings.serving.max_explanations]
+    return chosen[: settings.monitoring.max_explanations]
 
 
 def explain_window(settings: Settings, window: _Window, predictor: Any, out: Path) -> tuple[list[str], list[list[str]]]:

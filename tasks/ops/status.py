@@ -63,7 +63,7 @@ def environment_status(settings: Settings) -> dict:
         "tables": {name: table_status(settings.table_uri(name)) for name in TABLES},
         "registered_model": settings.registry.model_name,
         "release": {"pattern": settings.release.pattern, "upstream": settings.release.upstream,
-                    "approval": settings.release.approval, "sample_fraction": settings.release.sample_fraction},
+                    "approval": settings.release.approval, "sample_fraction": settings.training_data.sample_fraction},
         "champion": _champion(settings, models),
         "challenger": next((m["version"] for m in models if settings.release.challenger_alias in m["aliases"]), None),
         "model_versions": models,

@@ -40,14 +40,26 @@ def run_airflow(args: list[str], env: dict[str, str], timeout: int = 600) -> sub
     return subprocess.run([str(airflow), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def edited_conf(target: Path, everywhere: dict[str, str], per_file: dict[str, dict[str, str]] | None = None) -> Path:
-    """A copy of the repo's conf/ in ``target`` with text replacements (all files, then per file name)."""
+def _merged(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def edited_conf(target: Path, everywhere: dict, per_file: dict[str, dict] | None = None) -> Path:
+    """A copy of the repo's conf/ in ``target`` with overrides merged in (all files, then per file name).
+
+    Overrides are nested mappings merged key by key into each file's own overrides: the defaults live
+    in code (tasks/settings.py), so a key need not be in a file to be changed.
+    """
+    import yaml
+
     from tasks.settings import REPO_ROOT
 
     target.mkdir(parents=True)
     for name in ("base.yaml", "sit.yaml", "uat.yaml", "prod.yaml"):
-        text = (REPO_ROOT / "conf" / name).read_text()
-        for old, new in {**everywhere, **(per_file or {}).get(name, {})}.items():
-            text = text.replace(old, new)
-        (target / name).write_text(text)
+        data = yaml.safe_load((REPO_ROOT / "conf" / name).read_text()) or {}
+        data = _merged(_merged(data, everywhere), (per_file or {}).get(name, {}))
+        (target / name).write_text(yaml.safe_dump(data, sort_keys=False))
     return target

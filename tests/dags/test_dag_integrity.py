@@ -126,8 +126,9 @@ def test_prod_waits_for_a_person_and_deploy_model_follows_the_upstream_champion(
     conf.mkdir()
     for name in ("base.yaml", "sit.yaml", "uat.yaml"):
         (conf / name).write_text((REPO_ROOT / "conf" / name).read_text())
-    (conf / "prod.yaml").write_text((REPO_ROOT / "conf" / "prod.yaml").read_text().replace(
-        "pattern: deploy_code", "pattern: deploy_model\n  upstream: uat").replace("approvers: []", "approvers: [alice]"))
+    prod = (REPO_ROOT / "conf" / "prod.yaml").read_text()
+    assert "\n  approval: required" in prod
+    (conf / "prod.yaml").write_text(prod.replace("\n  approval: required", "\n  approval: required\n  pattern: deploy_model\n  upstream: uat"))
     code = """
 import json, sys
 from airflow.dag_processing.dagbag import DagBag

@@ -24,12 +24,11 @@ from tests.factories.digits import curated_table
 
 pytestmark = pytest.mark.airflow
 DATE = "2026-11-21"
-FAST = {"  epochs: 15": "  epochs: 4", "  patience: 4": "  patience: 2", "  smoke_test: true": "  smoke_test: false"}
+FAST = {"training": {"epochs": 4, "patience": 2}, "gate": {"smoke_test": False}}
 
 
 def _conf(target: Path, policy: str) -> Path:
-    return edited_conf(target, FAST, {"prod.yaml": {"  policy: block": f"  policy: {policy}",
-                                                    "  approval: required": "  approval: none"}})
+    return edited_conf(target, FAST, {"prod.yaml": {"drift": {"policy": policy}, "release": {"approval": "none"}}})
 
 
 @pytest.fixture(scope="module")

@@ -33,15 +33,13 @@ from tests.dags.conftest import DAGS, PLUGINS, edited_conf, run_airflow
 pytestmark = [pytest.mark.airflow, pytest.mark.stack]  # real scheduler + API server: make test-stack
 DATE = "2026-11-21"
 # Fewer epochs and a lower floor: these tests are about the release flow, not about accuracy.
-FAST = {"  epochs: 15": "  epochs: 5", "  patience: 4": "  patience: 2", "  min_value: 0.85": "  min_value: 0.8",
-        "  min_value: 0.90": "  min_value: 0.8", "  min_value: 0.92": "  min_value: 0.8"}
+FAST = {"training": {"epochs": 5, "patience": 2}, "gate": {"min_value": 0.8}}
 
 
-def _conf(target: Path, prod: str, uat: str = "") -> Path:
+def _conf(target: Path, prod: dict, uat: dict | None = None) -> Path:
     return edited_conf(target, FAST, {
-        "uat.yaml": {"  pattern: deploy_code": uat or "  pattern: deploy_code"},
-        "prod.yaml": {"  pattern: deploy_code": prod,
-                      "  approval_timeout_hours: 72": "  approval_timeout_hours: 0.03"},  # 108 s; prod's approvers stay
+        "uat.yaml": {"release": uat or {}},
+        "prod.yaml": {"release": {**prod, "approval_timeout_hours": 0.03}},  # 108 s; prod's approvers stay
     })
 
 
@@ -85,12 +83,12 @@ def _audit(settings) -> list:
 def world(airflow_env, tmp_path_factory) -> dict:
     """sit has a champion trained on its sample; prod has ingested and curated its own data."""
     base = tmp_path_factory.mktemp("release-world")
-    model = "  pattern: deploy_model\n  upstream: {up}"
+    model = {"pattern": "deploy_model"}
     world = {
         "base": base,
         "home": str(base / "cd4ml"),
-        "code": _conf(base / "conf-code", prod="  pattern: deploy_code"),
-        "model": _conf(base / "conf-model", prod=model.format(up="uat"), uat=model.format(up="sit")),
+        "code": _conf(base / "conf-code", prod={"pattern": "deploy_code"}),
+        "model": _conf(base / "conf-model", prod={**model, "upstream": "uat"}, uat={**model, "upstream": "sit"}),
     }
     cli_home = base / "airflow-cli"
     cli_home.mkdir()

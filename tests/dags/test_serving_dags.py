@@ -54,7 +54,7 @@ def test_score_then_monitor_a_planted_drop_emits_one_retrain_request(private_env
 
     home = tmp_path / "served"
     settings, model = champion_home(str(home))
-    conf = edited_conf(tmp_path / "conf", {"  retrain_on_breach: false": "  retrain_on_breach: true"})
+    conf = edited_conf(tmp_path / "conf", {"monitoring": {"retrain_on_breach": True}})
     env = {**private_env, "CD4ML_HOME": str(home), "CD4ML_CONF_DIR": str(conf)}
 
     inbox = Path(settings.storage.scoring_uri)

@@ -24,8 +24,8 @@ def write_conf(target: Path, sit_extra: str = "", approvers: str | None = None) 
         text = (REPO / "conf" / name).read_text()
         if name == "sit.yaml":
             if approvers is not None:
-                assert "  approval: none\n" in text
-                text = text.replace("  approval: none\n", f"  approval: required\n  approvers: {approvers}\n")
+                assert "\nrelease:" not in text  # sit keeps release's defaults (approval none): one section added
+                text += f"release:\n  approval: required\n  approvers: {approvers}\n"
             text += sit_extra
         (target / name).write_text(text)
     return target

@@ -1,8 +1,9 @@
+import re
 from pathlib import Path
 
 import pytest
 
-from tasks.settings import ENVIRONMENTS, SettingsError, load_settings, resolve_env
+from tasks.settings import ENVIRONMENTS, REMOVED_KEYS, RENAMED_KEYS, SettingsError, load_settings, resolve_env
 
 
 def test_default_env_is_sit(cd4ml_home, monkeypatch):
@@ -93,3 +94,72 @@ def test_a_deployment_points_the_lake_at_its_bucket(monkeypatch, tmp_path):
     settings = load_settings("uat")
     assert settings.storage.lake_uri == "s3://cd4ml-uat-lake/lake"
     assert settings.raw_table == "s3://cd4ml-uat-lake/lake/raw_images"
+
+
+def _nested(dotted: str, value) -> str:
+    """YAML text setting one dotted key."""
+    import yaml
+
+    node = value
+    for part in reversed(dotted.split(".")):
+        node = {part: node}
+    return yaml.safe_dump(node)
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED_KEYS))
+def test_a_key_under_its_old_name_is_refused_with_the_new_name(tmp_path, cd4ml_home, old):
+    conf = _conf_with(tmp_path, _nested(old, 0.5))
+    with pytest.raises(SettingsError, match=rf"{re.escape(old)} was renamed to {re.escape(RENAMED_KEYS[old])}"):
+        load_settings("sit", conf_dir=conf)
+
+
+@pytest.mark.parametrize("old", sorted(REMOVED_KEYS))
+def test_a_removed_key_is_refused_with_the_reason(tmp_path, cd4ml_home, old):
+    conf = _conf_with(tmp_path, _nested(old, "cd4ml"))
+    with pytest.raises(SettingsError, match=rf"{re.escape(old)} was removed \("):
+        load_settings("sit", conf_dir=conf)
+
+
+def test_a_dataset_file_with_an_old_key_is_refused_too(tmp_path, cd4ml_home, monkeypatch):
+    conf = _conf_with(tmp_path, "")
+    (conf / "datasets").mkdir()
+    (conf / "datasets" / "old.yaml").write_text("release:\n  sample_fraction: 1.0\n")
+    monkeypatch.setenv("CD4ML_DATASET", "old")
+    with pytest.raises(SettingsError, match=r"old\.yaml: release\.sample_fraction was renamed to training_data\.sample_fraction"):
+        load_settings("sit", conf_dir=conf)
+
+
+def test_the_renamed_keys_are_the_new_home_of_their_values(cd4ml_home):
+    sit, prod = load_settings("sit"), load_settings("prod")
+    assert sit.training_data.sample_fraction == 0.5 and prod.training_data.sample_fraction == 1.0
+    assert prod.monitoring.max_live_accuracy_drop == 0.03 and sit.monitoring.max_live_accuracy_drop == 0.05
+    assert sit.drift.familywise_alpha == 0.05 and sit.monitoring.rule_alpha == 0.01
+    assert sit.ingest.stored_modes == ("L", "RGB")
+
+
+def test_an_empty_conf_gives_the_code_defaults_with_home_and_env_filled(tmp_path, cd4ml_home):
+    from tasks.settings import Settings
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "base.yaml").write_text("")
+    (conf / "uat.yaml").write_text("")
+    s = load_settings("uat", conf_dir=conf)
+    assert s.storage.lake_uri == f"{cd4ml_home}/uat/lake" and s.registry.model_name == "digits-classifier-uat"
+    assert s.tuning.storage == f"sqlite:///{cd4ml_home}/uat/optuna.db"
+    assert s.gate == Settings.model_fields["gate"].default_factory()
+
+
+def test_a_file_changes_one_key_of_a_mapping_and_keeps_the_others(tmp_path, cd4ml_home):
+    conf = _conf_with(tmp_path, "alerts:\n  routes:\n    critical: [log, slack]\n  deadlines:\n    cd4ml_train: {minutes: 5}\n")
+    alerts = load_settings("sit", conf_dir=conf).alerts
+    assert alerts.routes == {"info": ("log",), "warning": ("log",), "critical": ("log", "slack")}
+    assert alerts.deadlines["cd4ml_train"].reference == "queued_at" and alerts.deadlines["cd4ml_train"].minutes == 5
+    assert alerts.deadlines["cd4ml_ingest"].minutes == 120
+
+
+@pytest.mark.parametrize("key", ["env", "home"])
+def test_env_and_home_come_from_the_loader_only(tmp_path, cd4ml_home, key):
+    conf = _conf_with(tmp_path, f"{key}: prod\n")
+    with pytest.raises(SettingsError, match=f"{key} is set by the loader"):
+        load_settings("sit", conf_dir=conf)

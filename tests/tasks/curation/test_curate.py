@@ -235,7 +235,7 @@ def test_full_digits_respect_split_ratios_and_no_digit_is_a_bad_image(settings, 
 
 
 def test_outlier_reason_follows_the_thresholds():
-    limits = OutlierSettings(min_blur=50, min_mean=10, max_mean=245, min_side=8)
+    limits = OutlierSettings(min_blur=50, min_mean=10, max_mean=245, min_training_side=8)
 
     def stats(blur: float, mean: float) -> ImageFeatures:
         return ImageFeatures(pixel_digest="x", blur=blur, mean=mean, min=0.0, max=255.0, error=None)

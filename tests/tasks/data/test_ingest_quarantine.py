@@ -118,7 +118,7 @@ def test_every_bad_input_is_a_reject_row_and_the_batch_goes_on(settings, tmp_pat
     assert result.rejected == 18 and result.inserted == 20 + 5 and result.files_seen == 20 + 23
 
     raw = _raw(settings, result.raw_version)
-    assert {r["mode"] for r in raw.values()} <= set(settings.validation.allowed_modes)
+    assert {r["mode"] for r in raw.values()} <= set(settings.ingest.stored_modes)
     assert raw["palette.png"]["mode"] == "RGB" and raw["palette.png"]["source_mode"] == "P"
     assert raw["rgba.png"]["mode"] == "RGB" and "alpha on black" in raw["rgba.png"]["normalised"]
     sixteen = raw["sixteen.png"]

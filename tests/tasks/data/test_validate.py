@@ -177,7 +177,7 @@ def test_rows_planted_in_the_table_fail_and_the_old_version_still_passes(setting
         "expect_column_values_to_be_in_set(label): 3 unexpected values ['x'] "
         f"(allowed: {list(settings.ingest.allowed_labels)})",
         "expect_column_values_to_be_between(width): 1 values out of range [5] (allowed: 8..4096)",
-        f"expect_column_values_to_be_in_set(mode): 1 unexpected values ['CMYK'] (allowed: {list(settings.validation.allowed_modes)})",
+        f"expect_column_values_to_be_in_set(mode): 1 unexpected values ['CMYK'] (allowed: {list(settings.ingest.stored_modes)})",
     ]
     assert err.result.rows == 1797 + 4 and err.result.failed == 3
     assert Path(err.report_path).name == f"raw_v{planted}.json"

@@ -115,7 +115,7 @@ def test_new_data_from_the_same_distribution_is_no_drift_deterministic_and_reuse
     assert first.status == "no_drift", first.reason
     assert first.feature_method == "champion" and first.n_new == 500 and first.n_current == 500
     assert [t["name"] for t in first.tests] == ["softmax_ks", "embedding_mmd", "label_chi2"]
-    assert all(t["threshold"] == pytest.approx(settings.drift.p_value / 3) for t in first.tests)
+    assert all(t["threshold"] == pytest.approx(settings.drift.familywise_alpha / 3) for t in first.tests)
     assert first.severity["accuracy_drop"] is not None and first.severity["accuracy_drop"] < 0.05
     assert first.n_reference == 300  # the champion's held-out images (val + test), not what it fitted
     assert second.tests == first.tests and second.status == first.status  # same inputs, same answer
@@ -150,7 +150,7 @@ def test_a_batch_of_one_class_is_label_drift(world) -> None:
     assert chi2["drift"] and result.n_current == world["n_ones"]
     assert _report(result)["label_counts"]["new"] == {"1": world["n_ones"]}
     drop = result.severity["accuracy_drop"]  # harmful only if the champion is worse on them than allowed
-    assert result.harmful is (drop > settings.drift.max_accuracy_drop)
+    assert result.harmful is (drop > settings.drift.harmful_accuracy_drop)
 
 
 def test_block_policy_stops_training_and_warn_does_not(world) -> None:

@@ -50,8 +50,8 @@ def monitored(champion, tmp_path_factory: pytest.TempPathFactory):
                                                        "landing_uri": str(root / "landing"),
                                                        "reports_dir": str(root / "reports"),
                                                        "feedback_uri": str(root / "feedback")}),
-        "monitoring": settings.monitoring.model_copy(update={"window_days": 1, "retrain_on_breach": True}),
-        "serving": settings.serving.model_copy(update={"max_explanations": 6}),
+        "monitoring": settings.monitoring.model_copy(update={"window_days": 1, "retrain_on_breach": True,
+                                                             "max_explanations": 6}),
     })
     return settings, model, root
 

@@ -463,7 +463,7 @@ def test_sit_sample_is_deterministic_named_and_a_subset(models: Models) -> None:
     from tasks.data.sampling import training_data
 
     s = models.settings
-    assert s.release.sample_fraction == 0.5
+    assert s.training_data.sample_fraction == 0.5
     first = training_data(s, s.curated_table, models.version, "run-a")
     again = training_data(s, s.curated_table, models.version, "run-b")
     assert first == again and first["sample"].startswith("sample-50pct-")
@@ -473,7 +473,7 @@ def test_sit_sample_is_deterministic_named_and_a_subset(models: Models) -> None:
     assert set(rows["sha256"].to_pylist()) <= set(full["sha256"].to_pylist())
     names = {t.name: t.version for t in lake.tags(first["table"])}
     assert names[first["sample"]] == first["version"]
-    full_env = s.model_copy(update={"release": s.release.model_copy(update={"sample_fraction": 1.0})})
+    full_env = s.model_copy(update={"training_data": s.training_data.model_copy(update={"sample_fraction": 1.0})})
     assert training_data(full_env, s.curated_table, models.version, "x") == {
         "table": s.curated_table, "version": models.version, "sample": None}
 
