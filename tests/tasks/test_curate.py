@@ -10,18 +10,18 @@ import pyarrow as pa
 import pytest
 from PIL import Image, ImageEnhance, ImageFilter
 
-from tasks.curation.curate import (
+from tasks.curation.assignments import split_for
+from tasks.curation.curate import curate
+from tasks.curation.curation_features import ImageFeatures
+from tasks.curation.outliers import outlier_reason
+from tasks.curation.tables import (
     COMPONENTS_TABLE,
     CURATED_SCHEMA,
     EMBEDDINGS_TABLE,
     REPORT_SCHEMA,
     REPORT_TABLE,
     CurationError,
-    curate,
-    outlier_reason,
-    split_for,
 )
-from tasks.curation.curation_features import ImageFeatures
 from tasks.data import lake
 from tasks.data.ingest import RAW_SCHEMA, ingest_landing
 from tasks.data.sample_data import digits_arrays, write_digits
@@ -283,8 +283,8 @@ def test_empty_raw_version_is_a_clear_error(settings):
 
 def test_a_chain_drops_only_copies_of_kept_images_and_conflicts_only_between_copies():
     from tasks.curation.copy_pairs import CopyScores
-    from tasks.curation.curate import dedupe_component
     from tasks.curation.curation_features import Features
+    from tasks.curation.dedupe import dedupe_component
 
     # A, B, C on a line: A~B and B~C are copies (score 0.999), A and C are not (0.99).
     # D is another label, a copy of nobody but in the same component (grouped generously).
@@ -323,7 +323,7 @@ def test_a_bad_image_rule_that_fires_on_a_large_share_stops_curation_instead_of_
     raw = ingest_landing(photos, run_id="ing", logical_date="2026-11-21", landing=landing).raw_version
     strict = photos.model_copy(update={"curation": photos.curation.model_copy(
         update={"outliers": photos.curation.outliers.model_copy(update={"min_blur": 400.0})})})
-    from tasks.curation.curate import OutlierRuleError
+    from tasks.curation.outliers import OutlierRuleError
 
     with pytest.raises(OutlierRuleError, match=r"blurry would drop \d+ of 160 images \(.*min_blur 400; this data's median blur"):
         curate(strict, raw, run_id="c1", logical_date="2026-11-21")

@@ -11,8 +11,9 @@ of two digits is not (a blend of two very similar digits can be: 2.7% of such bl
 import numpy as np
 from PIL import Image, ImageEnhance
 
+from tasks.curation.assignments import split_for
 from tasks.curation.copy_score import copy_score, copy_signature
-from tasks.curation.curate import curate, split_for
+from tasks.curation.curate import curate
 from tasks.curation.curation_features import pixel_embedding
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
