@@ -96,7 +96,7 @@ def assign(
             detail = f"would join recorded components {named}{more} in different splits"
             for s in newcomers:
                 copied = recorded_original(s, [m for m in group if m in record], features, by_sha, scores,
-                                            cfg.copy_similarity)
+                                           cfg.copy_similarity)
                 if copied is None:
                     dropped.append(drop_row(by_sha[s], "split_bridge", recorded[0], None, detail))
                 else:  # a copy needs no split: dropped as such, never kept across splits

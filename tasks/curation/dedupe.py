@@ -40,7 +40,7 @@ def _strongest(sha: str, copies: list[tuple[str, str]], scores: CopyScores, rank
 
 
 def recorded_original(sha: str, recorded: list[str], features: Features, by_sha: dict[str, dict[str, Any]],
-                       scores: CopyScores, threshold: float) -> tuple[str, str, str] | None:
+                      scores: CopyScores, threshold: float) -> tuple[str, str, str] | None:
     """(reason, recorded image, how) when a new image is a copy of a recorded image with its label, else None."""
     same_label = [r for r in recorded if by_sha[r]["label"] == by_sha[sha]["label"]]
     rank = {r: i for i, r in enumerate(same_label)}

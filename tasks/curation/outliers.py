@@ -36,7 +36,7 @@ def outlier_reason(width: int, height: int, stats: ImageFeatures, limits: Outlie
 
 
 def screen(by_sha: dict[str, dict[str, Any]], features: Features, record: dict[str, Assignment],
-            limits: OutlierSettings) -> tuple[list[str], list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]]]:
+           limits: OutlierSettings) -> tuple[list[str], list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]]]:
     """(eligible shas in order, drop rows, outliers): images without features and bad images are set aside."""
     dropped: list[dict[str, Any]] = []
     outliers: list[tuple[str, str, str, ImageFeatures]] = []

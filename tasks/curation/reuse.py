@@ -37,14 +37,14 @@ def reuse_prior(
         raw = read_raw(settings, raw_version)
         plan = plan_in_workdir(settings, raw, raw_version, prior.metadata.get("run_id", run_id))
         write_report_rows(settings, raw_version, config_hash, prior.version, plan.dropped,
-                           prior.metadata.get("run_id", run_id), prior.metadata.get("logical_date", logical))
+                          prior.metadata.get("run_id", run_id), prior.metadata.get("logical_date", logical))
         store_caches(settings, plan, {"run_id": run_id, "logical_date": logical})
         stored = plan.dropped
     dropped = stored or []
     galleries = existing_galleries(settings, raw_version, config_hash)
     if not report.exists():  # reports folder wiped: the Delta report is the record, the JSON its copy
         write_json(report, report_body(settings, raw_version, config_hash, prior.version, table, dropped,
-                                        prior.metadata, {"galleries": galleries, "rebuilt_from": REPORT_TABLE}))
+                                       prior.metadata, {"galleries": galleries, "rebuilt_from": REPORT_TABLE}))
     by_split, by_label = count_by_split(table)
     reasons = json.loads(prior.metadata.get("dropped_by_reason", "null") or "null") or count_reasons(dropped)
     components_version = prior.metadata.get("components_version")
