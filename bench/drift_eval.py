@@ -507,7 +507,7 @@ def main() -> None:
     result = {
         "generated": datetime.now(UTC).isoformat(timespec="seconds"), "python": platform.python_version(),
         "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "total_s": round(total_s, 1),
-        "drift_py_sha256": hashlib.sha256((REPO / "tasks" / "drift.py").read_bytes()).hexdigest()[:16],
+        "drift_py_sha256": hashlib.sha256(Path(drift.__file__).read_bytes()).hexdigest()[:16],  # the module measured
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "settings": {"env": "sit (release.sample_fraction 1.0)", "drift": settings.drift.model_dump(mode="json"),
                      "epochs": settings.training.epochs, "alpha_per_test": alpha},
