@@ -488,13 +488,7 @@ def _aligned_config() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sample (under ~2 minutes)")
-    parser.add_argument("--no-fastdup", action="store_true", help="pixel embeddings only")
-    parser.add_argument("--no-aligned", action="store_true", help="skip the aligned copy score (tasks.curation.copy_score)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = _parse_args()
     mode_name = "quick" if args.quick else "full"
     mode = MODES[mode_name]
     t0 = time.perf_counter()
@@ -519,7 +513,6 @@ def main() -> None:
     from tasks.settings import load_settings
 
     conf = load_settings("sit", home=Path(tempfile.gettempdir()) / "cd4ml-bench-dedup-conf").curation
-    conf_thresholds = {"near_duplicate_threshold": conf.near_duplicate_threshold}
     measured_by = {emb: [measure(cell, pool, copies) for cell, (pool, copies) in zip(cells, per_cell)]
                    for emb, per_cell in embeddings.items()}
     scorer = None
@@ -528,80 +521,9 @@ def main() -> None:
         scorer = AlignedScorer()
         measured_by[ALIGNED], _ = measure_aligned(cells, embeddings[ALIGNED_BASE], scorer)
         timings[ALIGNED] = round(time.perf_counter() - s, 1)
-    results: dict[str, dict] = {}
-    for emb, measured in measured_by.items():
-        # One threshold per scope: the highest per-cell one, so every cell in it keeps false drops <= 1%.
-        scopes = {}
-        for scope, sources in SCOPES.items():
-            picked = [(m, cell) for m, cell in zip(measured, cells) if cell.source in sources]
-            t = max(m["best"]["threshold"] for m, _ in picked)
-            by_cell = [{"cell": m["cell"], **score(m["_copy_sims"], m["_hard"], t)} for m, _ in picked]
-            copies_all = np.concatenate([m["_copy_sims"] for m, _ in picked])
-            hard_all = np.concatenate([m["_hard"] for m, _ in picked])
-            recall_by_kind = {}
-            for kind in TRANSFORMS:
-                sims = np.concatenate([np.nan_to_num(m["_copy_sims"], nan=-1.0)[np.asarray([c[1] == kind
-                                                                                         for c in cell.copies])]
-                                       for m, cell in picked])
-                recall_by_kind[kind] = float((sims >= t).mean())
-            scopes[scope] = {"threshold": t, "pooled": score(copies_all, hard_all, t), "by_cell": by_cell,
-                             "recall_by_transform": recall_by_kind,
-                             "worst_cell": min(by_cell, key=lambda x: x["recall"])["cell"],
-                             "min_cell_recall": min(b["recall"] for b in by_cell),
-                             "max_cell_false_drop_rate": max(b["false_drop_rate"] for b in by_cell)}
-        copies_all = np.concatenate([m["_copy_sims"] for m in measured])
-        hard_all = np.concatenate([m["_hard"] for m in measured])
-        # Every cell and transformation at the one threshold of scope "all" (the product runs one number).
-        t_all = scopes["all"]["threshold"]
-        at_all = []
-        for m, cell in zip(measured, cells):
-            kinds = np.asarray([c[1] for c in cell.copies])
-            at_all.append({"cell": m["cell"], "all": score(m["_copy_sims"], m["_hard"], t_all),
-                           "by_transform": by_transform(m["_copy_sims"], kinds, m["_hard"], t_all)})
-        misses = [(a["cell"], kind, round(v["recall"], 3)) for a in at_all for kind, v in a["by_transform"].items()
-                  if v["recall"] < TARGET["recall"]]
-        pooled_all = scopes["all"]["pooled"]
-        target = {**TARGET, "threshold": t_all, "pooled_precision": pooled_all["precision"],
-                  "min_cell_transform_recall": min(v["recall"] for a in at_all for v in a["by_transform"].values()),
-                  "max_cell_false_drop_rate": scopes["all"]["max_cell_false_drop_rate"],
-                  "recall_misses": misses,
-                  "met": bool(not misses and pooled_all["precision"] >= TARGET["precision"]
-                              and scopes["all"]["max_cell_false_drop_rate"] <= TARGET["false_drops"])}
-        configured = {}
-        if emb == ALIGNED:  # cosine settings and all-pairs counts do not apply: digits' top neighbours instead
-            digits = {}
-            s = time.perf_counter()
-            top_neighbours = digits_top_neighbours(cells[0], embeddings[ALIGNED_BASE][0][0], scorer,
-                                                   {"all": t_all, "digits": scopes["digits"]["threshold"],
-                                                    "copy_similarity": conf.copy_similarity})
-            timings[f"{ALIGNED} digits top-{DIGITS_TOP_NEIGHBOURS}"] = round(time.perf_counter() - s, 1)
-            cost = {"pairs": scorer.pairs, "us_per_pair": round(1e6 * scorer.pair_seconds / max(scorer.pairs, 1), 1),
-                    "signatures": scorer.signatures,
-                    "us_per_signature": round(1e6 * scorer.sig_seconds / max(scorer.signatures, 1), 1)}
-            results[emb] = {"cells": measured, "scopes": scopes, "at_all_threshold": at_all, "target": target,
-                            "digits_8px_all_pairs": digits, "digits_8px_top_neighbours": top_neighbours,
-                            "configured": configured, "cost": cost, "base": ALIGNED_BASE,
-                            "top_distinct": ALIGNED_TOP_DISTINCT}
-            for m in measured:
-                for k in ("_copy_sims", "_hard", "_row_of"):
-                    m.pop(k)
-            continue
-        digits_pool = embeddings[emb][0][0]  # digits at native 8 px: all 1,797 in full mode
-        digits = {name: digits_at_threshold(digits_pool, cells[0].labels, t) for name, t in
-                  [("all", scopes["all"]["threshold"]), ("digits", scopes["digits"]["threshold"]),
-                   ("near_duplicate_threshold", conf_thresholds["near_duplicate_threshold"])]}
-        for name, t in conf_thresholds.items():
-            by_cell = [score(m["_copy_sims"], m["_hard"], t) for m in measured]
-            configured[name] = {"threshold": t, "pooled": score(copies_all, hard_all, t),
-                                "min_cell_recall": min(b["recall"] for b in by_cell),
-                                "max_cell_false_drop_rate": max(b["false_drop_rate"] for b in by_cell)}
-        for m in measured:
-            for k in ("_copy_sims", "_hard", "_row_of"):
-                m.pop(k)
-        results[emb] = {"cells": measured, "scopes": scopes, "at_all_threshold": at_all, "target": target,
-                        "digits_8px_all_pairs": digits, "configured": configured}
+    results = {emb: calibrate(emb, measured, cells, embeddings, scorer, conf, timings)
+               for emb, measured in measured_by.items()}
 
-    # ---- print
     print(f"# Dedup calibration ({mode_name}, seed {args.seed})\n")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load average {load_before[0]:.1f} at start; "
           f"timings (s): {timings}" + (f"; fastdup {fastdup_info}" if fastdup_info else "") + "\n")
@@ -609,6 +531,112 @@ def main() -> None:
                                  f"{len(c.originals)} originals x {len(TRANSFORMS)} copies"
                                  + (f", {c.flat_left_out} flat tiles left out" if c.source == "tiles" else "")
                                  for c in cells) + "\n")
+    print_per_cell(results)
+    print_thresholds(results)
+    if ALIGNED in results:
+        print_aligned(results[ALIGNED])
+    print_digits_and_configured(results)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"mode": mode_name, "seed": args.seed, "config": {**mode, "transforms": TRANSFORMS, "cells": CELLS,
+                                                                  "feature_sizes": FEATURE_SIZES, "flat_std": FLAT_STD,
+                                                                  "max_false_drops": MAX_FALSE_DROPS,
+                                                                  "photos": ["china", "flower", *SKIMAGE_PHOTOS]},
+               "load_average_start": load_before[0], "timings_s": timings, "fastdup": fastdup_info,
+               "aligned_config": _aligned_config() if scorer is not None else None,
+               "copy_params_example": {k: [c[3] for c in cells[3].copies if c[1] == k][:3] for k in TRANSFORMS},
+               "results": results, "total_seconds": round(time.perf_counter() - t0, 1)}
+    args.out.write_text(json.dumps(payload, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+    print(f"\nwrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out} "
+          f"in {payload['total_seconds']} s")
+
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sample (under ~2 minutes)")
+    parser.add_argument("--no-fastdup", action="store_true", help="pixel embeddings only")
+    parser.add_argument("--no-aligned", action="store_true", help="skip the aligned copy score (tasks.curation.copy_score)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    return parser.parse_args()
+
+
+def calibrate(emb: str, measured: list[dict], cells: list[Cell], embeddings: dict, scorer: AlignedScorer | None,
+              conf, timings: dict[str, float]) -> dict:
+    """One embedding's results: a threshold per scope, every cell at the "all" threshold, the target, digits."""
+    conf_thresholds = {"near_duplicate_threshold": conf.near_duplicate_threshold}
+    # One threshold per scope: the highest per-cell one, so every cell in it keeps false drops <= 1%.
+    scopes = {}
+    for scope, sources in SCOPES.items():
+        picked = [(m, cell) for m, cell in zip(measured, cells) if cell.source in sources]
+        t = max(m["best"]["threshold"] for m, _ in picked)
+        by_cell = [{"cell": m["cell"], **score(m["_copy_sims"], m["_hard"], t)} for m, _ in picked]
+        copies_all = np.concatenate([m["_copy_sims"] for m, _ in picked])
+        hard_all = np.concatenate([m["_hard"] for m, _ in picked])
+        recall_by_kind = {}
+        for kind in TRANSFORMS:
+            sims = np.concatenate([np.nan_to_num(m["_copy_sims"], nan=-1.0)[np.asarray([c[1] == kind
+                                                                                     for c in cell.copies])]
+                                   for m, cell in picked])
+            recall_by_kind[kind] = float((sims >= t).mean())
+        scopes[scope] = {"threshold": t, "pooled": score(copies_all, hard_all, t), "by_cell": by_cell,
+                         "recall_by_transform": recall_by_kind,
+                         "worst_cell": min(by_cell, key=lambda x: x["recall"])["cell"],
+                         "min_cell_recall": min(b["recall"] for b in by_cell),
+                         "max_cell_false_drop_rate": max(b["false_drop_rate"] for b in by_cell)}
+    copies_all = np.concatenate([m["_copy_sims"] for m in measured])
+    hard_all = np.concatenate([m["_hard"] for m in measured])
+    # Every cell and transformation at the one threshold of scope "all" (the product runs one number).
+    t_all = scopes["all"]["threshold"]
+    at_all = []
+    for m, cell in zip(measured, cells):
+        kinds = np.asarray([c[1] for c in cell.copies])
+        at_all.append({"cell": m["cell"], "all": score(m["_copy_sims"], m["_hard"], t_all),
+                       "by_transform": by_transform(m["_copy_sims"], kinds, m["_hard"], t_all)})
+    misses = [(a["cell"], kind, round(v["recall"], 3)) for a in at_all for kind, v in a["by_transform"].items()
+              if v["recall"] < TARGET["recall"]]
+    pooled_all = scopes["all"]["pooled"]
+    target = {**TARGET, "threshold": t_all, "pooled_precision": pooled_all["precision"],
+              "min_cell_transform_recall": min(v["recall"] for a in at_all for v in a["by_transform"].values()),
+              "max_cell_false_drop_rate": scopes["all"]["max_cell_false_drop_rate"],
+              "recall_misses": misses,
+              "met": bool(not misses and pooled_all["precision"] >= TARGET["precision"]
+                          and scopes["all"]["max_cell_false_drop_rate"] <= TARGET["false_drops"])}
+    configured: dict = {}
+    if emb == ALIGNED:  # cosine settings and all-pairs counts do not apply: digits' top neighbours instead
+        digits = {}
+        s = time.perf_counter()
+        top_neighbours = digits_top_neighbours(cells[0], embeddings[ALIGNED_BASE][0][0], scorer,
+                                               {"all": t_all, "digits": scopes["digits"]["threshold"],
+                                                "copy_similarity": conf.copy_similarity})
+        timings[f"{ALIGNED} digits top-{DIGITS_TOP_NEIGHBOURS}"] = round(time.perf_counter() - s, 1)
+        cost = {"pairs": scorer.pairs, "us_per_pair": round(1e6 * scorer.pair_seconds / max(scorer.pairs, 1), 1),
+                "signatures": scorer.signatures,
+                "us_per_signature": round(1e6 * scorer.sig_seconds / max(scorer.signatures, 1), 1)}
+        for m in measured:
+            for k in ("_copy_sims", "_hard", "_row_of"):
+                m.pop(k)
+        return {"cells": measured, "scopes": scopes, "at_all_threshold": at_all, "target": target,
+                "digits_8px_all_pairs": digits, "digits_8px_top_neighbours": top_neighbours,
+                "configured": configured, "cost": cost, "base": ALIGNED_BASE, "top_distinct": ALIGNED_TOP_DISTINCT}
+    digits_pool = embeddings[emb][0][0]  # digits at native 8 px: all 1,797 in full mode
+    digits = {name: digits_at_threshold(digits_pool, cells[0].labels, t) for name, t in
+              [("all", scopes["all"]["threshold"]), ("digits", scopes["digits"]["threshold"]),
+               ("near_duplicate_threshold", conf_thresholds["near_duplicate_threshold"])]}
+    for name, t in conf_thresholds.items():
+        by_cell = [score(m["_copy_sims"], m["_hard"], t) for m in measured]
+        configured[name] = {"threshold": t, "pooled": score(copies_all, hard_all, t),
+                            "min_cell_recall": min(b["recall"] for b in by_cell),
+                            "max_cell_false_drop_rate": max(b["false_drop_rate"] for b in by_cell)}
+    for m in measured:
+        for k in ("_copy_sims", "_hard", "_row_of"):
+            m.pop(k)
+    return {"cells": measured, "scopes": scopes, "at_all_threshold": at_all, "target": target,
+            "digits_8px_all_pairs": digits, "configured": configured}
+
+
+def print_per_cell(results: dict[str, dict]) -> None:
     print("## Per cell: hardest distinct vs copies, and the best threshold (false drops <= 1%)\n")
     print("| embedding | cell | distinct median / p95 / p99 / max | copies min / p1 / p5 | threshold | recall "
           "| precision | false drops |")
@@ -627,6 +655,9 @@ def main() -> None:
             cols = [f"{_f(m['copies'][k]['p1'])} / {_f(m['copies'][k]['median'])} ({_f(m['copies'][k]['min'])})"
                     for k in TRANSFORMS]
             print(f"| {emb} | {m['cell']} | " + " | ".join(cols) + " |")
+
+
+def print_thresholds(results: dict[str, dict]) -> None:
     print("\n## One threshold per scope (the highest per-cell threshold in it: every cell keeps false drops <= 1%)\n")
     print("| embedding | scope | threshold | pooled recall | pooled precision | pooled false drops | worst-cell recall "
           "| worst-cell false drops | recall by transform |")
@@ -658,30 +689,34 @@ def main() -> None:
         print(f"| {emb} | {_f(g['threshold'], 4)} | {'yes' if g['met'] else 'no'} | {_f(g['pooled_precision'])} "
               f"| {_f(g['min_cell_transform_recall'])} | {_f(g['max_cell_false_drop_rate'])} "
               f"| {misses}{f' (+{more} more)' if more > 0 else ''} |")
-    if ALIGNED in results:
-        r = results[ALIGNED]
-        c = r["cost"]
-        print(f"\n## Aligned copy score (tasks.curation.copy_score.copy_score, re-scoring pairs proposed by {ALIGNED_BASE})\n")
-        print(f"Cost: {c['us_per_pair']} us per pair over {c['pairs']} pairs; {c['us_per_signature']} us per "
-              f"signature over {c['signatures']} images (one core, load average {os.getloadavg()[0]:.1f} now). "
-              f"Hardest distinct = max of the aligned score over the top-{ALIGNED_TOP_DISTINCT} same-class neighbours "
-              f"by {ALIGNED_BASE} cosine.\n")
-        print("| cell | hardest distinct p99 / max (top-5) | top-1 only p99 / max | originals where top-5 raised it |")
-        print("|---|---|---|---:|")
-        for m in r["cells"]:
-            h, h1 = m["hardest_distinct"], m["hardest_distinct_top1_only"]
-            print(f"| {m['cell']} | {_f(h['p99'], 4)} / {_f(h['max'], 4)} | {_f(h1['p99'], 4)} / {_f(h1['max'], 4)} "
-                  f"| {h1['originals_where_top5_raised_it']} |")
-        print(f"\nDigits at native 8 px, each digit's top-{DIGITS_TOP_NEIGHBOURS} neighbours by {ALIGNED_BASE} cosine "
-              "(any label), aligned score at or above the threshold:\n")
-        print("| threshold (scope) | digits | pairs scored | with any match | with a same-label match "
-              "| with an other-label match | pairs at or above | top pairs (i, j, labels, score) |")
-        print("|---|---:|---:|---:|---:|---:|---:|---|")
-        for name, d in r["digits_8px_top_neighbours"].items():
-            ex = "; ".join(f"{i}-{j} ({a}/{b}) {v:.4f}" for i, j, a, b, v in d["examples"][:3])
-            print(f"| {_f(d['threshold'], 4)} ({name}) | {d['digits']} | {d['pairs_scored']} "
-                  f"| {d['with_any_label_match']} | {d['with_same_label_match']} | {d['with_other_label_match']} "
-                  f"| {d['pairs_at_or_above']} | {ex} |")
+
+
+def print_aligned(r: dict) -> None:
+    c = r["cost"]
+    print(f"\n## Aligned copy score (tasks.curation.copy_score.copy_score, re-scoring pairs proposed by {ALIGNED_BASE})\n")
+    print(f"Cost: {c['us_per_pair']} us per pair over {c['pairs']} pairs; {c['us_per_signature']} us per "
+          f"signature over {c['signatures']} images (one core, load average {os.getloadavg()[0]:.1f} now). "
+          f"Hardest distinct = max of the aligned score over the top-{ALIGNED_TOP_DISTINCT} same-class neighbours "
+          f"by {ALIGNED_BASE} cosine.\n")
+    print("| cell | hardest distinct p99 / max (top-5) | top-1 only p99 / max | originals where top-5 raised it |")
+    print("|---|---|---|---:|")
+    for m in r["cells"]:
+        h, h1 = m["hardest_distinct"], m["hardest_distinct_top1_only"]
+        print(f"| {m['cell']} | {_f(h['p99'], 4)} / {_f(h['max'], 4)} | {_f(h1['p99'], 4)} / {_f(h1['max'], 4)} "
+              f"| {h1['originals_where_top5_raised_it']} |")
+    print(f"\nDigits at native 8 px, each digit's top-{DIGITS_TOP_NEIGHBOURS} neighbours by {ALIGNED_BASE} cosine "
+          "(any label), aligned score at or above the threshold:\n")
+    print("| threshold (scope) | digits | pairs scored | with any match | with a same-label match "
+          "| with an other-label match | pairs at or above | top pairs (i, j, labels, score) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for name, d in r["digits_8px_top_neighbours"].items():
+        ex = "; ".join(f"{i}-{j} ({a}/{b}) {v:.4f}" for i, j, a, b, v in d["examples"][:3])
+        print(f"| {_f(d['threshold'], 4)} ({name}) | {d['digits']} | {d['pairs_scored']} "
+              f"| {d['with_any_label_match']} | {d['with_same_label_match']} | {d['with_other_label_match']} "
+              f"| {d['pairs_at_or_above']} | {ex} |")
+
+
+def print_digits_and_configured(results: dict[str, dict]) -> None:
     print("\n## Digits at native 8 px, all pairs: digits with another digit at or above the threshold\n")
     print("| embedding | threshold (scope) | digits | with a same-label match | with any match | same-label pairs |")
     print("|---|---|---:|---:|---:|---:|")
@@ -697,19 +732,6 @@ def main() -> None:
         for name, c in r["configured"].items():
             print(f"| {emb} | {name} | {c['threshold']} | {_f(c['pooled']['recall'])} | {_f(c['min_cell_recall'])} "
                   f"| {_f(c['pooled']['false_drop_rate'])} | {_f(c['max_cell_false_drop_rate'])} |")
-
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"mode": mode_name, "seed": args.seed, "config": {**mode, "transforms": TRANSFORMS, "cells": CELLS,
-                                                                  "feature_sizes": FEATURE_SIZES, "flat_std": FLAT_STD,
-                                                                  "max_false_drops": MAX_FALSE_DROPS,
-                                                                  "photos": ["china", "flower", *SKIMAGE_PHOTOS]},
-               "load_average_start": load_before[0], "timings_s": timings, "fastdup": fastdup_info,
-               "aligned_config": _aligned_config() if scorer is not None else None,
-               "copy_params_example": {k: [c[3] for c in cells[3].copies if c[1] == k][:3] for k in TRANSFORMS},
-               "results": results, "total_seconds": round(time.perf_counter() - t0, 1)}
-    args.out.write_text(json.dumps(payload, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
-    print(f"\nwrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out} "
-          f"in {payload['total_seconds']} s")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -441,23 +442,7 @@ def run_timing(settings: Any, model_version: int, n_ref: int, n_new: int, warm: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=25, help="repeats per shift scenario (>= 20)")
-    parser.add_argument("--null-repeats", type=int, default=100, help="repeats of 'no change' at N = 500")
-    parser.add_argument("--n", type=int, default=500)
-    parser.add_argument("--small-n", type=int, nargs="*", default=[100, 200], help="smaller samples for the mildest shifts")
-    parser.add_argument("--small-repeats", type=int, default=20, help="repeats per scenario at the smaller sizes")
-    parser.add_argument("--reference", type=int, default=1000, help="shuffled digits the champion is trained on")
-    parser.add_argument("--epochs", type=int, help="training.epochs (default: conf)")
-    parser.add_argument("--timing-ref", type=int, default=10_000)
-    parser.add_argument("--timing-new", type=int, default=1000)
-    parser.add_argument("--timing-warm", type=int, default=3)
-    parser.add_argument("--skip-timing", action="store_true")
-    parser.add_argument("--home", help="CD4ML_HOME (default: $CD4ML_HOME, else a new temporary folder)")
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "drift_eval.json"))
-    parser.add_argument("--timing-child", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-
+    parser, args = _parse_args()
     os.environ.setdefault("FASTDUP_PRODUCTION", "1")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     logging.basicConfig(level=logging.WARNING)
@@ -499,8 +484,6 @@ def main() -> None:
               f"test accuracy {meta['test_accuracy']}, fitted in {fit_s:.1f} s")
     alpha = settings.drift.familywise_alpha / len(drift.TESTS)
 
-    from collections import Counter
-
     pool_probs, _ = featurizer([_png(a) for a in X_pool])
     pool_accuracy = featurizer.accuracy(pool_probs, [str(int(v)) for v in y_pool])
 
@@ -508,68 +491,10 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for sc in scenarios(args.small_n):
         repeats = (args.null_repeats if sc["name"] == "no change" else args.repeats) if sc["n"] == args.n else args.small_repeats
-        t0 = time.perf_counter()
-        per: list[dict[str, Any]] = []
-        for r in range(repeats):
-            images, labels = draw(sc, r, X_pool, y_pool)
-            data = [_png(a) for a in images]
-            sample = drift.Sample([hashlib.sha256(b).hexdigest() for b in data], data, [str(int(v)) for v in labels])
-            tests, extra = drift.run_tests(detectors, featurizer, sample, alpha)
-            t = {x["name"]: x for x in tests}
-            per_class = t["softmax_ks"]["per_class_p_bonferroni"]
-            # The rules tasks/monitoring/drift.py used before this benchmark, on the same samples: (1) per-class
-            # two-sided KS with Bonferroni as the softmax decision, (2) alibi-detect's raw MMD p-value,
-            # #{permuted >= observed} / n, instead of the exact (1 + #) / (1 + n).
-            n_perm = settings.drift.n_permutations
-            p_mmd_raw = (t["embedding_mmd"]["p_value"] * (1 + n_perm) - 1) / n_perm
-            old_ks = min(per_class.values()) <= alpha
-            chi = t["label_chi2"]["drift"]
-            detected = any(x["drift"] for x in tests)
-            drop = (meta["test_accuracy"] - extra["accuracy"]
-                    if meta["test_accuracy"] is not None and extra["accuracy"] is not None else None)
-            per.append({"n": len(data), "distinct": len(set(sample.shas)), "accuracy": extra["accuracy"],
-                        "drift": detected,
-                        # what policy block does with this check (tasks/monitoring/drift.py blocks: detected and harmful)
-                        "blocked": detected and drift.is_harmful(drop, settings.drift.harmful_accuracy_drop),
-                        **{x["name"]: {"drift": x["drift"], "p": round(x["p_value"], 5)} for x in tests},
-                        "ks_min_class": min(per_class, key=per_class.get),
-                        "cf_mmd_plus1": old_ks or t["embedding_mmd"]["drift"] or chi,
-                        "cf_onesided_conf_ks": t["softmax_ks"]["drift"] or p_mmd_raw <= alpha or chi,
-                        "cf_both": old_ks or p_mmd_raw <= alpha or chi})
-        k = sum(p["drift"] for p in per)
-        acc = float(np.mean([p["accuracy"] for p in per]))
-        row = {"scenario": sc["name"], "n": sc["n"], "n_mean": round(float(np.mean([p["n"] for p in per])), 1),
-               "repeats": repeats, "detected": k, "detection_rate": round(k / repeats, 3),
-               "block_rate": round(sum(p["blocked"] for p in per) / repeats, 3),
-               "detection_ci95": wilson_free_ci(k, repeats),
-               "by_test": {name: round(sum(p[name]["drift"] for p in per) / repeats, 3) for name in TESTS},
-               "median_p": {name: float(np.median([p[name]["p"] for p in per])) for name in TESTS},
-               "counterfactual_rates": {cf: round(sum(p[cf] for p in per) / repeats, 3)
-                                        for cf in ("cf_mmd_plus1", "cf_onesided_conf_ks", "cf_both")},
-               "ks_alarm_classes": dict(Counter(p["ks_min_class"] for p in per if p["softmax_ks"]["drift"])),
-               "accuracy": round(acc, 4), "accuracy_drop": round(pool_accuracy - acc, 4),
-               "seconds": round(time.perf_counter() - t0, 1), "repeats_detail": per}
-        rows.append(row)
-        _progress(f"{sc['name']:32s} N={row['n_mean']:>5} det {row['detection_rate']:.2f} {row['by_test']} "
-                  f"acc {acc:.3f} drop {row['accuracy_drop']:+.3f} ({row['seconds']} s)")
+        rows.append(run_scenario(sc, repeats, X_pool, y_pool, detectors, featurizer, settings, alpha, pool_accuracy))
 
     # ------------------------------------------------------------------ targets
-    null = next(r for r in rows if r["scenario"] == "no change" and r["n"] == args.n)
-    costly = [r for r in rows if r["n"] == args.n and r["accuracy_drop"] > COSTLY]
-    missed = [r["scenario"] for r in costly if r["detection_rate"] < TARGET_POWER]
-    targets = {
-        "false_alarm_rate": null["detection_rate"], "false_alarm_ci95": null["detection_ci95"],
-        "false_alarm_met": null["detection_rate"] <= TARGET_FALSE_ALARM,
-        "false_alarms_small_n": {r["n"]: r["detection_rate"] for r in rows if r["scenario"] == "no change" and r["n"] != args.n},
-        "costly_shifts": [r["scenario"] for r in costly], "costly_missed": missed, "power_met": not missed,
-        "costly_blocked_min": min((r["block_rate"] for r in costly), default=None),
-        "uncostly_blocked_max": max((r["block_rate"] for r in rows if r["n"] == args.n
-                                     and r["accuracy_drop"] <= COSTLY), default=None),
-        "uncostly_detected": [r["scenario"] for r in rows if r["n"] == args.n and r["accuracy_drop"] <= COSTLY
-                              and r["detection_rate"] >= TARGET_POWER and r["scenario"] != "no change"],
-        "uncostly_not_detected": [r["scenario"] for r in rows if r["n"] == args.n and r["accuracy_drop"] <= COSTLY
-                                  and r["detection_rate"] < TARGET_POWER and r["scenario"] != "no change"],
-    }
+    targets = _targets(rows, args.n)
 
     # ------------------------------------------------------------------ timing
     timing = None
@@ -582,7 +507,7 @@ def main() -> None:
     result = {
         "generated": datetime.now(UTC).isoformat(timespec="seconds"), "python": platform.python_version(),
         "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "total_s": round(total_s, 1),
-        "drift_py_sha256": hashlib.sha256((REPO / "tasks" / "drift.py").read_bytes()).hexdigest()[:16],
+        "drift_py_sha256": hashlib.sha256(Path(drift.__file__).read_bytes()).hexdigest()[:16],  # the module measured
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "settings": {"env": "sit (training_data.sample_fraction 1.0)", "drift": settings.drift.model_dump(mode="json"),
                      "epochs": settings.training.epochs, "alpha_per_test": alpha},
@@ -597,6 +522,97 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print_tables(result)
     print(f"\nJSON: {out}\nCD4ML_HOME: {home}\nTotal {total_s / 60:.1f} min")
+
+
+def _parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=25, help="repeats per shift scenario (>= 20)")
+    parser.add_argument("--null-repeats", type=int, default=100, help="repeats of 'no change' at N = 500")
+    parser.add_argument("--n", type=int, default=500)
+    parser.add_argument("--small-n", type=int, nargs="*", default=[100, 200], help="smaller samples for the mildest shifts")
+    parser.add_argument("--small-repeats", type=int, default=20, help="repeats per scenario at the smaller sizes")
+    parser.add_argument("--reference", type=int, default=1000, help="shuffled digits the champion is trained on")
+    parser.add_argument("--epochs", type=int, help="training.epochs (default: conf)")
+    parser.add_argument("--timing-ref", type=int, default=10_000)
+    parser.add_argument("--timing-new", type=int, default=1000)
+    parser.add_argument("--timing-warm", type=int, default=3)
+    parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--home", help="CD4ML_HOME (default: $CD4ML_HOME, else a new temporary folder)")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "drift_eval.json"))
+    parser.add_argument("--timing-child", type=int, help=argparse.SUPPRESS)
+    return parser, parser.parse_args()
+
+
+def run_scenario(sc: dict[str, Any], repeats: int, X_pool: np.ndarray, y_pool: np.ndarray, detectors: Any,
+                 featurizer: Any, settings: Any, alpha: float, pool_accuracy: float) -> dict[str, Any]:
+    """One scenario's row: ``repeats`` samples drawn and transformed, the three tests and the previous rules on each."""
+    from tasks.data import drift
+
+    meta = detectors.meta
+    t0 = time.perf_counter()
+    per: list[dict[str, Any]] = []
+    for r in range(repeats):
+        images, labels = draw(sc, r, X_pool, y_pool)
+        data = [_png(a) for a in images]
+        sample = drift.Sample([hashlib.sha256(b).hexdigest() for b in data], data, [str(int(v)) for v in labels])
+        tests, extra = drift.run_tests(detectors, featurizer, sample, alpha)
+        t = {x["name"]: x for x in tests}
+        per_class = t["softmax_ks"]["per_class_p_bonferroni"]
+        # The rules tasks/monitoring/drift.py used before this benchmark, on the same samples: (1) per-class
+        # two-sided KS with Bonferroni as the softmax decision, (2) alibi-detect's raw MMD p-value,
+        # #{permuted >= observed} / n, instead of the exact (1 + #) / (1 + n).
+        n_perm = settings.drift.n_permutations
+        p_mmd_raw = (t["embedding_mmd"]["p_value"] * (1 + n_perm) - 1) / n_perm
+        old_ks = min(per_class.values()) <= alpha
+        chi = t["label_chi2"]["drift"]
+        detected = any(x["drift"] for x in tests)
+        drop = (meta["test_accuracy"] - extra["accuracy"]
+                if meta["test_accuracy"] is not None and extra["accuracy"] is not None else None)
+        per.append({"n": len(data), "distinct": len(set(sample.shas)), "accuracy": extra["accuracy"],
+                    "drift": detected,
+                    # what policy block does with this check (tasks/monitoring/drift.py blocks: detected and harmful)
+                    "blocked": detected and drift.is_harmful(drop, settings.drift.harmful_accuracy_drop),
+                    **{x["name"]: {"drift": x["drift"], "p": round(x["p_value"], 5)} for x in tests},
+                    "ks_min_class": min(per_class, key=per_class.get),
+                    "cf_mmd_plus1": old_ks or t["embedding_mmd"]["drift"] or chi,
+                    "cf_onesided_conf_ks": t["softmax_ks"]["drift"] or p_mmd_raw <= alpha or chi,
+                    "cf_both": old_ks or p_mmd_raw <= alpha or chi})
+    k = sum(p["drift"] for p in per)
+    acc = float(np.mean([p["accuracy"] for p in per]))
+    row = {"scenario": sc["name"], "n": sc["n"], "n_mean": round(float(np.mean([p["n"] for p in per])), 1),
+           "repeats": repeats, "detected": k, "detection_rate": round(k / repeats, 3),
+           "block_rate": round(sum(p["blocked"] for p in per) / repeats, 3),
+           "detection_ci95": wilson_free_ci(k, repeats),
+           "by_test": {name: round(sum(p[name]["drift"] for p in per) / repeats, 3) for name in TESTS},
+           "median_p": {name: float(np.median([p[name]["p"] for p in per])) for name in TESTS},
+           "counterfactual_rates": {cf: round(sum(p[cf] for p in per) / repeats, 3)
+                                    for cf in ("cf_mmd_plus1", "cf_onesided_conf_ks", "cf_both")},
+           "ks_alarm_classes": dict(Counter(p["ks_min_class"] for p in per if p["softmax_ks"]["drift"])),
+           "accuracy": round(acc, 4), "accuracy_drop": round(pool_accuracy - acc, 4),
+           "seconds": round(time.perf_counter() - t0, 1), "repeats_detail": per}
+    _progress(f"{sc['name']:32s} N={row['n_mean']:>5} det {row['detection_rate']:.2f} {row['by_test']} "
+              f"acc {acc:.3f} drop {row['accuracy_drop']:+.3f} ({row['seconds']} s)")
+    return row
+
+
+def _targets(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """The issue's targets at N = ``n``: false alarms of "no change", power on the costly shifts, blocking."""
+    null = next(r for r in rows if r["scenario"] == "no change" and r["n"] == n)
+    costly = [r for r in rows if r["n"] == n and r["accuracy_drop"] > COSTLY]
+    missed = [r["scenario"] for r in costly if r["detection_rate"] < TARGET_POWER]
+    return {
+        "false_alarm_rate": null["detection_rate"], "false_alarm_ci95": null["detection_ci95"],
+        "false_alarm_met": null["detection_rate"] <= TARGET_FALSE_ALARM,
+        "false_alarms_small_n": {r["n"]: r["detection_rate"] for r in rows if r["scenario"] == "no change" and r["n"] != n},
+        "costly_shifts": [r["scenario"] for r in costly], "costly_missed": missed, "power_met": not missed,
+        "costly_blocked_min": min((r["block_rate"] for r in costly), default=None),
+        "uncostly_blocked_max": max((r["block_rate"] for r in rows if r["n"] == n
+                                     and r["accuracy_drop"] <= COSTLY), default=None),
+        "uncostly_detected": [r["scenario"] for r in rows if r["n"] == n and r["accuracy_drop"] <= COSTLY
+                              and r["detection_rate"] >= TARGET_POWER and r["scenario"] != "no change"],
+        "uncostly_not_detected": [r["scenario"] for r in rows if r["n"] == n and r["accuracy_drop"] <= COSTLY
+                                  and r["detection_rate"] < TARGET_POWER and r["scenario"] != "no change"],
+    }
 
 
 def print_tables(res: dict[str, Any]) -> None:

@@ -125,17 +125,7 @@ def gate_row(settings: Any, gate: Any, wall_s: float) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--retrains", type=int, default=20, help="equal retrains (seeds 101, 102, ...)")
-    parser.add_argument("--shuffle", type=float, nargs="*", default=[0.2, 0.4, 0.6, 0.8],
-                        help="shares of train+val labels permuted, one worse candidate each")
-    parser.add_argument("--one-epoch-lr", type=float, nargs="*", default=[2e-3, 2e-4, 2e-5],
-                        help="learning rates of the worse candidates trained for 1 epoch (conf: 0.002)")
-    parser.add_argument("--envs", nargs="+", default=list(REGISTRY_ENVS), choices=REGISTRY_ENVS)
-    parser.add_argument("--epochs", type=int, help="training.epochs for every normal training (default: conf)")
-    parser.add_argument("--home", help="CD4ML_HOME to use (default: a new temporary folder, kept)")
-    parser.add_argument("--out", help="JSON of every result (default: <home>/bench-gate.json)")
-    args = parser.parse_args()
+    parser, args = _parse_args()
     if args.retrains < 1:
         parser.error("--retrains must be >= 1")
 
@@ -155,9 +145,6 @@ def main() -> None:
     from tasks.curation.curate import curate
     from tasks.data.ingest import ingest_landing
     from tasks.data.sample_data import write_digits
-    from tasks.models.registry import register_candidate
-    from tasks.release.evaluate import evaluate
-    from tasks.release.release import promote
     from tasks.settings import load_settings
 
     started = time.perf_counter()
@@ -177,7 +164,59 @@ def main() -> None:
     _progress(f"data: {n_written} PNGs -> raw v{ingested.raw_version} -> {table} v{version} {curated.counts_by_split} "
               f"(dropped {curated.dropped_by_reason})")
 
-    # ------------------------------------------------------------------ candidates to build
+    plans = plan_candidates(args, train_settings, table, version, base_overrides)
+    champion = champion_in_every_env(envs, train_settings, table, version, {**base_overrides, "seed": cfg.seed},
+                                     args.envs[0])
+
+    # ------------------------------------------------------------------ candidates, each gated in every env
+    rows = [gate_candidate(envs, train_settings, plan, table, version, args.envs[0], f"{n}/{len(plans)}")
+            for n, plan in enumerate(plans, 1)]
+    pairwise = all_pairs(envs, champion, rows, table, version, first_env=args.envs[0])
+    _progress(f"all ordered pairs of the {pairwise['models']} equal-quality models: "
+              + ", ".join(f"{e} {v['rejected']}/{v['pairs']}" for e, v in pairwise["by_env"].items()))
+
+    total_s = time.perf_counter() - started
+    result = {
+        "measured": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "torch": torch.__version__, "load_average": os.getloadavg()},
+        "home": str(home),
+        "data": {"pngs": n_written, "raw_version": ingested.raw_version, "curated_table": table,
+                 "curated_version": version, "counts_by_split": curated.counts_by_split,
+                 "dropped_by_reason": curated.dropped_by_reason},
+        "training": {**cfg.model_dump(mode="json", include={"model", "image_size", "epochs", "batch_size", "learning_rate",
+                                                             "patience", "seed", "scheduler", "augment_shift"}),
+                     **{k: v for k, v in base_overrides.items()}},
+        "champion": champion,
+        "candidates": rows,
+        "summary": summarise(envs, rows),
+        "all_pairs_of_equal_models": pairwise,
+        "total_s": total_s,
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2, default=str))
+    print(markdown(result, list(envs)))
+    print(f"\nJSON: {out_path}\nCD4ML_HOME: {home}\nTotal {total_s / 60:.1f} min")
+
+
+def _parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--retrains", type=int, default=20, help="equal retrains (seeds 101, 102, ...)")
+    parser.add_argument("--shuffle", type=float, nargs="*", default=[0.2, 0.4, 0.6, 0.8],
+                        help="shares of train+val labels permuted, one worse candidate each")
+    parser.add_argument("--one-epoch-lr", type=float, nargs="*", default=[2e-3, 2e-4, 2e-5],
+                        help="learning rates of the worse candidates trained for 1 epoch (conf: 0.002)")
+    parser.add_argument("--envs", nargs="+", default=list(REGISTRY_ENVS), choices=REGISTRY_ENVS)
+    parser.add_argument("--epochs", type=int, help="training.epochs for every normal training (default: conf)")
+    parser.add_argument("--home", help="CD4ML_HOME to use (default: a new temporary folder, kept)")
+    parser.add_argument("--out", help="JSON of every result (default: <home>/bench-gate.json)")
+    return parser, parser.parse_args()
+
+
+def plan_candidates(args: argparse.Namespace, train_settings: Any, table: str, version: int,
+                    base_overrides: dict[str, Any]) -> list[dict[str, Any]]:
+    """The candidates to build: equal retrains (other seeds), label-shuffled copies, 1-epoch models."""
+    cfg = train_settings.training
     plans: list[dict[str, Any]] = []
     for i in range(args.retrains):
         seed = 101 + i
@@ -192,21 +231,33 @@ def main() -> None:
         plans.append({"name": f"1epoch-lr{lr:g}", "kind": "worse", "seed": cfg.seed, "table": table, "version": version,
                       "overrides": {**base_overrides, "epochs": 1, "learning_rate": lr},
                       "data": f"curated; 1 epoch at learning_rate {lr:g}"})
+    return plans
 
-    def train_and_register(name: str, tbl: str, ver: int, overrides: dict[str, Any]) -> dict[str, Any]:
-        from tasks.training.train import train
 
-        t0 = time.perf_counter()
-        result = train(train_settings, tbl, ver, f"bench__{name}", LOGICAL_DATE, force=True, overrides=overrides)
-        train_s = time.perf_counter() - t0
-        versions = {env: register_candidate(s, result.mlflow_run_id) for env, s in envs.items()}
-        return {"run_id": result.mlflow_run_id, "train_s": train_s, "epochs_run": result.epochs_run,
-                "best_epoch": result.best_epoch, "best_val_accuracy": result.metrics.get("best_val_accuracy"),
-                "model_versions": versions}
+def train_and_register(envs: dict[str, Any], train_settings: Any, name: str, tbl: str, ver: int,
+                       overrides: dict[str, Any]) -> dict[str, Any]:
+    """Train one candidate on ``tbl`` v``ver`` and register it in every environment's registered model."""
+    from tasks.models.registry import register_candidate
+    from tasks.training.train import train
 
-    # ------------------------------------------------------------------ champion
-    champ = train_and_register("champion", table, version, {**base_overrides, "seed": cfg.seed})
-    champion: dict[str, Any] = {"name": "champion", "seed": cfg.seed, **champ, "gates": {}, "promotions": {}}
+    t0 = time.perf_counter()
+    result = train(train_settings, tbl, ver, f"bench__{name}", LOGICAL_DATE, force=True, overrides=overrides)
+    train_s = time.perf_counter() - t0
+    versions = {env: register_candidate(s, result.mlflow_run_id) for env, s in envs.items()}
+    return {"run_id": result.mlflow_run_id, "train_s": train_s, "epochs_run": result.epochs_run,
+            "best_epoch": result.best_epoch, "best_val_accuracy": result.metrics.get("best_val_accuracy"),
+            "model_versions": versions}
+
+
+def champion_in_every_env(envs: dict[str, Any], train_settings: Any, table: str, version: int,
+                          overrides: dict[str, Any], first_env: str) -> dict[str, Any]:
+    """The champion: trained once, registered, gated (no champion yet) and promoted in every environment."""
+    from tasks.release.evaluate import evaluate
+    from tasks.release.release import promote
+
+    seed = overrides["seed"]
+    champ = train_and_register(envs, train_settings, "champion", table, version, overrides)
+    champion: dict[str, Any] = {"name": "champion", "seed": seed, **champ, "gates": {}, "promotions": {}}
     for env, s in envs.items():
         t0 = time.perf_counter()
         g = evaluate(s, champ["model_versions"][env], table, version)
@@ -217,35 +268,37 @@ def main() -> None:
         promoted = promote(s, g.candidate_version, g, run_id="bench-gate",
                            approval=approval if s.release.approval == "required" else None)
         champion["promotions"][env] = promoted.to_dict()
-    _progress(f"champion seed {cfg.seed}: test accuracy {champion['gates'][args.envs[0]]['candidate_accuracy']:.4f}, "
+    _progress(f"champion seed {seed}: test accuracy {champion['gates'][first_env]['candidate_accuracy']:.4f}, "
               f"trained in {champ['train_s']:.1f} s ({champ['epochs_run']} epochs, best {champ['best_epoch']}), "
               f"promoted in {', '.join(envs)}")
+    return champion
 
-    # ------------------------------------------------------------------ candidates, each gated in every env
-    rows: list[dict[str, Any]] = []
-    for n, plan in enumerate(plans, 1):
-        trained = train_and_register(plan["name"], plan["table"], plan["version"], plan["overrides"])
-        gates = {}
-        for env, s in envs.items():
-            t0 = time.perf_counter()
-            g = evaluate(s, trained["model_versions"][env], table, version)
-            gates[env] = gate_row(s, g, time.perf_counter() - t0)
-        first = gates[args.envs[0]]
-        same = all(gates[e]["accuracy_difference"] == first["accuracy_difference"]
-                   and gates[e]["mcnemar_p"] == first["mcnemar_p"] for e in gates)
-        row = {k: v for k, v in plan.items() if k != "overrides"}
-        row.update({"overrides": plan["overrides"], **trained, "gates": gates, "same_comparison_in_every_env": same})
-        rows.append(row)
-        _progress(f"{n}/{len(plans)} {plan['name']}: acc {first['candidate_accuracy']} vs "
-                  f"{first['champion_accuracy']}, p={first['mcnemar_p']}; "
-                  + ", ".join(f"{e} {v['decision']}{' ' + '+'.join(v['failed_checks']) if v['failed_checks'] else ''}"
-                              for e, v in gates.items()))
 
-    pairwise = all_pairs(envs, champion, rows, table, version, first_env=args.envs[0])
-    _progress(f"all ordered pairs of the {pairwise['models']} equal-quality models: "
-              + ", ".join(f"{e} {v['rejected']}/{v['pairs']}" for e, v in pairwise["by_env"].items()))
+def gate_candidate(envs: dict[str, Any], train_settings: Any, plan: dict[str, Any], table: str, version: int,
+                   first_env: str, progress: str) -> dict[str, Any]:
+    """One candidate: trained, registered and gated by ``evaluate`` in every environment against its champion."""
+    from tasks.release.evaluate import evaluate
 
-    total_s = time.perf_counter() - started
+    trained = train_and_register(envs, train_settings, plan["name"], plan["table"], plan["version"], plan["overrides"])
+    gates = {}
+    for env, s in envs.items():
+        t0 = time.perf_counter()
+        g = evaluate(s, trained["model_versions"][env], table, version)
+        gates[env] = gate_row(s, g, time.perf_counter() - t0)
+    first = gates[first_env]
+    same = all(gates[e]["accuracy_difference"] == first["accuracy_difference"]
+               and gates[e]["mcnemar_p"] == first["mcnemar_p"] for e in gates)
+    row = {k: v for k, v in plan.items() if k != "overrides"}
+    row.update({"overrides": plan["overrides"], **trained, "gates": gates, "same_comparison_in_every_env": same})
+    _progress(f"{progress} {plan['name']}: acc {first['candidate_accuracy']} vs "
+              f"{first['champion_accuracy']}, p={first['mcnemar_p']}; "
+              + ", ".join(f"{e} {v['decision']}{' ' + '+'.join(v['failed_checks']) if v['failed_checks'] else ''}"
+                          for e, v in gates.items()))
+    return row
+
+
+def summarise(envs: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per environment: false rejects of the equal retrains, false passes of the worse candidates."""
     summary = {}
     for env in envs:
         equal = [r for r in rows if r["kind"] == "equal"]
@@ -263,27 +316,7 @@ def main() -> None:
                 if not {"mcnemar", "non_inferiority", "class_recall"} & set(r["gates"][env]["failed_checks"])],
             "median_gate_wall_s": sorted(r["gates"][env]["gate_wall_s"] for r in rows)[len(rows) // 2],
         }
-    result = {
-        "measured": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "load_average": os.getloadavg()},
-        "home": str(home),
-        "data": {"pngs": n_written, "raw_version": ingested.raw_version, "curated_table": table,
-                 "curated_version": version, "counts_by_split": curated.counts_by_split,
-                 "dropped_by_reason": curated.dropped_by_reason},
-        "training": {**cfg.model_dump(mode="json", include={"model", "image_size", "epochs", "batch_size", "learning_rate",
-                                                             "patience", "seed", "scheduler", "augment_shift"}),
-                     **{k: v for k, v in base_overrides.items()}},
-        "champion": champion,
-        "candidates": rows,
-        "summary": summary,
-        "all_pairs_of_equal_models": pairwise,
-        "total_s": total_s,
-    }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=2, default=str))
-    print(markdown(result, list(envs)))
-    print(f"\nJSON: {out_path}\nCD4ML_HOME: {home}\nTotal {total_s / 60:.1f} min")
+    return summary
 
 
 def all_pairs(envs: dict[str, Any], champion: dict[str, Any], rows: list[dict[str, Any]], table: str, version: int,

@@ -300,6 +300,13 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cd4ml", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_overview, _add_training, _add_data, _add_release, _add_stack, _add_models):  # --help order
+        add(sub)
+    return parser
+
+
+def _add_overview(sub: argparse._SubParsersAction) -> None:
+    """The project at a glance, its sample data and its classes."""
     p = sub.add_parser("status", help="JSON: Delta tables (version, rows) and registered models per environment")
     p.add_argument("--env", action="append", choices=ENVIRONMENTS, help="only this environment (repeatable)")
     p.set_defaults(func=_cmd_status)
@@ -318,6 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("classes", help="the class names (allowed_labels: discover records them; --accept adds one)")
     p.add_argument("--accept", action="append", metavar="LABEL", help="accept a new class found by validation (repeatable)")
     p.set_defaults(func=_cmd_classes)
+
+
+def _add_training(sub: argparse._SubParsersAction) -> None:
+    """Training one curated version (the trainer pod's entry point)."""
     p = sub.add_parser("train", help="train on one curated version (what the trainer pod and the DAG run); JSON result")
     p.add_argument("--curated-version", type=int, required=True, help="curated_images version to train on")
     p.add_argument("--curated-table", help="table URI (default: this environment's curated_images)")
@@ -329,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a training field (repeatable)")
     p.add_argument("--result-file", help="also write the JSON result here (a pod's /airflow/xcom/return.json)")
     p.set_defaults(func=_cmd_train)
+
+
+def _add_data(sub: argparse._SubParsersAction) -> None:
+    """The lake: named versions, history, VACUUM, and ingesting a landing zone."""
     p = sub.add_parser("tag", help="name a table version (immutable): cd4ml tag raw_images 3 release-3")
     p.add_argument("table", help="table name under the lake (raw_images, curated_images, ...) or a URI")
     p.add_argument("version", help="version number, an existing name, or a timestamp like 2026-11-21T18:00:00Z")
@@ -353,6 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logical-date", help="ISO date the commit is stamped with (default: today, UTC)")
     p.add_argument("--run-id", help="run id stamped on the commit (default: cli-<timestamp>)")
     p.set_defaults(func=_cmd_ingest)
+
+
+def _add_release(sub: argparse._SubParsersAction) -> None:
+    """Release operations: rollback, the audit ledger, alerts and incidents."""
     p = sub.add_parser("rollback", help="move champion back to the previous champion (or --to VERSION); touches no data")
     p.add_argument("--env", required=True, help="sit | uat | prod")
     p.add_argument("--reason", required=True, help="why: recorded in the audit, tagged on the demoted version, sent to on-call")
@@ -372,6 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", help="with --resolve: who (default: CD4ML_ACTOR or USER)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_alerts)
+
+
+def _add_stack(sub: argparse._SubParsersAction) -> None:
+    """Airflow's services on this machine."""
     p = sub.add_parser("up", help="Airflow's real services (and, scale-out, Celery workers and MLflow), sized to "
                        "this machine; Ctrl-C stops them all. Mode: CD4ML_STACK or --mode (conf/stack/<mode>.env)")
     p.add_argument("--mode", choices=["embedded", "scaleout"], default=None)
@@ -383,6 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("down", help="stop a stack that `cd4ml up` started in another shell")
     p.add_argument("--mode", choices=["embedded", "scaleout"], default=None)
     p.set_defaults(func=_cmd_down)
+
+
+def _add_models(sub: argparse._SubParsersAction) -> None:
+    """A model's lineage, serving it, scoring, feedback and the live monitor."""
     p = sub.add_parser("lineage", help="the whole chain behind models:/<name>/<version> or models:/<name>@<alias>")
     p.add_argument("model_uri")
     p.add_argument("--json", action="store_true")
@@ -407,7 +434,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logical-date", help="end of the window (default: today, UTC)")
     p.add_argument("--run-id", help="run id stamped on the rows (default: cli-<timestamp>)")
     p.set_defaults(func=_cmd_monitor)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,9 @@
 
 Where files come from and where labels come from is ``tasks.data.sources`` (local path or fsspec
 URL; label = folder, or a CSV/JSONL manifest). What is stored per image is
-``tasks.data.images.prepare_image``. This module decides, streams and commits:
+``tasks.data.images.prepare_image``. Which file becomes a row and which a reject is
+``tasks.data.admission`` (the same rules for the Spark engine, ``tasks.data.spark_ingest``). This
+module applies them, streams and commits:
 
 * Key: ``sha256`` of the file's bytes. Only keys absent from the table snapshot the run planned
   against are written, and the commit is refused if that snapshot is no longer the latest, so a
@@ -53,13 +55,11 @@ URL; label = folder, or a CSV/JSONL manifest). What is stored per image is
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import posixpath
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -68,46 +68,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from tasks.data import ingest_zones, lake
-from tasks.data.images import Rejection, prepare_image
-from tasks.data.sources import Entry, LandingNotAFolderError, LandingNotFoundError, Source, open_source
+from tasks.data import admission, ingest_zones, lake
+from tasks.data.admission import RAW_SCHEMA, REJECT_SCHEMA, EmptyLandingError, IngestResult
+from tasks.data.images import Rejection
+from tasks.data.sources import Entry, Source
+from tasks.data.spark_ingest import ingest_with_spark
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
-
-RAW_SCHEMA = pa.schema(
-    [
-        pa.field("sha256", pa.string(), nullable=False),
-        pa.field("image", pa.binary(), nullable=False),
-        pa.field("width", pa.int32(), nullable=False),
-        pa.field("height", pa.int32(), nullable=False),
-        pa.field("format", pa.string(), nullable=False),
-        pa.field("mode", pa.string(), nullable=False),
-        pa.field("label", pa.string(), nullable=False),
-        pa.field("source_uri", pa.string(), nullable=False),
-        pa.field("ingest_run_id", pa.string(), nullable=False),
-        pa.field("logical_date", pa.string(), nullable=False),
-        pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False),
-        # Added by the data plane; null on rows written before it (older tables evolve on merge).
-        pa.field("source_format", pa.string(), nullable=True),
-        pa.field("source_mode", pa.string(), nullable=True),
-        pa.field("normalised", pa.string(), nullable=True),
-    ]
-)
-
-REJECT_SCHEMA = pa.schema(
-    [
-        pa.field("reject_id", pa.string(), nullable=False),
-        pa.field("source_uri", pa.string(), nullable=False),
-        pa.field("sha256", pa.string(), nullable=True),
-        pa.field("label", pa.string(), nullable=True),
-        pa.field("reason_code", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("ingest_run_id", pa.string(), nullable=False),
-        pa.field("logical_date", pa.string(), nullable=False),
-        pa.field("rejected_at", pa.timestamp("us", tz="UTC"), nullable=False),
-    ]
-)
 
 MANIFEST_SCHEMA = pa.schema(
     [
@@ -131,51 +99,6 @@ _SPILL_SCHEMA = RAW_SCHEMA.append(pa.field("seq", pa.int64(), nullable=False))
 # Content verdicts worth remembering: they depend on the bytes only, so an unchanged file keeps them.
 _CONTENT_CODES = {"empty_file", "not_an_image", "corrupt_image", "too_many_pixels", "animated", "too_small",
                   "too_large", "unsupported_mode"}
-
-
-class EmptyLandingError(RuntimeError):
-    """The landing zone holds no candidate files: there is nothing to ingest."""
-
-
-@dataclass(frozen=True)
-class IngestResult:
-    raw_table: str
-    raw_version: int  # the version that holds this batch (new, or unchanged when nothing was new)
-    committed: bool  # False when every image was already in the table
-    files_seen: int
-    inserted: int
-    already_present: int
-    rejected: int
-    rejects_table: str
-    run_id: str
-    logical_date: str
-    source_uri: str = ""
-    label_source: str = "folders"
-    engine: str = "local"
-    files_read: int = 0  # files opened this run (the rest were unchanged and skipped)
-    unchanged_skipped: int = 0
-    commit_attempts: int = 1
-    seconds: float = 0.0
-    zone_unchanged: bool = False  # the listing matched the zone's settled state: nothing opened or read
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _reject_row(source: str, sha: str | None, label: str | None, code: str, detail: str, run_id: str,
-                logical_date: str, now: datetime) -> dict:
-    reject_id = hashlib.sha256(f"{source}\0{sha or ''}\0{code}".encode()).hexdigest()
-    return {
-        "reject_id": reject_id,
-        "source_uri": source,
-        "sha256": sha,
-        "label": label,
-        "reason_code": code,
-        "reason": detail,
-        "ingest_run_id": run_id,
-        "logical_date": logical_date,
-        "rejected_at": now,
-    }
 
 
 class _Spill:
@@ -307,16 +230,15 @@ def _plan(cands: pa.Table, known: pa.Table, uris: pa.ChunkedArray, n: int, rejec
         elif prior == label:
             present += 1
         else:
-            rejects.append(reject(uris[seqs[i]].as_py(), sha, label, "label_conflict",
-                                  f"same bytes already ingested with label {prior!r}"))
+            conflict = admission.table_conflict(prior)
+            rejects.append(reject(uris[seqs[i]].as_py(), sha, label, conflict.code, conflict.detail))
     inserted = 0
     for sha, positions in fresh.items():
         group_labels = sorted({labels[i] for i in positions})
         if len(group_labels) > 1:
             for i in positions:
-                others = [lb for lb in group_labels if lb != labels[i]]
-                rejects.append(reject(uris[seqs[i]].as_py(), sha, labels[i], "label_conflict",
-                                      f"same bytes also appear under label(s) {others} in this batch"))
+                conflict = admission.batch_conflict([lb for lb in group_labels if lb != labels[i]])
+                rejects.append(reject(uris[seqs[i]].as_py(), sha, labels[i], conflict.code, conflict.detail))
             continue
         keep[seqs[positions[0]]] = True  # the first copy in listing order
         inserted += 1
@@ -337,6 +259,7 @@ class _Run:
     listing: pa.Table
     allowed: set[str] | None  # None: classes are discovered (validation decides)
     extensions: set[str]
+    rules: dict  # prepare_image's limits (admission.image_rules)
     zone_key: str
     digest: str
     started: float
@@ -346,7 +269,7 @@ class _Run:
         return self.listing.num_rows
 
     def reject(self, source_uri: str, sha: str | None, label: str | None, code: str, detail: str) -> dict:
-        return _reject_row(source_uri, sha, label, code, detail, self.run_id, self.logical, self.now)
+        return admission.reject_row(source_uri, sha, label, code, detail, self.run_id, self.logical, self.now)
 
 
 @dataclass
@@ -366,24 +289,17 @@ def _open_run(settings: Settings, run_id: str, logical_date: str | datetime, lan
               manifest: str | None, started: float) -> _Run:
     """Phase 1: the source, its listing (an empty one is EmptyLandingError) and the run's rules."""
     cfg = settings.ingest
-    try:
-        source = open_source(landing_uri, label_source, manifest)  # type: ignore[arg-type]
-    except LandingNotFoundError as exc:
-        raise FileNotFoundError(str(exc)) from exc
-    except LandingNotAFolderError as exc:
-        raise NotADirectoryError(str(exc)) from exc
+    source = admission.open_landing(landing_uri, label_source, manifest)
     listing = source.listing()
     if listing.num_rows == 0:
-        raise EmptyLandingError(f"landing folder {landing_uri} holds no files: nothing to ingest, no new version")
-    allowed = None if cfg.allowed_labels == "discover" else set(cfg.allowed_labels)
-    extensions = {e.lower() for e in cfg.image_extensions}
+        raise admission.no_files(landing_uri)
+    allowed, extensions = admission.allowed_labels(cfg), admission.image_extensions(cfg)
+    rules = admission.image_rules(cfg)
     digest = ingest_zones.listing_digest(listing, {
-        "allowed": sorted(allowed) if allowed is not None else "discover", "extensions": sorted(extensions),
-        "min_side": cfg.min_side, "max_side": cfg.max_side, "max_pixels": cfg.max_pixels,
-        "keep_modes": cfg.keep_modes, "convert_modes": cfg.convert_modes})
+        "allowed": sorted(allowed) if allowed is not None else "discover", "extensions": sorted(extensions), **rules})
     return _Run(settings, run_id, lake.normalise_logical_date(logical_date), datetime.now(UTC), source, label_source,
-                listing, allowed, extensions, ingest_zones.zone_key(source.root_uri, label_source, source.manifest_uri),
-                digest, started)
+                listing, allowed, extensions, rules,
+                ingest_zones.zone_key(source.root_uri, label_source, source.manifest_uri), digest, started)
 
 
 def _unchanged_zone(run: _Run, zone: ingest_zones.Zone) -> IngestResult:
@@ -403,21 +319,13 @@ def _decide_file(run: _Run, part: dict[str, list], hits: dict[str, list], prior:
                  rows: dict[str, list], checked: dict[str, list], checked_uris: set[str] | None,
                  counts: dict[str, int], rejects: list[dict]) -> None:
     """One file of a batch: a reject row, a candidate row (and a manifest row), or nothing to do."""
-    cfg = run.settings.ingest
     uri, label = part["uri"][j], part["label"][j]
     if part["problem_code"][j]:
         rejects.append(run.reject(uri, None, label, part["problem_code"][j], part["problem_detail"][j]))
         return
-    if label is None:
-        rejects.append(run.reject(uri, None, None, "no_label",
-                                  "file sits directly in the landing folder; put it under <label>/"))
-        return
-    if run.allowed is not None and label not in run.allowed:
-        rejects.append(run.reject(uri, None, label, "unknown_label", f"label {label!r} is not in allowed_labels"))
-        return
-    ext = posixpath.splitext(uri)[1]
-    if ext.lower() not in run.extensions:
-        rejects.append(run.reject(uri, None, label, "bad_extension", f"extension {ext!r} is not an image extension"))
+    problem = admission.listing_problem(uri, label, run.allowed, run.extensions)
+    if problem is not None:
+        rejects.append(run.reject(uri, None, label, problem.code, problem.detail))
         return
     unchanged = hits["unchanged"][j]
     if unchanged:
@@ -428,18 +336,18 @@ def _decide_file(run: _Run, part: dict[str, list], hits: dict[str, list], prior:
             return
         if prior is not None:  # (the same label was settled before the scan, without this loop)
             counts["skipped"] += 1
-            rejects.append(run.reject(uri, sha, label, "label_conflict", f"same bytes already ingested with label {prior!r}"))
+            conflict = admission.table_conflict(prior)
+            rejects.append(run.reject(uri, sha, label, conflict.code, conflict.detail))
             return
         # Unchanged but not in the table (it lost a label conflict, or the table is new): read it.
     try:
         data = run.source.read(Entry(uri, part["path"][j], label))
     except OSError as exc:
-        rejects.append(run.reject(uri, None, label, "unreadable", f"cannot read file: {exc.strerror or exc}"))
+        problem = admission.unreadable(exc)
+        rejects.append(run.reject(uri, None, label, problem.code, problem.detail))
         return
     counts["files_read"] += 1
-    sha = hashlib.sha256(data).hexdigest()
-    info = prepare_image(data, min_side=cfg.min_side, max_side=cfg.max_side, max_pixels=cfg.max_pixels,
-                         keep_modes=cfg.keep_modes, convert_modes=cfg.convert_modes)
+    sha, info = admission.examine(data, run.rules)
     if not unchanged and (checked_uris is None or uri not in checked_uris):
         if checked_uris is not None:
             checked_uris.add(uri)
@@ -566,8 +474,6 @@ def ingest_landing(
     label_source = label_source or cfg.label_source
     manifest = manifest if manifest is not None else (cfg.manifest_uri if label_source != "folders" else None)
     if engine == "spark":
-        from tasks.data.spark_ingest import ingest_with_spark
-
         return ingest_with_spark(settings, run_id, logical_date, landing, label_source=label_source, manifest=manifest)
     if engine != "local":
         raise ValueError(f"ingest engine must be local or spark, got {engine!r}")
@@ -600,9 +506,7 @@ def ingest_landing(
     identity = ingest_zones.table_identity(raw_uri)  # (table id, newest version): one log load serves both uses
     raw_version = new_version if new_version is not None else (identity[1] if identity is not None else None)
     if raw_version is None:
-        raise EmptyLandingError(
-            f"landing folder {landing_uri}: all {run.n} files were rejected (see {rejects_uri}); no raw table version exists"
-        )
+        raise admission.all_rejected(landing_uri, run.n, rejects_uri)
     _record_zone(run, rejects, new_version, planned_version, identity, already_present + inserted)
     result = IngestResult(
         raw_table=raw_uri, raw_version=raw_version, committed=new_version is not None, files_seen=run.n,

@@ -388,80 +388,118 @@ def append_stream(
     no rows), so every column a reader may filter on gets them.
     """
     import os
-    import uuid
 
-    import pyarrow.parquet as pq
-    from deltalake import Schema
-    from deltalake.transaction import AddAction, create_table_with_add_actions
     from pyarrow import fs as pafs
 
     filesystem, base = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
     filesystem.create_dir(base, recursive=True)
-    schema = reader.schema
-    ranged = [f.name for f in schema if _has_range(f.type)]
-    counted = [f.name for f in schema if not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))]
-    written: list[AddAction] = []
-    paths: list[str] = []
-    state: dict[str, Any] = {}
-
-    def close() -> None:
-        writer = state.pop("writer", None)
-        if writer is None:
-            return
-        writer.close()
-        info = filesystem.get_file_info(state["path"])
-        stats = {"numRecords": state["rows"], "nullCount": state["nulls"],
-                 "minValues": {k: _stat_value(v, ceil=False) for k, v in state["min"].items()},
-                 "maxValues": {k: _stat_value(v, ceil=True) for k, v in state["max"].items()}}
-        written.append(AddAction(state["name"], int(info.size), {}, int(time.time() * 1000), True, json.dumps(stats)))
-
-    total = 0
+    parts = _Parts(filesystem, base, reader.schema, target_file_size, row_group_rows)
     try:
         for batch in reader:
-            if not batch.num_rows:
-                continue
-            if "writer" not in state or filesystem.get_file_info(state["path"]).size >= target_file_size:
-                close()
-                name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
-                state.update(name=name, path=f"{base}/{name}", rows=0, nulls=dict.fromkeys(counted, 0), min={}, max={})
-                paths.append(state["path"])
-                state["writer"] = pq.ParquetWriter(state["path"], schema, filesystem=filesystem, compression="snappy")
-            state["writer"].write_batch(batch, row_group_size=row_group_rows)
-            state["rows"] += batch.num_rows
-            total += batch.num_rows
-            for col in counted:
-                state["nulls"][col] += batch.column(col).null_count
-            for col in ranged:
-                lo, hi = pc.min_max(batch.column(col)).values()
-                if lo.is_valid:
-                    state["min"][col] = min(lo.as_py(), state["min"].get(col, lo.as_py()))
-                    state["max"][col] = max(hi.as_py(), state["max"].get(col, hi.as_py()))
-        close()
-        if total == 0:
+            if batch.num_rows:
+                parts.write(batch)
+        parts.close()
+        if parts.rows == 0:
             return None, 0
-        props = CommitProperties(custom_metadata={META_PREFIX + k: str(v) for k, v in metadata.items()},
-                                 max_commit_retries=0)
-        if table is None:
-            try:
-                create_table_with_add_actions(uri, Schema.from_arrow(schema), written, mode="error",
-                                              configuration=configuration, commit_properties=props)
-            except Exception as exc:
-                if exists(uri):
-                    raise ConcurrentCreateError(f"{uri} was created concurrently: {exc}") from exc
-                raise
-        else:
-            table.create_write_transaction(written, mode="append", schema=Schema.from_arrow(schema),
-                                           commit_properties=props)
-        paths.clear()  # committed: the files belong to the table now
-        return DeltaTable(uri, without_files=True).version(), total
+        _commit_parts(uri, parts, metadata, table, configuration)
+        parts.paths.clear()  # committed: the files belong to the table now
+        return DeltaTable(uri, without_files=True).version(), parts.rows
     finally:
-        if "writer" in state:
-            state["writer"].close()
-        for path in paths:  # not committed: remove what this attempt wrote (a kill -9 leaves them to VACUUM)
+        parts.discard()
+
+
+class _Parts:
+    """Parquet files of about a target size written from a stream, each with its Delta stats (``append_stream``).
+
+    Memory is one row group: batches go to the open file as they come, and a new file starts
+    once the open one has reached the target size.
+    """
+
+    def __init__(self, filesystem: Any, base: str, schema: pa.Schema, target_file_size: int,
+                 row_group_rows: int) -> None:
+        self.filesystem, self.base, self.schema = filesystem, base, schema
+        self.target_file_size, self.row_group_rows = target_file_size, row_group_rows
+        self.ranged = [f.name for f in schema if _has_range(f.type)]
+        self.counted = [f.name for f in schema if not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))]
+        self.added: list[Any] = []  # AddAction per closed file
+        self.paths: list[str] = []  # every file written and not committed
+        self.rows = 0
+        self._writer: Any = None
+        self._file: dict[str, Any] = {}  # the open file: name, path, rows, nulls, min, max
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._writer is None or self.filesystem.get_file_info(self._file["path"]).size >= self.target_file_size:
+            self.close()
+            self._open()
+        self._writer.write_batch(batch, row_group_size=self.row_group_rows)
+        f = self._file
+        f["rows"] += batch.num_rows
+        self.rows += batch.num_rows
+        for col in self.counted:
+            f["nulls"][col] += batch.column(col).null_count
+        for col in self.ranged:
+            lo, hi = pc.min_max(batch.column(col)).values()
+            if lo.is_valid:
+                f["min"][col] = min(lo.as_py(), f["min"].get(col, lo.as_py()))
+                f["max"][col] = max(hi.as_py(), f["max"].get(col, hi.as_py()))
+
+    def _open(self) -> None:
+        import uuid
+
+        import pyarrow.parquet as pq
+
+        name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
+        self._file = {"name": name, "path": f"{self.base}/{name}", "rows": 0,
+                      "nulls": dict.fromkeys(self.counted, 0), "min": {}, "max": {}}
+        self.paths.append(self._file["path"])
+        self._writer = pq.ParquetWriter(self._file["path"], self.schema, filesystem=self.filesystem,
+                                        compression="snappy")
+
+    def close(self) -> None:
+        """Close the open file (if any) and record its add action with its stats."""
+        from deltalake.transaction import AddAction
+
+        if self._writer is None:
+            return
+        writer, self._writer, f = self._writer, None, self._file
+        writer.close()
+        info = self.filesystem.get_file_info(f["path"])
+        stats = {"numRecords": f["rows"], "nullCount": f["nulls"],
+                 "minValues": {k: _stat_value(v, ceil=False) for k, v in f["min"].items()},
+                 "maxValues": {k: _stat_value(v, ceil=True) for k, v in f["max"].items()}}
+        self.added.append(AddAction(f["name"], int(info.size), {}, int(time.time() * 1000), True, json.dumps(stats)))
+
+    def discard(self) -> None:
+        """Remove what was written and not committed (a kill -9 leaves it to VACUUM)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        for path in self.paths:
             try:
-                filesystem.delete_file(path)
+                self.filesystem.delete_file(path)
             except OSError:
                 pass
+
+
+def _commit_parts(uri: str, parts: _Parts, metadata: dict[str, Any], table: DeltaTable | None,
+                  configuration: dict[str, str] | None) -> None:
+    """The files as ONE commit against ``table`` (None: create the table), with no automatic rebase."""
+    from deltalake import Schema
+    from deltalake.transaction import create_table_with_add_actions
+
+    props = CommitProperties(custom_metadata={META_PREFIX + k: str(v) for k, v in metadata.items()},
+                             max_commit_retries=0)
+    if table is None:
+        try:
+            create_table_with_add_actions(uri, Schema.from_arrow(parts.schema), parts.added, mode="error",
+                                          configuration=configuration, commit_properties=props)
+        except Exception as exc:
+            if exists(uri):
+                raise ConcurrentCreateError(f"{uri} was created concurrently: {exc}") from exc
+            raise
+    else:
+        table.create_write_transaction(parts.added, mode="append", schema=Schema.from_arrow(parts.schema),
+                                       commit_properties=props)
 
 
 def _has_range(kind: pa.DataType) -> bool:

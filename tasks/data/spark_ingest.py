@@ -8,8 +8,8 @@ same rules, same tables, same ``IngestResult``:
 * Reading, hashing, decoding and normalising run on the executors, through the very function
   the local engine uses (``tasks.data.images.prepare_image``) inside ``process_partition``; files
   are opened by their fsspec URL, so executors need the same fsspec extras and credentials.
-* Label conflicts, duplicate copies and "already in the table" are Spark joins and windows
-  with the local engine's rules; new rows go in with one delta-spark MERGE (WHEN NOT MATCHED
+* The admission rules and reject rows are the local engine's own (``tasks.data.admission``);
+  label conflicts, duplicate copies and "already in the table" are Spark joins and windows; new rows go in with one delta-spark MERGE (WHEN NOT MATCHED
   INSERT), rejects with another, retried after a concurrent-commit exception. The pipeline's
   ``cd4ml.*`` commit metadata goes into ``userMetadata`` (JSON), which ``lake.history`` reads,
   so ``version_as_of``, tags and time travel work on Spark-written versions too.
@@ -25,26 +25,25 @@ classes, each stop the job before any work with ``SparkUnavailableError`` saying
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import posixpath
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tasks.data import lake
-from tasks.data.images import Rejection, prepare_image
-from tasks.data.sources import LandingNotFoundError, open_source
+import pyarrow as pa
+
+from tasks.data import admission, lake
+from tasks.data.admission import RAW_SCHEMA, REJECT_SCHEMA, IngestResult
+from tasks.data.images import Rejection
+from tasks.data.sources import Source
 from tasks.errors import DataError
 from tasks.settings import Settings
-
-if TYPE_CHECKING:
-    from tasks.data.ingest import IngestResult
 
 log = logging.getLogger(__name__)
 
@@ -119,20 +118,18 @@ def _read(uri: str, path: str) -> bytes:
 def process_partition(rows: Iterable[Any], cfg: dict[str, Any]) -> Iterator[tuple]:
     """Executor side: (seq, uri, path, label) -> one result tuple per file (``RESULT_FIELDS``).
 
-    Plain Python over plain values, so it is tested without Spark and is the local engine's
-    rules by construction (``prepare_image``).
+    ``cfg`` is ``admission.image_rules``. Plain Python over plain values, so it is tested without
+    Spark and is the local engine's rules by construction (``admission.examine``).
     """
     for row in rows:
         seq, uri, path, label = row[0], row[1], row[2], row[3]
         try:
             data = _read(uri, path)
         except OSError as exc:
-            yield (seq, uri, label, None, None, None, None, None, None, None, None, None,
-                   "unreadable", f"cannot read file: {exc.strerror or exc}")
+            problem = admission.unreadable(exc)
+            yield (seq, uri, label, None, None, None, None, None, None, None, None, None, problem.code, problem.detail)
             continue
-        sha = hashlib.sha256(data).hexdigest()
-        info = prepare_image(data, min_side=cfg["min_side"], max_side=cfg["max_side"], max_pixels=cfg["max_pixels"],
-                             keep_modes=cfg["keep_modes"], convert_modes=cfg["convert_modes"])
+        sha, info = admission.examine(data, cfg)
         if isinstance(info, Rejection):
             yield (seq, uri, label, sha, None, None, None, None, None, None, None, None, info.code, info.detail)
         else:
@@ -161,6 +158,24 @@ def _is_conflict(exc: Exception) -> bool:
     return "Concurrent" in type(exc).__name__ or "ConcurrentAppend" in str(exc) or "ConcurrentModification" in str(exc)
 
 
+
+@dataclass
+class _SparkRun:
+    """What every phase of one Spark ingest run shares: its identity, its source, its rejects so far."""
+
+    settings: Settings
+    run_id: str
+    logical: str
+    now: datetime  # a record of when, not an input to any decision
+    source: Source
+    label_source: str
+    rejects: list[dict] = field(default_factory=list)
+
+    def reject(self, source_uri: str, sha: str | None, label: str | None, problem: Rejection) -> dict:
+        return admission.reject_row(source_uri, sha, label, problem.code, problem.detail, self.run_id, self.logical,
+                                    self.now)
+
+
 def ingest_with_spark(
     settings: Settings,
     run_id: str,
@@ -170,47 +185,74 @@ def ingest_with_spark(
     label_source: str = "folders",
     manifest: str | None = None,
 ) -> IngestResult:
-    """``ingest_landing`` as a Spark job (module doc); returns the same ``IngestResult``."""
-    require_pyspark()  # before any listing: a missing engine is a configuration error, said at once
-    from tasks.data.ingest import EmptyLandingError, IngestResult, _reject_row
+    """``ingest_landing`` as a Spark job (module doc); returns the same ``IngestResult``.
 
-    started = time.perf_counter()
-    cfg = settings.ingest
-    landing_uri = str(landing or settings.storage.landing_uri)
-    try:
-        source = open_source(landing_uri, label_source, manifest)  # type: ignore[arg-type]
-    except LandingNotFoundError as exc:
-        raise FileNotFoundError(str(exc)) from exc
-    spark = spark_session(settings)
-    from delta.tables import DeltaTable as SparkDelta
-    from pyspark.sql import Window
+    Phases: admit the listing (driver), decode (executors), plan and commit, record the rejects.
+    """
+    require_pyspark()  # before any listing: a missing engine is a configuration error, said at once
     from pyspark.sql import functions as F
 
-    logical = lake.normalise_logical_date(logical_date)
-    now = datetime.now(UTC)
-    allowed = None if cfg.allowed_labels == "discover" else set(cfg.allowed_labels)  # discover: validation decides
-    extensions = {e.lower() for e in cfg.image_extensions}
-    rejects: list[dict] = []
+    started = time.perf_counter()
+    landing_uri = str(landing or settings.storage.landing_uri)
+    source = admission.open_landing(landing_uri, label_source, manifest)
+    spark = spark_session(settings)
+    run = _SparkRun(settings, run_id, lake.normalise_logical_date(logical_date), datetime.now(UTC), source,
+                    label_source)
+    candidates, files_seen = _admit_listing(run)
+    if files_seen == 0:
+        raise admission.no_files(landing_uri)
+    results = _decode(spark, run, candidates)
+    metadata = {f"{lake.META_PREFIX}{k}": v for k, v in
+                {"run_id": run_id, "logical_date": run.logical, "step": "ingest", "source": source.root_uri,
+                 "label_source": label_source, "engine": "spark"}.items()}
+    inserted, already_present, attempts, conflicts = _commit(spark, run, results.where(F.col("reason_code").isNull()),
+                                                             metadata)
+    run.rejects += conflicts
+    results.unpersist()
+
+    raw_uri, rejects_uri = settings.raw_table, settings.rejects_table
+    if run.rejects:  # small: the rejects table goes through the same helper as the local engine
+        lake.merge_new_rows(rejects_uri, pa.Table.from_pylist(run.rejects, schema=REJECT_SCHEMA), "reject_id",
+                            {k[len(lake.META_PREFIX):]: v for k, v in metadata.items()})
+    raw_version = lake.current_version(raw_uri)
+    if raw_version is None:
+        raise admission.all_rejected(landing_uri, files_seen, rejects_uri)
+    return IngestResult(
+        raw_table=raw_uri, raw_version=raw_version, committed=inserted > 0, files_seen=files_seen,
+        inserted=inserted, already_present=already_present, rejected=len(run.rejects), rejects_table=rejects_uri,
+        run_id=run_id, logical_date=run.logical, source_uri=source.root_uri, label_source=label_source,
+        engine="spark", files_read=len(candidates), unchanged_skipped=0, commit_attempts=attempts,
+        seconds=round(time.perf_counter() - started, 3),
+    )
+
+
+def _admit_listing(run: _SparkRun) -> tuple[list[tuple], int]:
+    """Driver side, admission rules 1-2: (candidates as (seq, uri, path, label), files listed)."""
+    cfg = run.settings.ingest
+    allowed, extensions = admission.allowed_labels(cfg), admission.image_extensions(cfg)
     candidates: list[tuple] = []
     files_seen = 0
-    for seq, entry in enumerate(source.entries()):
+    for seq, entry in enumerate(run.source.entries()):
         files_seen += 1
-        ext = posixpath.splitext(entry.uri)[1]
         problem = entry.problem
-        if problem is None and entry.label is None:
-            problem = Rejection("no_label", "file sits directly in the landing folder; put it under <label>/")
-        elif problem is None and allowed is not None and entry.label not in allowed:
-            problem = Rejection("unknown_label", f"label {entry.label!r} is not in allowed_labels")
-        elif problem is None and ext.lower() not in extensions:
-            problem = Rejection("bad_extension", f"extension {ext!r} is not an image extension")
+        if problem is None:
+            problem = admission.listing_problem(entry.uri, entry.label, allowed, extensions)
         if problem is not None:
-            rejects.append(_reject_row(entry.uri, None, entry.label, problem.code, problem.detail, run_id, logical, now))
+            run.rejects.append(run.reject(entry.uri, None, entry.label, problem))
         else:
             candidates.append((seq, entry.uri, entry.path, entry.label))
-    if files_seen == 0:
-        raise EmptyLandingError(f"landing folder {landing_uri} holds no files: nothing to ingest, no new version")
+    return candidates, files_seen
 
-    conf = {k: getattr(cfg, k) for k in ("min_side", "max_side", "max_pixels", "keep_modes", "convert_modes")}
+
+def _decode(spark: Any, run: _SparkRun, candidates: list[tuple]) -> Any:
+    """Executor side, admission rule 3 (``process_partition``); content rejects join the run's rejects.
+
+    Returns the cached results DataFrame (``RESULT_FIELDS``); the caller unpersists it.
+    """
+    from pyspark.sql import functions as F
+
+    cfg = run.settings.ingest
+    conf = admission.image_rules(cfg)
     partitions = max(1, min(len(candidates) // max(cfg.batch_size, 1) + 1, spark.sparkContext.defaultParallelism * 4))
     results = (
         spark.sparkContext.parallelize(candidates, partitions)
@@ -218,48 +260,28 @@ def ingest_with_spark(
         .toDF(_result_schema())
         .cache()
     )
-    for r in results.where(F.col("reason_code").isNotNull()).select("source_uri", "sha256", "label", "reason_code", "reason").collect():
-        rejects.append(_reject_row(r.source_uri, r.sha256, r.label, r.reason_code, r.reason, run_id, logical, now))
-    ok = results.where(F.col("reason_code").isNull())
+    failed = results.where(F.col("reason_code").isNotNull()).select("source_uri", "sha256", "label", "reason_code",
+                                                                    "reason")
+    for r in failed.collect():
+        run.rejects.append(run.reject(r.source_uri, r.sha256, r.label, Rejection(r.reason_code, r.reason)))
+    return results
 
-    raw_uri, rejects_uri = settings.raw_table, settings.rejects_table
-    metadata = {f"{lake.META_PREFIX}{k}": v for k, v in
-                {"run_id": run_id, "logical_date": logical, "step": "ingest", "source": source.root_uri,
-                 "label_source": label_source, "engine": "spark"}.items()}
-    inserted = already_present = attempts = 0
-    plan_rejects: list[dict] = []
+
+def _commit(spark: Any, run: _SparkRun, ok: Any, metadata: dict[str, str]) -> tuple[int, int, int, list[dict]]:
+    """The new rows in ONE commit (a write, or a MERGE that inserts only unknown keys), re-planned after a race.
+
+    Returns (rows inserted, copies already present, attempts, label-conflict rejects of the committed plan).
+    """
+    from delta.tables import DeltaTable as SparkDelta
+
+    cfg, raw_uri = run.settings.ingest, run.settings.raw_table
+    attempts, conflicts = 0, []
     for attempts in range(1, cfg.commit_retries + 1):
         exists = lake.exists(raw_uri)
-        if exists:
-            known = spark.read.format("delta").load(raw_uri).select("sha256", F.col("label").alias("known_label"))
-            joined = ok.join(known, "sha256", "left")
-        else:
-            joined = ok.withColumn("known_label", F.lit(None).cast("string"))
-        plan_rejects = [
-            _reject_row(r.source_uri, r.sha256, r.label, "label_conflict",
-                        f"same bytes already ingested with label {r.known_label!r}", run_id, logical, now)
-            for r in joined.where(F.col("known_label").isNotNull() & (F.col("known_label") != F.col("label"))).collect()
-        ]
-        present = joined.where(F.col("known_label") == F.col("label")).count()
-        by_sha = Window.partitionBy("sha256")
-        fresh = (joined.where(F.col("known_label").isNull())
-                 .withColumn("labels", F.array_sort(F.collect_set("label").over(by_sha)))
-                 .withColumn("first_seq", F.min("seq").over(by_sha)))
-        for r in fresh.where(F.size("labels") > 1).collect():
-            others = [lb for lb in r.labels if lb != r.label]
-            plan_rejects.append(_reject_row(r.source_uri, r.sha256, r.label, "label_conflict",
-                                            f"same bytes also appear under label(s) {others} in this batch",
-                                            run_id, logical, now))
-        single = fresh.where(F.size("labels") == 1)
-        present += single.where(F.col("seq") != F.col("first_seq")).count()
-        new_rows = (single.where(F.col("seq") == F.col("first_seq"))
-                    .withColumn("ingest_run_id", F.lit(run_id)).withColumn("logical_date", F.lit(logical))
-                    .withColumn("ingested_at", F.lit(now))
-                    .select("sha256", "image", "width", "height", "format", "mode", "label", "source_uri",
-                            "ingest_run_id", "logical_date", "ingested_at", "source_format", "source_mode", "normalised"))
+        new_rows, present, conflicts = _plan(spark, run, ok, exists)
         count = new_rows.count()
         log.info("spark ingest plan (attempt %d): %d new rows, %d already present, %d label conflicts, %d other rejects",
-                 attempts, count, present, len(plan_rejects), len(rejects))
+                 attempts, count, present, len(conflicts), len(run.rejects))
         spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", json.dumps(metadata))
         try:
             if count and not exists:
@@ -269,8 +291,7 @@ def ingest_with_spark(
             elif count:
                 (SparkDelta.forPath(spark, raw_uri).alias("t").merge(new_rows.alias("s"), "t.sha256 = s.sha256")
                  .whenNotMatchedInsertAll().execute())
-            inserted, already_present = count, present
-            break
+            return count, present, attempts, conflicts
         except Exception as exc:
             if attempts == cfg.commit_retries or not (_is_conflict(exc) or (not exists and lake.exists(raw_uri))):
                 raise
@@ -278,26 +299,35 @@ def ingest_with_spark(
                         cfg.commit_retries)
         finally:
             spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
-    rejects += plan_rejects
-    results.unpersist()
+    return 0, 0, attempts, conflicts
 
-    if rejects:  # small: the rejects table goes through the same helper as the local engine
-        import pyarrow as pa
 
-        from tasks.data.ingest import REJECT_SCHEMA
+def _plan(spark: Any, run: _SparkRun, ok: Any, exists: bool) -> tuple[Any, int, list[dict]]:
+    """Admission rule 4 against the table and within the batch: (rows to insert, copies present, conflicts)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-        lake.merge_new_rows(rejects_uri, pa.Table.from_pylist(rejects, schema=REJECT_SCHEMA), "reject_id",
-                            {k[len(lake.META_PREFIX):]: v for k, v in metadata.items()})
-    raw_version = lake.current_version(raw_uri)
-    if raw_version is None:
-        raise EmptyLandingError(
-            f"landing folder {landing_uri}: all {files_seen} files were rejected (see {rejects_uri}); "
-            "no raw table version exists"
-        )
-    return IngestResult(
-        raw_table=raw_uri, raw_version=raw_version, committed=inserted > 0, files_seen=files_seen,
-        inserted=inserted, already_present=already_present, rejected=len(rejects), rejects_table=rejects_uri,
-        run_id=run_id, logical_date=logical, source_uri=source.root_uri, label_source=label_source, engine="spark",
-        files_read=len(candidates), unchanged_skipped=0, commit_attempts=attempts,
-        seconds=round(time.perf_counter() - started, 3),
-    )
+    if exists:
+        known = spark.read.format("delta").load(run.settings.raw_table).select(
+            "sha256", F.col("label").alias("known_label"))
+        joined = ok.join(known, "sha256", "left")
+    else:
+        joined = ok.withColumn("known_label", F.lit(None).cast("string"))
+    clash = joined.where(F.col("known_label").isNotNull() & (F.col("known_label") != F.col("label")))
+    conflicts = [run.reject(r.source_uri, r.sha256, r.label, admission.table_conflict(r.known_label))
+                 for r in clash.collect()]
+    present = joined.where(F.col("known_label") == F.col("label")).count()
+    by_sha = Window.partitionBy("sha256")
+    fresh = (joined.where(F.col("known_label").isNull())
+             .withColumn("labels", F.array_sort(F.collect_set("label").over(by_sha)))
+             .withColumn("first_seq", F.min("seq").over(by_sha)))
+    for r in fresh.where(F.size("labels") > 1).collect():
+        others = [lb for lb in r.labels if lb != r.label]
+        conflicts.append(run.reject(r.source_uri, r.sha256, r.label, admission.batch_conflict(others)))
+    single = fresh.where(F.size("labels") == 1)
+    present += single.where(F.col("seq") != F.col("first_seq")).count()
+    new_rows = (single.where(F.col("seq") == F.col("first_seq"))
+                .withColumn("ingest_run_id", F.lit(run.run_id)).withColumn("logical_date", F.lit(run.logical))
+                .withColumn("ingested_at", F.lit(run.now))
+                .select(*RAW_SCHEMA.names))
+    return new_rows, present, conflicts

@@ -374,6 +374,7 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
     ``files_seen`` and ``rejected`` come from the ingest that produced the batch. The JSON
     report (and Data Docs) are written in both cases; ``run_id`` is only logged, so the report
     of a given version and settings is the same whichever run wrote it.
+    Phases: read the batch, run the expectation suites, build the docs, write the report, decide.
     """
     if raw_version < 0:
         raise ValueError(f"raw_version must be >= 0, got {raw_version}")
@@ -381,24 +382,18 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
         raise ValueError(f"files_seen and rejected must be >= 0, got {files_seen} and {rejected}")
     started = time.perf_counter()
     uri = settings.raw_table
-    rows = lake.read(uri, raw_version, columns=META_COLUMNS).to_pandas()
-    rows = rows.sort_values("sha256", kind="stable", na_position="last").reset_index(drop=True)
-    labels, label_source = classes.allowed(settings, [str(v) for v in rows["label"].dropna().unique()])
-    counts = _class_counts(rows, labels)
-    summary = _summary(len(rows), counts, files_seen, rejected)
+    batch = _read_batch(settings, raw_version, files_seen, rejected)
     read_s = time.perf_counter() - started
 
     out_dir = settings.reports_path / "validation"
     out_dir.mkdir(parents=True, exist_ok=True)
     report_path = out_dir / f"raw_v{raw_version}.json"
     docs_dir = out_dir / "docs"
-
     context = _context(docs_dir)
-    checks = _checks(settings, labels)
     suite_results, ordered = _run_suites(
         context,
-        checks,
-        {ROWS_SUITE: rows, COUNTS_SUITE: counts, SUMMARY_SUITE: pd.DataFrame([summary])},
+        _checks(settings, batch.labels),
+        {ROWS_SUITE: batch.rows, COUNTS_SUITE: batch.counts, SUMMARY_SUITE: pd.DataFrame([batch.summary])},
         {ROWS_SUITE: ["sha256"], COUNTS_SUITE: ["label"]},
         run_name=f"raw_v{raw_version}",
         run_time=_commit_time(uri, raw_version),
@@ -407,72 +402,106 @@ def validate_batch(settings: Settings, raw_version: int, files_seen: int, reject
 
     entries = [_entry(c, r) for c, r in ordered]
     failed = [e for e in entries if not e["success"]]
-    share = float(summary["rejected_share"])
-    docs_path: str | None = None
-    try:
-        sites = context.build_data_docs()
-        index = docs_dir / "index.html"
-        docs_path = str(index) if index.exists() else None
-        log.debug("data docs sites: %s", sites)
-    except Exception as exc:  # docs are a convenience: the JSON report is the record
-        log.warning("validate: building Data Docs failed (%s); the JSON report is complete", exc)
-
+    share = float(batch.summary["rejected_share"])
+    docs_path = _build_docs(context, docs_dir)
     result = ValidationResult(
         success=not failed,
         raw_table=uri,
         raw_version=raw_version,
-        rows=len(rows),
+        rows=len(batch.rows),
         rejected_share=share,
         expectations=len(entries),
         failed=len(failed),
         report_path=str(report_path),
         docs_path=docs_path,
     )
-    report = {
+    write_json(report_path, _report(settings, result, batch, entries, suite_results))
+    total_s = time.perf_counter() - started
+    log.info(
+        "validate: run %s, %s v%d: %d rows, %d/%d expectations passed, rejected share %.4f "
+        "(read %.2fs, GE %.2fs, total %.2fs); report %s",
+        run_id, uri, raw_version, len(batch.rows), len(entries) - len(failed), len(entries), share,
+        read_s, validate_s, total_s, report_path,
+    )
+    if failed:
+        _raise_failures(settings, result, batch, entries, failed)
+    if classes.discovering(settings):
+        classes.record(settings, batch.labels, raw_version, run_id, "discovered")  # no-op once recorded
+    return result
+
+
+@dataclass
+class _Batch:
+    """The raw version as validation sees it: its rows, the allowed classes and the batch's figures."""
+
+    rows: pd.DataFrame  # META_COLUMNS, sorted by sha256
+    labels: list[str]
+    label_source: str  # where the allowed labels come from (settings, or the recorded classes)
+    counts: pd.DataFrame  # label, count
+    summary: dict
+
+
+def _read_batch(settings: Settings, raw_version: int, files_seen: int, rejected: int) -> _Batch:
+    rows = lake.read(settings.raw_table, raw_version, columns=META_COLUMNS).to_pandas()
+    rows = rows.sort_values("sha256", kind="stable", na_position="last").reset_index(drop=True)
+    labels, label_source = classes.allowed(settings, [str(v) for v in rows["label"].dropna().unique()])
+    counts = _class_counts(rows, labels)
+    return _Batch(rows, labels, label_source, counts, _summary(len(rows), counts, files_seen, rejected))
+
+
+def _build_docs(context: EphemeralDataContext, docs_dir: Path) -> str | None:
+    """Data Docs' index page, or None when they could not be built."""
+    try:
+        sites = context.build_data_docs()
+        index = docs_dir / "index.html"
+        log.debug("data docs sites: %s", sites)
+        return str(index) if index.exists() else None
+    except Exception as exc:  # docs are a convenience: the JSON report is the record
+        log.warning("validate: building Data Docs failed (%s); the JSON report is complete", exc)
+        return None
+
+
+def _report(settings: Settings, result: ValidationResult, batch: _Batch, entries: list[dict],
+            suite_results: dict) -> dict:
+    """The JSON report: thresholds, the batch, class counts, every expectation's outcome."""
+    failed = result.failed
+    return {
         "report_format": REPORT_FORMAT,
         "success": result.success,
-        "raw_table": uri,
-        "raw_version": raw_version,
+        "raw_table": result.raw_table,
+        "raw_version": result.raw_version,
         "env": settings.env,
         "config_hash": settings.section_hash("ingest", "validation"),
         "thresholds": {
-            "allowed_labels": labels,
-            "allowed_labels_from": label_source,
+            "allowed_labels": batch.labels,
+            "allowed_labels_from": batch.label_source,
             "min_side": settings.ingest.min_side,
             "max_side": settings.ingest.max_side,
             "allowed_modes": list(settings.ingest.stored_modes),  # the report keeps its old key
             **_plain(settings.validation.model_dump(mode="json")),
         },
-        "batch": summary,
-        "class_counts": {str(r.label): int(r.count) for r in counts.itertuples(index=False)},
+        "batch": batch.summary,
+        "class_counts": {str(r.label): int(r.count) for r in batch.counts.itertuples(index=False)},
         "statistics": {
             "evaluated_expectations": len(entries),
-            "successful_expectations": len(entries) - len(failed),
-            "unsuccessful_expectations": len(failed),
+            "successful_expectations": len(entries) - failed,
+            "unsuccessful_expectations": failed,
             "suites": {name: bool(res.success) for name, res in suite_results.items()},
         },
         "expectations": entries,
-        "docs_path": docs_path,
+        "docs_path": result.docs_path,
     }
-    write_json(report_path, report)
-    total_s = time.perf_counter() - started
-    log.info(
-        "validate: run %s, %s v%d: %d rows, %d/%d expectations passed, rejected share %.4f "
-        "(read %.2fs, GE %.2fs, total %.2fs); report %s",
-        run_id, uri, raw_version, len(rows), len(entries) - len(failed), len(entries), share,
-        read_s, validate_s, total_s, report_path,
+
+
+def _raise_failures(settings: Settings, result: ValidationResult, batch: _Batch, entries: list[dict],
+                    failed: list[dict]) -> None:
+    lines = [line for e in failed for line in _failure_lines(e, batch.summary)]
+    lines += _new_class_lines(batch.rows, batch.labels, batch.label_source) if classes.discovering(settings) else []
+    message = (
+        f"validation of {result.raw_table} v{result.raw_version} failed: {len(failed)} of {len(entries)} expectations "
+        f"failed (report {result.report_path})\n" + "\n".join(lines)
     )
-    if failed:
-        lines = [line for e in failed for line in _failure_lines(e, summary)]
-        lines += _new_class_lines(rows, labels, label_source) if classes.discovering(settings) else []
-        message = (
-            f"validation of {uri} v{raw_version} failed: {len(failed)} of {len(entries)} expectations "
-            f"failed (report {report_path})\n" + "\n".join(lines)
-        )
-        raise ValidationFailedError(message, failures=lines, report_path=str(report_path), result=result)
-    if classes.discovering(settings):
-        classes.record(settings, labels, raw_version, run_id, "discovered")  # no-op once recorded
-    return result
+    raise ValidationFailedError(message, failures=lines, report_path=result.report_path, result=result)
 
 
 def _new_class_lines(rows: pd.DataFrame, labels: list[str], source: str) -> list[str]:

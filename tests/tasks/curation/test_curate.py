@@ -1,7 +1,6 @@
 """Curation of one batch: real digits with planted near-duplicates, conflicts and bad images; fastdup runs for real."""
 
 import hashlib
-import io
 import json
 from pathlib import Path
 
@@ -10,45 +9,25 @@ import pyarrow as pa
 import pytest
 from PIL import Image, ImageEnhance, ImageFilter
 
-from tasks.curation.curate import (
+from tasks.curation.assignments import split_for
+from tasks.curation.curate import curate
+from tasks.curation.curation_features import ImageFeatures
+from tasks.curation.outliers import outlier_reason
+from tasks.curation.tables import (
     COMPONENTS_TABLE,
     CURATED_SCHEMA,
     EMBEDDINGS_TABLE,
     REPORT_SCHEMA,
     REPORT_TABLE,
     CurationError,
-    curate,
-    outlier_reason,
-    split_for,
 )
-from tasks.curation.curation_features import ImageFeatures
 from tasks.data import lake
 from tasks.data.ingest import RAW_SCHEMA, ingest_landing
-from tasks.data.sample_data import digits_arrays, write_digits
+from tasks.data.sample_data import write_digits
 from tasks.settings import OutlierSettings
+from tests.factories.curation import LABELS, components, digit, encode, outcome, plant, sha
 
-IMAGES, LABELS = digits_arrays()
 BAD_REASONS = {"too_small", "too_dark", "too_bright", "blurry"}
-
-
-def encode(img: Image.Image, fmt: str, **kw) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, format=fmt, **kw)
-    return buf.getvalue()
-
-
-def digit(i: int) -> Image.Image:
-    return Image.fromarray(IMAGES[i], mode="L")
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def plant(landing: Path, name: str, label: int, data: bytes) -> str:
-    (landing / str(label)).mkdir(parents=True, exist_ok=True)
-    (landing / str(label) / name).write_bytes(data)
-    return sha(data)
 
 
 def original(landing: Path, i: int) -> bytes:
@@ -62,27 +41,6 @@ def near_copies(i: int) -> dict[str, bytes]:
         "jpeg": encode(digit(i), "JPEG", quality=90),
         "bright": encode(ImageEnhance.Brightness(digit(i)).enhance(1.15), "PNG"),
     }
-
-
-def components(settings, version: int) -> dict[str, dict]:
-    """sha256 -> assignment row of the curation_components table at ``version``."""
-    return {r["sha256"]: r for r in lake.read(settings.table_uri(COMPONENTS_TABLE), version).to_pylist()}
-
-
-def outcome(settings, result) -> dict[str, dict]:
-    """sha256 -> {"kept", "component", "split", "reason", "kept_sha256"} from the snapshot and the report table."""
-    table = lake.read(result.curated_table, result.curated_version).to_pylist()
-    out = {r["sha256"]: {"kept": True, "component": r["component"], "split": r["split"], "reason": None,
-                         "kept_sha256": None} for r in table}
-    uri = settings.table_uri(REPORT_TABLE)
-    if not lake.exists(uri):  # nothing was ever dropped
-        return out
-    rows = lake.read(uri, lake.current_version(uri), filter=[("curated_version", "=", result.curated_version)])
-    for d in rows.to_pylist():
-        assert d["sha256"] not in out, d
-        out[d["sha256"]] = {"kept": False, "component": d["component"], "split": None, "reason": d["reason"],
-                            "kept_sha256": d["kept_sha256"]}
-    return out
 
 
 def report_details(settings, result) -> dict[str, str]:
@@ -283,8 +241,8 @@ def test_empty_raw_version_is_a_clear_error(settings):
 
 def test_a_chain_drops_only_copies_of_kept_images_and_conflicts_only_between_copies():
     from tasks.curation.copy_pairs import CopyScores
-    from tasks.curation.curate import dedupe_component
     from tasks.curation.curation_features import Features
+    from tasks.curation.dedupe import dedupe_component
 
     # A, B, C on a line: A~B and B~C are copies (score 0.999), A and C are not (0.99).
     # D is another label, a copy of nobody but in the same component (grouped generously).
@@ -323,7 +281,7 @@ def test_a_bad_image_rule_that_fires_on_a_large_share_stops_curation_instead_of_
     raw = ingest_landing(photos, run_id="ing", logical_date="2026-11-21", landing=landing).raw_version
     strict = photos.model_copy(update={"curation": photos.curation.model_copy(
         update={"outliers": photos.curation.outliers.model_copy(update={"min_blur": 400.0})})})
-    from tasks.curation.curate import OutlierRuleError
+    from tasks.curation.outliers import OutlierRuleError
 
     with pytest.raises(OutlierRuleError, match=r"blurry would drop \d+ of 160 images \(.*min_blur 400; this data's median blur"):
         curate(strict, raw, run_id="c1", logical_date="2026-11-21")

@@ -11,13 +11,14 @@ of two digits is not (a blend of two very similar digits can be: 2.7% of such bl
 import numpy as np
 from PIL import Image, ImageEnhance
 
+from tasks.curation.assignments import split_for
 from tasks.curation.copy_score import copy_score, copy_signature
-from tasks.curation.curate import curate, split_for
+from tasks.curation.curate import curate
 from tasks.curation.curation_features import pixel_embedding
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
 from tasks.data.sample_data import write_digits
-from tests.tasks.curation.test_curate import IMAGES, LABELS, components, encode, outcome, plant, sha
+from tests.factories.curation import IMAGES, LABELS, components, encode, outcome, plant, sha
 
 SURE, UNSURE = 0.975, 0.965  # planted similarities stay clear of the 0.97 threshold by this margin
 COPY_MARGIN = 0.995  # the merge blend's copy score to either source stays below this (threshold 0.9974)

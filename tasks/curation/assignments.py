@@ -1,0 +1,121 @@
+"""The assignment record (``curation_components``): stable component keys and splits (rules: ``tasks.curation.curate``).
+
+An image keeps the component and split it got when curation first saw it; new components get
+their key (smallest sha256) and ``split_for`` it; new images that would bridge recorded
+components of different splits are quarantined.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.curation.copy_pairs import CopyScores
+from tasks.curation.curation_features import Features
+from tasks.curation.dedupe import recorded_original
+from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, drop_row
+from tasks.data import lake
+from tasks.settings import Settings
+
+log = logging.getLogger("tasks.curation.curate")  # one logger for the whole curation, as before the split
+
+@dataclass(frozen=True)
+class Assignment:
+    """One row of the assignment record: where an image went when curation first saw it."""
+
+    component: str
+    split: str
+    first_raw_version: int
+    run_id: str
+
+
+def split_for(component_key: str, salt: str, ratios: dict[str, float]) -> str:
+    """train/val/test from the salted hash of the component key alone: stable across runs."""
+    digest = hashlib.sha256(f"{salt}:{component_key}".encode()).hexdigest()
+    u = int(digest, 16) / float(1 << 256)  # uniform in [0, 1)
+    edge = 0.0
+    for name in SPLITS:
+        edge += ratios[name]
+        if u < edge:
+            return name
+    return SPLITS[-1]  # float rounding when u is just below 1.0
+
+
+def read_assignments(settings: Settings) -> tuple[dict[str, Assignment], int | None]:
+    """The newest assignment record for this salt (empty for another salt), and its version."""
+    uri = settings.table_uri(COMPONENTS_TABLE)
+    version = lake.current_version(uri)
+    if version is None:
+        return {}, None
+    head = next(c for c in lake.history(uri) if c.version == version)
+    if head.metadata.get("split_salt") != settings.curation.split_salt:
+        log.warning("curate: %s was written with another split_salt: starting a fresh assignment record", uri)
+        return {}, version
+    t = lake.read(uri, version).to_pydict()
+    return {
+        s: Assignment(c, sp, int(v), r)
+        for s, c, sp, v, r in zip(t["sha256"], t["component"], t["split"], t["first_raw_version"], t["run_id"])
+    }, version
+
+
+def record_table(assignments: dict[str, Assignment]) -> pa.Table:
+    shas = sorted(assignments)
+    rows = [assignments[s] for s in shas]
+    return pa.table(
+        {"sha256": shas, "component": [a.component for a in rows], "split": [a.split for a in rows],
+         "first_raw_version": [a.first_raw_version for a in rows], "run_id": [a.run_id for a in rows]},
+        schema=COMPONENTS_SCHEMA,
+    )
+
+
+def assign(
+    components: list[list[str]], record: dict[str, Assignment], features: Features, by_sha: dict[str, dict[str, Any]],
+    scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
+) -> tuple[dict[str, Assignment], dict[str, list[str]], dict[str, str], int, list[dict[str, Any]]]:
+    """Keys and splits for this curation's components (the rules in the module doc).
+
+    Returns (the whole record after it, final component key -> eligible members, merged key -> key,
+    images assigned now, drop rows of new images that would bridge splits).
+    """
+    dropped: list[dict[str, Any]] = []
+    assignments = dict(record)
+    renamed: dict[str, str] = {}
+    groups: dict[str, list[str]] = {}  # final component key -> eligible members
+    new_images = 0
+    for group in components:
+        recorded = sorted({record[s].component for s in group if s in record})
+        split_of = {record[s].component: record[s].split for s in group if s in record}
+        newcomers = [s for s in group if s not in record]
+        if len(set(split_of.values())) > 1:
+            named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
+            more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
+            detail = f"would join recorded components {named}{more} in different splits"
+            for s in newcomers:
+                copied = recorded_original(s, [m for m in group if m in record], features, by_sha, scores,
+                                           cfg.copy_similarity)
+                if copied is None:
+                    dropped.append(drop_row(by_sha[s], "split_bridge", recorded[0], None, detail))
+                else:  # a copy needs no split: dropped as such, never kept across splits
+                    reason, original, how = copied
+                    dropped.append(drop_row(by_sha[s], reason, record[original].component, original,
+                                         f"{how} to the recorded image (it also {detail})"))
+            for s in group:
+                if s in record:
+                    groups.setdefault(record[s].component, []).append(s)
+            continue
+        key = recorded[0] if recorded else min(group)
+        split = split_of[key] if recorded else split_for(key, cfg.split_salt, dict(cfg.split_ratios))
+        for other in recorded[1:]:
+            renamed[other] = key
+        for s in newcomers:
+            assignments[s] = Assignment(key, split, raw_version, run_id)
+            new_images += 1
+        groups[key] = group
+    if renamed:  # a merge relabels every recorded member, also those outside this raw version
+        assignments = {s: replace(a, component=renamed.get(a.component, a.component)) for s, a in assignments.items()}
+
+    return assignments, groups, renamed, new_images, dropped

@@ -1,0 +1,111 @@
+"""Deduplication inside one component: which members are copies of which kept image, never through a chain."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tasks.curation.copy_pairs import CopyScores
+from tasks.curation.curation_features import Features
+
+WALK_SCORED_MEMBERS = 64  # components up to this size score each member against every kept member
+
+
+def pixel_key(features: Features, sha: str) -> str:
+    return features.by_sha[sha].pixel_digest or sha
+
+
+def group_by_pixels(shas: list[str], features: Features) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for s in shas:
+        out.setdefault(pixel_key(features, s), []).append(s)
+    return out
+
+
+def _copies_of(sha: str, among: Mapping[str, Any] | set[str], by_digest: dict[str, list[str]], features: Features,
+               scores: CopyScores, threshold: float) -> list[tuple[str, str]]:
+    """Images of ``among`` known now to be copies of ``sha``: (image, how), same pixels first, then scored pairs.
+
+    ``by_digest`` groups ``among`` by decoded-pixel digest; a scored pair is a copy at ``threshold`` or above.
+    """
+    digest = pixel_key(features, sha)
+    same = [(o, "same pixels") for o in by_digest.get(digest, ()) if o != sha]
+    return same + [(o, f"copy score {v:.4f}") for o, v in scores.partners(sha).items()
+                   if v >= threshold and o in among and pixel_key(features, o) != digest]
+
+
+def _strongest(sha: str, copies: list[tuple[str, str]], scores: CopyScores, rank: Mapping[str, int]) -> tuple[str, str]:
+    """The copy ``sha`` is most surely a copy of: same pixels, then the highest score, then the first in ``rank``."""
+    return max(copies, key=lambda c: (c[1] == "same pixels", scores.get(sha, c[0]) or 0.0, -rank[c[0]]))
+
+
+def recorded_original(sha: str, recorded: list[str], features: Features, by_sha: dict[str, dict[str, Any]],
+                      scores: CopyScores, threshold: float) -> tuple[str, str, str] | None:
+    """(reason, recorded image, how) when a new image is a copy of a recorded image with its label, else None."""
+    same_label = [r for r in recorded if by_sha[r]["label"] == by_sha[sha]["label"]]
+    rank = {r: i for i, r in enumerate(same_label)}
+    copies = _copies_of(sha, rank, group_by_pixels(same_label, features), features, scores, threshold)
+    if not copies:
+        return None
+    original, how = _strongest(sha, copies, scores, rank)
+    if how == "same pixels":
+        return "exact_duplicate", original, "same decoded pixels"
+    return "near_duplicate", original, how
+
+
+def dedupe_component(order: list[str], features: Features, labels: dict[str, str], scores: CopyScores,
+                     threshold: float) -> tuple[list[str], list[tuple[str, str, str | None, str]]]:
+    """Which members of one component are kept: drop precisely, never through a chain.
+
+    ``order`` is the component's members, first assigned first. Two members are copies when
+    their decoded pixels are identical or their copy score (``tasks.curation.copy_score``) is at least
+    ``threshold`` (``curation.copy_similarity``, calibrated on planted copies against distinct
+    images). Walking in order, a member is dropped only when it is a copy of a member already
+    KEPT with its label (not of something that was itself dropped, nor of a chain A~B~C), as
+    ``exact_duplicate`` or ``near_duplicate`` of that image, with the score in the detail;
+    otherwise it is kept. Pairs that are not scored yet are scored against the kept members in
+    components of up to ``WALK_SCORED_MEMBERS`` members (larger ones use the candidate pairs'
+    scores only). A member that is a known copy of a member with another label is quarantined
+    (``label_conflict``) with that member: nobody can tell which label is right. Members only
+    linked through the component (grouped generously for split assignment) are all kept.
+
+    Returns (kept shas, [(sha, reason, kept sha or None, detail)]).
+    """
+    if len(order) == 1:
+        return list(order), []
+    index = {s: i for i, s in enumerate(order)}
+    by_digest = group_by_pixels(order, features)
+    label = [labels[s] for s in order]
+
+    def known_copies(i: int) -> list[tuple[int, str]]:
+        """Members that are copies of member i by what is known now (same pixels, or a scored pair)."""
+        return [(index[o], how) for o, how in _copies_of(order[i], index, by_digest, features, scores, threshold)]
+
+    clash: dict[int, tuple[int, str]] = {}  # member -> a known copy of it with another label
+    for i in range(len(order)):
+        other = next(((k, how) for k, how in known_copies(i) if label[k] != label[i]), None)
+        if other is not None:
+            clash[i] = other
+    kept: list[int] = []
+    kept_set: set[int] = set()
+    removed: list[tuple[str, str, str | None, str]] = []
+    for i, sha in enumerate(order):
+        if i in clash:
+            k, how = clash[i]
+            removed.append((sha, "label_conflict", None,
+                            f"copy ({how}) of {order[k][:12]} labelled {label[k]!r}, this one {label[i]!r}"))
+            continue
+        if len(order) <= WALK_SCORED_MEMBERS:  # small: score each kept member of its label now
+            scores.score_many((sha, order[k]) for k in kept
+                              if label[k] == label[i] and pixel_key(features, order[k]) != pixel_key(features, sha))
+        originals = [(order[k], how) for k, how in known_copies(i) if k in kept_set and label[k] == label[i]]
+        if not originals:
+            kept.append(i)
+            kept_set.add(i)
+            continue
+        original, how = _strongest(sha, originals, scores, index)
+        if how == "same pixels":
+            removed.append((sha, "exact_duplicate", original, "same decoded pixels as the kept image"))
+        else:
+            removed.append((sha, "near_duplicate", original, f"{how} to the kept image (drop at >= {threshold})"))
+    return [order[i] for i in kept], removed

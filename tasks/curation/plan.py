@@ -1,0 +1,233 @@
+"""A curation's plan: everything it decides before anything is written (the rules: ``tasks.curation.curate``).
+
+Features are loaded or computed, bad images set aside (``tasks.curation.outliers``), the
+component graph built from the record, pixels, embeddings and copy scores, keys and splits
+assigned (``tasks.curation.assignments``) and each component deduplicated
+(``tasks.curation.dedupe``). The only thing written here is fastdup's private work folder.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.curation.assignments import Assignment, assign, read_assignments
+from tasks.curation.copy_pairs import (
+    PAIRS_TABLE,
+    CopyScores,
+    blurred,
+    candidate_pairs,
+    load_scores,
+    score_config,
+    store_scores,
+)
+from tasks.curation.curation_features import (
+    FEATURES_SCHEMA,
+    GALLERY_IMAGES,
+    Features,
+    ImageFeatures,
+    UnionFind,
+    clear_dir,
+    compute_features,
+    feature_config,
+    link_similar,
+    load_features,
+    merge_features,
+    store_features,
+)
+from tasks.curation.dedupe import dedupe_component, pixel_key
+from tasks.curation.outliers import screen
+from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
+from tasks.settings import Settings
+
+
+@dataclass
+class Plan:
+    """Everything a curation decides, before anything is written (pure given its inputs)."""
+
+    curated: pa.Table
+    dropped: list[dict[str, Any]]
+    assignments: dict[str, Assignment]  # the whole record after this curation
+    record_changed: bool
+    new_images: int
+    feature_rows: pa.Table  # features computed now, to store
+    pair_rows: pa.Table  # copy scores computed now, to store
+    duplicates: list[tuple[str, str, float]] = field(default_factory=list)
+    outliers: list[tuple[str, str, str, ImageFeatures]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work: Path) -> Plan:
+    """Decide what is kept, dropped and where it goes; writes only ``work`` (fastdup's folder).
+
+    Phases: features (stored or computed), bad images set aside, the component graph, keys and
+    splits, then each component deduplicated.
+    """
+    cfg = settings.curation
+    by_sha = {r["sha256"]: r for r in sorted(raw.to_pylist(), key=lambda r: r["sha256"])}
+    stored, fresh = _features(settings, by_sha, run_id, work)
+    features: Features = merge_features(stored, fresh)
+    record, record_version = read_assignments(settings)
+    eligible, dropped, outliers = screen(by_sha, features, record, cfg.outliers)
+    graph = _group(settings, eligible, record, features, by_sha)
+    assignments, groups, renamed, new_images, bridges = assign(
+        graph.components(), record, features, by_sha, graph.scores, cfg, raw_version, run_id)
+    dropped.extend(bridges)
+    kept_rows = _dedupe(groups, assignments, features, by_sha, graph.scores, cfg.copy_similarity, dropped)
+
+    kept_rows.sort(key=lambda r: r["sha256"])
+    dropped.sort(key=lambda d: (d["component"], d["sha256"]))
+    outliers.sort(key=lambda o: (o[1], o[3].blur if o[1] == "blurry" else o[3].mean or 0.0, o[0]))
+    info = {
+        "features": {"config": feature_config(cfg), "method": cfg.embedding, "computed": fresh.num_rows,
+                     "stored_before": len(stored.by_sha)},
+        "similarity": {"queries": len(graph.pending), "corpus": len(eligible),
+                       "pairs_at_or_above_threshold": graph.found,
+                       "search": "exact cosine, new images against all eligible images (numpy)"},
+        "copies": {"candidates": len(graph.candidates), "copy_edges": graph.copy_edges,
+                   "pairs_scored": len(graph.scores.fresh),
+                   "pairs_stored_before": len(graph.scores.known) - len(graph.scores.fresh), "score": score_config(),
+                   "threshold": cfg.copy_similarity},
+        "assignments": {"table": settings.table_uri(COMPONENTS_TABLE), "read_version": record_version,
+                        "recorded_before": len(record), "new": new_images, "merged_keys": len(renamed)},
+    }
+    return Plan(
+        pair_rows=graph.scores.fresh_rows(run_id),
+        curated=pa.Table.from_pylist(kept_rows, schema=CURATED_SCHEMA),
+        dropped=dropped,
+        assignments=assignments,
+        record_changed=new_images > 0 or bool(renamed),
+        new_images=new_images,
+        feature_rows=fresh,
+        duplicates=graph.duplicates,
+        outliers=outliers,
+        info=info,
+    )
+
+
+def _features(settings: Settings, by_sha: dict[str, dict[str, Any]], run_id: str, work: Path
+              ) -> tuple[Features, pa.Table]:
+    """(stored features of these images, rows computed now for the rest): each image is embedded once."""
+    cfg = settings.curation
+    stored = load_features(settings.table_uri(EMBEDDINGS_TABLE), feature_config(cfg), set(by_sha))
+    missing = [s for s in by_sha if s not in stored.by_sha]
+    fresh = (compute_features([(s, by_sha[s]["image"]) for s in missing], cfg, work, run_id) if missing
+             else FEATURES_SCHEMA.empty_table())
+    return stored, fresh
+
+
+@dataclass
+class _Graph:
+    """The component graph over the eligible images and what building it found."""
+
+    eligible: list[str]  # sorted: a component's root is its smallest sha256
+    sets: UnionFind
+    pending: list[int]  # eligible images not in the record yet: the only ones compared
+    scores: CopyScores
+    found: int = 0  # pairs at or above near_duplicate_threshold
+    duplicates: list[tuple[str, str, float]] = field(default_factory=list)
+    candidates: set[tuple[int, int]] = field(default_factory=set)
+    copy_edges: int = 0
+
+    def components(self) -> list[list[str]]:
+        members: dict[int, list[str]] = {}
+        for i, sha in enumerate(self.eligible):
+            members.setdefault(self.sets.find(i), []).append(sha)
+        return list(members.values())
+
+
+def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment], features: Features,
+           by_sha: dict[str, dict[str, Any]]) -> _Graph:
+    """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies."""
+    cfg = settings.curation
+    pos = {sha: i for i, sha in enumerate(eligible)}
+    sets = UnionFind(len(eligible))
+    first_of_component: dict[str, int] = {}
+    for sha in eligible:
+        if sha in record:
+            sets.union(pos[sha], first_of_component.setdefault(record[sha].component, pos[sha]))
+    pending = [pos[s] for s in eligible if s not in record]
+    first_of_pixels: dict[str, int] = {}
+    for sha in eligible:
+        first_of_pixels.setdefault(pixel_key(features, sha), pos[sha])
+    for i in pending:
+        sets.union(i, first_of_pixels[pixel_key(features, eligible[i])])
+    matrix = features.matrix[[features.row_of[s] for s in eligible]] if eligible else features.matrix[:0]
+    found, best = link_similar(matrix, pending, cfg.near_duplicate_threshold, sets)
+    scores = CopyScores(lambda sha: by_sha[sha]["image"],
+                        load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
+    candidates, copy_edges = _link_copies(cfg, eligible, matrix, pending, scores, sets)
+    return _Graph(eligible, sets, pending, scores, found, [(eligible[a], eligible[b], s) for a, b, s in best],
+                  candidates, copy_edges)
+
+
+def _dedupe(groups: dict[str, list[str]], assignments: dict[str, Assignment], features: Features,
+            by_sha: dict[str, dict[str, Any]], scores: CopyScores, threshold: float,
+            dropped: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The kept rows of every component, first assigned first; the removed members are added to ``dropped``."""
+    kept_rows: list[dict[str, Any]] = []
+    for key in sorted(groups):
+        order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
+        kept, removed = dedupe_component(order, features, {s: by_sha[s]["label"] for s in order}, scores, threshold)
+        dropped.extend(drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
+        for sha in kept:
+            r = by_sha[sha]
+            kept_rows.append({"sha256": sha, "image": r["image"], "label": r["label"],
+                              "split": assignments[sha].split, "component": key, "width": int(r["width"]),
+                              "height": int(r["height"])})
+    return kept_rows
+
+
+def _link_copies(cfg: Any, eligible: list[str], matrix: np.ndarray, pending: list[int], scores: CopyScores,
+                 sets: UnionFind) -> tuple[set[tuple[int, int]], int]:
+    """Score the new images' candidate pairs; a copy joins its original's component (copies never straddle splits).
+
+    Returns (candidate pairs, how many were copies).
+    """
+    candidates = _copy_candidates(cfg, matrix, pending)
+    scores.score_many((eligible[i], eligible[j]) for i, j in candidates)
+    copy_edges = 0
+    for i, j in candidates:
+        if scores.get(eligible[i], eligible[j]) >= cfg.copy_similarity:
+            sets.union(i, j)
+            copy_edges += 1
+    return candidates, copy_edges
+
+
+def _copy_candidates(cfg: Any, matrix: np.ndarray, pending: list[int]) -> set[tuple[int, int]]:
+    """Candidate pairs (eligible indices) of the new images: nearest neighbours by the embedding (and blurred)."""
+    views = [matrix]
+    if cfg.embedding == "pixels" and len(matrix) and matrix.shape[1] == cfg.feature_size ** 2:
+        views.append(blurred(matrix, cfg.feature_size))
+    return candidate_pairs(views, pending, cfg.copy_candidates)
+
+
+def store_caches(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> None:
+    """Features and copy scores computed by this plan (content-addressed caches: a re-run adds nothing)."""
+    if plan.feature_rows.num_rows:
+        store_features(settings.table_uri(EMBEDDINGS_TABLE), plan.feature_rows, {**metadata, "step": "curate_features"})
+    if plan.pair_rows.num_rows:
+        store_scores(settings.table_uri(PAIRS_TABLE), plan.pair_rows,
+                     {**metadata, "step": "curate_pairs", "score_config": score_config()})
+
+
+def plan_in_workdir(settings: Settings, raw: pa.Table, raw_version: int, run_id: str) -> Plan:
+    """Plan with fastdup's exported copies in a private folder that never outlives the call."""
+    parent = settings.reports_path / "curation"
+    parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".work-", dir=parent))
+    try:
+        return _plan(settings, raw, raw_version, run_id, work)
+    finally:
+        clear_dir(work)
+
+
+def gallery_shas(plan: Plan) -> set[str]:
+    shas = {s for a, b, _ in plan.duplicates[:GALLERY_IMAGES] for s in (a, b)}
+    return shas | {o[0] for o in plan.outliers}
+

@@ -1,0 +1,70 @@
+"""The curation's Delta tables (names and schemas), its error, and the one shape of a drop row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.data import lake
+from tasks.errors import DataError
+from tasks.settings import Settings
+
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+EMBEDDINGS_TABLE = "curation_embeddings"
+COMPONENTS_TABLE = "curation_components"
+REPORT_TABLE = "curation_report"
+
+CURATED_SCHEMA = pa.schema(
+    [
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("image", pa.binary(), nullable=False),
+        pa.field("label", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("component", pa.string(), nullable=False),
+        pa.field("width", pa.int32(), nullable=False),
+        pa.field("height", pa.int32(), nullable=False),
+    ]
+)
+
+COMPONENTS_SCHEMA = pa.schema(
+    [
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("component", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("first_raw_version", pa.int64(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),  # the curation that first assigned it
+    ]
+)
+
+REPORT_SCHEMA = pa.schema(
+    [
+        pa.field("raw_version", pa.int64(), nullable=False),
+        pa.field("config_hash", pa.string(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=True),
+        pa.field("component", pa.string(), nullable=False),
+        pa.field("kept_sha256", pa.string(), nullable=True),
+        pa.field("label", pa.string(), nullable=False),
+        pa.field("curated_version", pa.int64(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("logical_date", pa.string(), nullable=False),
+    ]
+)
+
+
+class CurationError(DataError, RuntimeError):
+    """Curation cannot produce a snapshot; the message says which input and why."""
+
+
+def drop_row(row: dict[str, Any], reason: str, component: str, kept: str | None, detail: str | None) -> dict[str, Any]:
+    return {"sha256": row["sha256"], "reason": reason, "component": component, "kept_sha256": kept,
+            "label": row["label"], "detail": detail}
+
+
+def read_raw(settings: Settings, raw_version: int) -> pa.Table:
+    raw = lake.read(settings.raw_table, raw_version, columns=["sha256", "image", "width", "height", "label"])
+    if raw.num_rows == 0:
+        raise CurationError(f"{settings.raw_table} version {raw_version} has no rows: nothing to curate")
+    return raw

@@ -1,0 +1,56 @@
+"""Curation test material: real digits, planted files, and what a curation decided for each image."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+from PIL import Image
+
+from tasks.curation.tables import COMPONENTS_TABLE, REPORT_TABLE
+from tasks.data import lake
+from tasks.data.sample_data import digits_arrays
+
+IMAGES, LABELS = digits_arrays()
+
+
+def encode(img: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def digit(i: int) -> Image.Image:
+    return Image.fromarray(IMAGES[i], mode="L")
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def plant(landing: Path, name: str, label: int, data: bytes) -> str:
+    (landing / str(label)).mkdir(parents=True, exist_ok=True)
+    (landing / str(label) / name).write_bytes(data)
+    return sha(data)
+
+
+def components(settings, version: int) -> dict[str, dict]:
+    """sha256 -> assignment row of the curation_components table at ``version``."""
+    return {r["sha256"]: r for r in lake.read(settings.table_uri(COMPONENTS_TABLE), version).to_pylist()}
+
+
+def outcome(settings, result) -> dict[str, dict]:
+    """sha256 -> {"kept", "component", "split", "reason", "kept_sha256"} from the snapshot and the report table."""
+    table = lake.read(result.curated_table, result.curated_version).to_pylist()
+    out = {r["sha256"]: {"kept": True, "component": r["component"], "split": r["split"], "reason": None,
+                         "kept_sha256": None} for r in table}
+    uri = settings.table_uri(REPORT_TABLE)
+    if not lake.exists(uri):  # nothing was ever dropped
+        return out
+    rows = lake.read(uri, lake.current_version(uri), filter=[("curated_version", "=", result.curated_version)])
+    for d in rows.to_pylist():
+        assert d["sha256"] not in out, d
+        out[d["sha256"]] = {"kept": False, "component": d["component"], "split": None, "reason": d["reason"],
+                            "kept_sha256": d["kept_sha256"]}
+    return out
