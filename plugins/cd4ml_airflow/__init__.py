@@ -1,4 +1,4 @@
-"""Airflow-specific parts of cd4ml: notifier, shared DAG defaults, Assets, context helpers.
+"""Airflow-specific parts of cd4ml: task bodies (``steps/``), notifier, shared DAG defaults, Assets, context helpers.
 
 Nothing here holds product logic; that lives in ``tasks/`` and is imported inside task bodies.
 """
