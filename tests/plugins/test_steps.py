@@ -94,6 +94,18 @@ def test_a_plain_dict_result_is_the_xcom_as_it_is(settings):
     assert pinned(data={"v": 4}, run_id="r8") == {"curated_version": 4, "run": "r8"}
 
 
+def test_a_body_that_returns_no_dict_says_so_and_airflow_pushes_it_whole():
+    @task.short_circuit
+    @step(fail_fast=False)
+    def gate(settings, context, drift: dict) -> bool:
+        return drift["status"] == "drift"
+
+    with DAG("shape", start_date=pendulum.datetime(2026, 11, 1), schedule=None):
+        gate({"status": "drift"})
+    assert gate.function.__annotations__ == {"return": "bool"}
+    assert gate.multiple_outputs is False
+
+
 def test_a_body_takes_settings_and_context_first():
     with pytest.raises(TypeError, match=r"takes \(settings, context, \.\.\.\)"):
         @step()

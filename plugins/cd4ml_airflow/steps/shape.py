@@ -16,7 +16,7 @@ returns what the ``tasks/`` function returned; ``@step`` (under ``@task``) does 
    body itself says which part fails fast;
 4. prints ``says(result)``, the line a reader of the task log looks for;
 5. ``publishes=(asset, extra_of)``: the Asset event's extra, from the result;
-6. returns ``result.to_dict()`` (a body's plain dict as it is) as the task's XCom.
+6. returns ``result.to_dict()`` (a body's plain value as it is) as the task's XCom.
 
 The task keeps the body's name, docstring and task arguments (Airflow reads them from the
 signature); the settings and context come in as the first two parameters.
@@ -39,14 +39,14 @@ Body = Callable[..., Any]
 
 
 def step(*, checks_params: bool = False, fail_fast: bool = True, says: Callable[[Any], str] | None = None,
-         publishes: tuple[Any, Callable[[Any], dict]] | None = None) -> Callable[[Body], Callable[..., dict]]:
+         publishes: tuple[Any, Callable[[Any], dict]] | None = None) -> Callable[[Body], Callable[..., Any]]:
     """Wrap a task body ``(settings, context, *task_args)`` in the shared shape (module doc)."""
 
-    def decorate(body: Body) -> Callable[..., dict]:
+    def decorate(body: Body) -> Callable[..., Any]:
         signature = _task_signature(body)
 
         @functools.wraps(body)
-        def run(*args: Any, **kwargs: Any) -> dict:
+        def run(*args: Any, **kwargs: Any) -> Any:
             from tasks.settings import load_settings
 
             bound = signature.bind(*args, **kwargs)
@@ -64,8 +64,8 @@ def step(*, checks_params: bool = False, fail_fast: bool = True, says: Callable[
             return result.to_dict() if hasattr(result, "to_dict") else result
 
         run.__signature__ = signature  # type: ignore[attr-defined]
-        # what Airflow infers multiple_outputs from, as for every task that returns a dict
-        run.__annotations__ = {"return": dict}
+        # what Airflow infers multiple_outputs from: a result's to_dict() is a dict, a body may say otherwise
+        run.__annotations__ = {"return": body.__annotations__.get("return", dict)}
         return run
 
     return decorate

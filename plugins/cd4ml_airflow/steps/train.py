@@ -80,12 +80,12 @@ def drift_check(settings, context, data: dict):
 
 
 @task.short_circuit
-def retrain_gate(drift: dict, **context) -> bool:
+@step(fail_fast=False)
+def retrain_gate(settings, context, drift: dict) -> bool:
     """Policy `retrain`: go on only when the new data drifted (or no champion, or force_retrain)."""
     from tasks.data.drift import DriftResult, should_train
-    from tasks.settings import load_settings
 
-    go, why = should_train(load_settings(), DriftResult(**drift), bool(context["params"]["force_retrain"]))
+    go, why = should_train(settings, DriftResult(**drift), bool(context["params"]["force_retrain"]))
     print(why)
     return go
 
