@@ -14,17 +14,18 @@
 
 Runs on `ingest.schedule` and on the monitor's `retrain_request` Asset event (the labelled live
 images it copied into the landing zone are the new data).
+
+Task bodies: `plugins/cd4ml_airflow/steps/ingest.py`.
 """
 
 from __future__ import annotations
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, dag
 
-from cd4ml_airflow.assets import RAW_IMAGES, RETRAIN_REQUEST
+from cd4ml_airflow.assets import RETRAIN_REQUEST
 from cd4ml_airflow.config import SETTINGS
-from cd4ml_airflow.context import check_run_params, fail_fast_on_data_errors, logical_date_of
 from cd4ml_airflow.defaults import cron_or_asset, dag_kwargs
-from cd4ml_airflow.notifier import alert_from_context
+from cd4ml_airflow.steps.ingest import ingest, validate
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
@@ -63,70 +64,6 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
     **dag_kwargs("cd4ml_ingest", ["ingest", "validation"], __doc__),
 )
 def cd4ml_ingest():
-    @task
-    def ingest(**context) -> dict:
-        """Hash, decode and MERGE new images; quarantine bad files."""
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from tasks.data.ingest import EmptyLandingError, ingest_landing
-        from tasks.settings import load_settings
-
-        p = context["params"]
-        settings = load_settings()
-        check_run_params(context, settings)
-        try:
-            with fail_fast_on_data_errors():  # a wrong path, manifest or engine will not fix itself
-                result = ingest_landing(
-                    settings,
-                    run_id=context["run_id"],
-                    logical_date=logical_date_of(context),
-                    landing=p["source_uri"],
-                    label_source=p["label_source"],
-                    manifest=p["manifest_uri"],
-                    engine=p["engine"],
-                    full=p["full_recheck"],
-                )
-        except EmptyLandingError as exc:
-            raise AirflowSkipException(str(exc)) from exc
-        print(f"ingest: {result.inserted} new, {result.already_present} already present, {result.rejected} rejected "
-              f"(rejects table {result.rejects_table}); raw_images v{result.raw_version}")
-        return result.to_dict()
-
-    @task(outlets=[RAW_IMAGES])
-    def validate(batch: dict, *, outlet_events=None, **context) -> dict:
-        """great-expectations suite on the raw version; publishes (and names) it only when it passes."""
-        from tasks.alerting.alert import first_line
-        from tasks.alerting.delivery import send
-        from tasks.data import lake
-        from tasks.data.validate import ValidationFailedError, validate_batch
-        from tasks.settings import load_settings
-
-        settings = load_settings()
-        name = context["params"]["dataset_version_name"]
-        with fail_fast_on_data_errors():
-            try:
-                result = validate_batch(
-                    settings,
-                    raw_version=batch["raw_version"],
-                    files_seen=batch["files_seen"],
-                    rejected=batch["rejected"],
-                    run_id=context["run_id"],
-                )
-            except ValidationFailedError as exc:  # the run's incident, with the failed checks and report
-                send(alert_from_context(
-                    context, settings, settings.env, kind="validation_failed", severity="critical",
-                    summary=f"raw_images v{batch['raw_version']} failed validation: {len(exc.failures)} check(s)",
-                    error=first_line(exc), details={"report": exc.report_path, "failures": exc.failures[:10]}),
-                    settings)
-                raise
-            if name:
-                lake.tag_version(settings.raw_table, batch["raw_version"], name, run_id=context["run_id"])
-        print(f"validation report: {result.report_path}  data docs: {result.docs_path}")
-        outlet_events[RAW_IMAGES].extra = {
-            "raw_table": batch["raw_table"], "raw_version": batch["raw_version"], "name": name,
-        }
-        return result.to_dict()
-
     validate(ingest())
 
 

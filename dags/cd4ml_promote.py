@@ -15,17 +15,19 @@ frozen test split (Param `test_version`, else the curated version of this logica
 `mark_challenger` -> [`approval_request` -> `approve`, where `release.approval: required`] ->
 `promote` (publishes this environment's champion Asset) -> `finish` (records a reject or a
 timeout, alerts).
+
+Task bodies: `plugins/cd4ml_airflow/steps/promote.py`.
 """
 
 from __future__ import annotations
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, dag
 
 from cd4ml_airflow.assets import UPSTREAM_CHAMPION
 from cd4ml_airflow.config import SETTINGS
-from cd4ml_airflow.context import check_run_params, fail_fast_on_data_errors, logical_date_of
 from cd4ml_airflow.defaults import dag_kwargs
 from cd4ml_airflow.release import release_flow
+from cd4ml_airflow.steps.promote import copy_candidate, test_data
 
 DEPLOY_MODEL = SETTINGS.release.pattern == "deploy_model"
 
@@ -51,50 +53,6 @@ DEPLOY_MODEL = SETTINGS.release.pattern == "deploy_model"
     **dag_kwargs("cd4ml_promote", ["release", "gate", "registry"], __doc__),
 )
 def cd4ml_promote():
-    @task
-    def copy_candidate(**context) -> dict:
-        """The candidate: a copy of the upstream champion (deploy model) or the Param `version` (deploy code)."""
-        from tasks.release.release import ReleaseError, copy_from_upstream
-        from tasks.settings import load_settings
-
-        settings = load_settings()
-        params = context["params"]
-        check_run_params(context, settings)
-        with fail_fast_on_data_errors():
-            if params["version"] is not None:
-                print(f"candidate: {settings.registry.model_name} v{params['version']} (Param version)")
-                return {"version": int(params["version"]), "source": "param"}
-            if settings.release.pattern != "deploy_model":
-                raise ReleaseError(
-                    f"{settings.env} deploys code (release.pattern: deploy_code): its candidates come from "
-                    "cd4ml_train; trigger this DAG with the Param `version` to gate and promote a registered version"
-                )
-            source = params["source_version"]
-            if source is None:
-                for events in (context.get("triggering_asset_events") or {}).values():
-                    for event in events:
-                        source = (event.extra or {}).get("version", source)
-            copied = copy_from_upstream(settings, source)
-        print(f"candidate: {settings.registry.model_name} v{copied['version']} copied from {copied['source']}"
-              + (" (reused)" if copied["reused"] else ""))
-        return copied
-
-    @task
-    def test_data(**context) -> dict:
-        """This environment's frozen test split: the curated version of this run (or a sample of it)."""
-        from tasks.data import lake
-        from tasks.data.sampling import training_data
-        from tasks.settings import load_settings
-
-        settings = load_settings()
-        check_run_params(context, settings)
-        with fail_fast_on_data_errors():
-            version = context["params"]["test_version"]
-            if version is None:
-                version = lake.version_as_of(settings.curated_table, logical_date_of(context))
-            data = training_data(settings, settings.curated_table, int(version), context["run_id"])
-        return {"curated_table": data["table"], "curated_version": data["version"]}
-
     release_flow(copy_candidate(), test_data())
 
 

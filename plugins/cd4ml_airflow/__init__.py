@@ -1,4 +1,4 @@
-"""Airflow-specific parts of cd4ml: task bodies, notifier, alert channels, shared DAG defaults, Assets.
+"""Airflow-specific parts of cd4ml: task bodies (``steps/``), notifier, alert channels, shared DAG defaults, Assets.
 
 Nothing here holds product logic; that lives in ``tasks/`` and is imported inside task bodies.
 Importing this package installs Airflow's provider notifiers as this process's alert channels

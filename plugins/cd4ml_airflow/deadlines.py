@@ -52,24 +52,16 @@ async def deadline_missed(dag_id: str, minutes: float, reference: str, context: 
 
 
 def send_deadline_alert(dag_id: str, minutes: float, reference: str, context: dict[str, Any]) -> None:
-    from cd4ml_airflow.notifier import run_dedup_key, settings_or_none
-    from tasks.alerting.alert import Alert, ui_link
+    from cd4ml_airflow.notifier import settings_or_none
+    from tasks.alerting import policy as alert_policy
+    from tasks.alerting.alert import ui_link
     from tasks.alerting.delivery import send
 
     settings, env = settings_or_none()
     run = context.get("dag_run") or {}
     run_id = run.get("dag_run_id") or run.get("run_id") or ""
-    due = (context.get("deadline") or {}).get("deadline_time")
-    send(Alert(
-        summary=f"{dag_id} run {run_id} not finished {_span(minutes)} after its {reference.replace('_', ' ')}",
-        severity="critical", source=f"dag:{dag_id}", env=env, kind="deadline_missed",
-        dedup_key=run_dedup_key(env, dag_id, run_id) + ":deadline", dag_id=dag_id, run_id=run_id,
-        log_url=ui_link(settings, dag_id, run_id) if settings else "",
-        error=f"deadline {due} passed with the run {run.get('state', 'unfinished')}",
-        details={"deadline": str(due), "reference": reference, "minutes": minutes,
-                 "queued_at": run.get("queued_at"), "logical_date": run.get("logical_date")},
-    ), settings)
-
-
-def _span(minutes: float) -> str:
-    return f"{minutes * 60:.3g} s" if minutes < 1 else f"{minutes:.3g} min" if minutes < 120 else f"{minutes / 60:.3g} h"
+    origin = alert_policy.Origin(env=env, dag_id=dag_id, run_id=run_id,
+                                 log_url=ui_link(settings, dag_id, run_id) if settings else "")
+    send(alert_policy.deadline_missed(origin, minutes=minutes, reference=reference,
+                                      deadline_time=(context.get("deadline") or {}).get("deadline_time"), run=run),
+         settings)

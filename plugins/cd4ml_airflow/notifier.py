@@ -1,9 +1,10 @@
 """The on-call notifiers every DAG uses: failure (task and DAG level), success (resolves), approval pending.
 
-Each turns an Airflow callback context into a ``tasks.alerting.alert.Alert`` carrying the environment,
-DAG, task, run, a link to the task log in the Airflow UI, the first line of the error and the
-data and model versions involved, then hands it to ``tasks.alerting.delivery.send``, which routes it by
-severity, de-duplicates it and never raises.
+Each reads where the alert comes from out of an Airflow callback context (``origin_of``: the
+environment, DAG, task, run, a link to the task log in the Airflow UI and the data and model
+versions involved), lets ``tasks.alerting.policy`` decide what the alert says and how it is
+keyed, and hands it to ``tasks.alerting.delivery.send``, which routes it by severity, de-duplicates it
+and never raises.
 """
 
 from __future__ import annotations
@@ -14,11 +15,6 @@ from airflow.sdk import BaseNotifier
 
 # XCom keys (of the failed task's upstream results) and Params that name what data or model a run used.
 VERSION_KEYS = ("_version", "_table", "sample", "model_name", "version", "to")
-
-
-def run_dedup_key(env: str, dag_id: str, run_id: str | None) -> str:
-    """One incident per DAG run: the task- and DAG-level callbacks and the run's own alerts share it."""
-    return f"{env}:{dag_id}:{run_id}"
 
 
 def involved_versions(context) -> dict[str, Any]:
@@ -58,24 +54,23 @@ def settings_or_none():
             return None, f"unresolved ({exc})"
 
 
-def alert_from_context(context, settings, env: str, *, kind: str, severity: str, summary: str,
-                       error: str = "", details: dict | None = None, dedup_key: str | None = None):
-    """An Alert about the run in ``context``: DAG, task, run, log link, versions; keyed to the run by default."""
-    from tasks.alerting.alert import Alert, ui_link
+def origin_of(context, settings, env: str):
+    """Where an alert about the run in ``context`` comes from: DAG, task, run, log link, versions, date and try."""
+    from tasks.alerting.alert import ui_link
+    from tasks.alerting.policy import Origin
 
     dag = context.get("dag")
     ti = context.get("ti") or context.get("task_instance")
     dag_id = getattr(dag, "dag_id", None) or getattr(ti, "dag_id", None) or "unknown"
     task_id = getattr(ti, "task_id", None) or ""
     run_id = context.get("run_id") or getattr(context.get("dag_run"), "run_id", None) or ""
-    log_url = ui_link(settings, dag_id, run_id, task_id, getattr(ti, "try_number", None)) if settings else ""
-    return Alert(
-        summary=summary, severity=severity, source=f"dag:{dag_id}" + (f"/task:{task_id}" if task_id else ""),  # type: ignore[arg-type]
-        env=env, dedup_key=dedup_key or run_dedup_key(env, dag_id, run_id), kind=kind, dag_id=dag_id,
-        task_id=task_id, run_id=run_id, log_url=log_url, error=error, versions=involved_versions(context),
-        details={k: v for k, v in (("logical_date", context.get("logical_date")),
-                                   ("try_number", getattr(ti, "try_number", None))) if v is not None}
-        | (details or {}),
+    try_number = getattr(ti, "try_number", None)
+    return Origin(
+        env=env, dag_id=dag_id, task_id=task_id, run_id=run_id,
+        log_url=ui_link(settings, dag_id, run_id, task_id, try_number) if settings else "",
+        versions=involved_versions(context),
+        details={k: v for k, v in (("logical_date", context.get("logical_date")), ("try_number", try_number))
+                 if v is not None},
     )
 
 
@@ -95,18 +90,16 @@ class OnCallNotifier(_ContextNotifier):
         self.severity = severity
 
     def notify(self, context) -> None:
+        from tasks.alerting import policy as alert_policy
         from tasks.alerting.alert import first_line
         from tasks.alerting.delivery import send
 
         settings, env = settings_or_none()
-        dag = context.get("dag")
-        ti = context.get("ti") or context.get("task_instance")
-        dag_id = getattr(dag, "dag_id", None) or getattr(ti, "dag_id", "unknown")
-        task_id = getattr(ti, "task_id", None)
         exc = context.get("exception")
-        summary = f"{dag_id} failed" + (f" in task {task_id}" if task_id else f": {context.get('reason', 'run failed')}")
-        send(alert_from_context(context, settings, env, kind="task_failed", severity=self.severity, summary=summary,
-                                error=first_line(exc) if exc else str(context.get("reason") or "")), settings)
+        send(alert_policy.task_failed(
+            origin_of(context, settings, env), self.severity,  # type: ignore[arg-type]
+            reason=context.get("reason", "run failed"),
+            error=first_line(exc) if exc else str(context.get("reason") or "")), settings)
 
 
 class ResolveNotifier(_ContextNotifier):
@@ -130,6 +123,7 @@ class ApprovalRequestNotifier(_ContextNotifier):
     """
 
     def notify(self, context) -> None:
+        from tasks.alerting import policy as alert_policy
         from tasks.alerting.alert import ui_link
         from tasks.alerting.delivery import send
         from tasks.settings import load_settings
@@ -138,9 +132,6 @@ class ApprovalRequestNotifier(_ContextNotifier):
         ti = context.get("ti") or context.get("task_instance")
         link = ui_link(settings, ti.dag_id, ti.run_id, ti.task_id).split("?")[0] + "/required_actions"
         subject = getattr(context.get("task"), "subject", None) or "approval requested"
-        alert = alert_from_context(
-            context, settings, settings.env, kind="approval_pending", severity="warning",
-            summary=f"approval needed in {settings.env}: {subject}",
-            dedup_key=f"{settings.env}:approval:{ti.dag_id}:{ti.run_id}",
-            details={"required_actions": link, "timeout_hours": settings.release.approval_timeout_hours})
-        send(alert, settings)
+        send(alert_policy.approval_pending(origin_of(context, settings, settings.env), subject=subject,
+                                           required_actions=link,
+                                           timeout_hours=settings.release.approval_timeout_hours), settings)

@@ -24,90 +24,82 @@ from airflow.sdk import Param, task
 
 from cd4ml_airflow.assets import CHAMPION_MODEL
 from cd4ml_airflow.config import SETTINGS
-from cd4ml_airflow.context import fail_fast_on_data_errors
-from cd4ml_airflow.notifier import ApprovalRequestNotifier, alert_from_context
+from cd4ml_airflow.notifier import ApprovalRequestNotifier, origin_of
+from cd4ml_airflow.steps.shape import step
 
 APPROVAL_REQUIRED = SETTINGS.release.approval == "required"
 
 
 @task
-def evaluate_gate(candidate: dict, test_data: dict) -> dict:
+@step(says=lambda gate: (f"gate {gate.decision} for v{gate.candidate_version} vs champion v{gate.champion_version}: "
+                         + " | ".join(gate.reasons) + f"  report: {gate.report_path}"))
+def evaluate_gate(settings, context, candidate: dict, test_data: dict):
     """The candidate against this environment's champion on the frozen test split (tasks/release/evaluate.py)."""
     from tasks.release.evaluate import evaluate
-    from tasks.settings import load_settings
 
-    with fail_fast_on_data_errors():
-        gate = evaluate(load_settings(), candidate["version"], test_data["curated_table"], test_data["curated_version"])
-    print(f"gate {gate.decision} for v{gate.candidate_version} vs champion v{gate.champion_version}: "
-          + " | ".join(gate.reasons) + f"  report: {gate.report_path}")
-    return gate.to_dict()
+    return evaluate(settings, candidate["version"], test_data["curated_table"], test_data["curated_version"])
 
 
 @task
-def mark_challenger(gate: dict, **context) -> dict:
+@step(says=lambda result: result.message)
+def mark_challenger(settings, context, gate: dict):
     """A passing candidate becomes `challenger`; otherwise on-call hears why and nothing downstream runs."""
     from airflow.sdk.exceptions import AirflowSkipException
 
+    from tasks.alerting import policy as alert_policy
     from tasks.alerting.delivery import send
     from tasks.release.release import mark_challenger as mark
-    from tasks.settings import load_settings
 
-    settings = load_settings()
     if not gate["passed"]:
-        message = (f"{gate['model_name']} v{gate['candidate_version']}: gate {gate['decision']}, champion stays "
-                   f"v{gate['champion_version']}: " + "; ".join(r for r in gate["reasons"] if r.startswith("FAILED")))
-        send(alert_from_context(
-            context, settings, settings.env, kind="gate_failed", severity="warning", summary=message,
-            error=f"gate {gate['decision']}", details={"gate_report": gate["report_path"], "decision": gate["decision"]},
-            dedup_key=f"{settings.env}:gate:{gate['model_name']}:v{gate['candidate_version']}"), settings)
-        raise AirflowSkipException(message)
-    with fail_fast_on_data_errors():
-        result = mark(settings, gate["candidate_version"], gate, run_id=context["run_id"])
-    print(result.message)
-    return result.to_dict()
+        send(alert_policy.gate_failed(origin_of(context, settings, settings.env), gate), settings)
+        raise AirflowSkipException(alert_policy.gate_failure_message(gate))
+    return mark(settings, gate["candidate_version"], gate, run_id=context["run_id"])
 
 
 @task
-def approval_request(gate: dict, **context) -> dict:
+@step(fail_fast=False)
+def approval_request(settings, context, gate: dict) -> dict:
     """Subject and markdown body of the approval: metrics with per-class deltas, drift, data, reports."""
     from tasks.release.release_notes import approval_body
-    from tasks.settings import load_settings
 
-    settings = load_settings()
     subject = (f"Promote {gate['model_name']} v{gate['candidate_version']} to champion in {settings.env}? "
                f"(now v{gate['champion_version']})")
     return {"subject": subject, "body": approval_body(settings, gate)}
 
 
-@task(outlets=[CHAMPION_MODEL])
-def promote(gate: dict, challenger: dict, *, outlet_events=None, **context) -> dict:
-    """Move `champion` to the challenger (with the approval where one is required); publish the champion Asset."""
+def _approval(context) -> dict | None:
+    """Who approved, when and why, from the `approve` task's answer (None where no approval is required)."""
+    if not APPROVAL_REQUIRED:
+        return None
+    from cd4ml_airflow.approval import responder
     from tasks.release.release import APPROVED
+
+    answer = context["ti"].xcom_pull(task_ids="approve") or {}
+    return {"decision": APPROVED, "by": responder(answer), "at": str(answer.get("responded_at")),
+            "reason": (answer.get("params_input") or {}).get("reason", ""), "airflow_task": "approve"}
+
+
+def _champion_event(result) -> dict:
+    return {"model_name": result.model_name, "version": result.to_version}
+
+
+@task(outlets=[CHAMPION_MODEL])
+@step(says=lambda result: result.message, publishes=(CHAMPION_MODEL, _champion_event))
+def promote(settings, context, gate: dict, challenger: dict):
+    """Move `champion` to the challenger (with the approval where one is required); publish the champion Asset."""
     from tasks.release.release import promote as move
-    from tasks.settings import load_settings
 
-    approval = None
-    if APPROVAL_REQUIRED:
-        from cd4ml_airflow.approval import responder
-
-        answer = context["ti"].xcom_pull(task_ids="approve") or {}
-        approval = {"decision": APPROVED, "by": responder(answer), "at": str(answer.get("responded_at")),
-                    "reason": (answer.get("params_input") or {}).get("reason", ""), "airflow_task": "approve"}
-    with fail_fast_on_data_errors():
-        result = move(load_settings(), gate["candidate_version"], gate, approval=approval, run_id=context["run_id"],
-                      actor=(approval or {}).get("by") or f"airflow:{context['dag'].dag_id}")
-    print(result.message)
-    outlet_events[CHAMPION_MODEL].extra = {"model_name": result.model_name, "version": result.to_version}
-    return result.to_dict()
+    approval = _approval(context)
+    return move(settings, gate["candidate_version"], gate, approval=approval, run_id=context["run_id"],
+                actor=(approval or {}).get("by") or f"airflow:{context['dag'].dag_id}")
 
 
 @task(trigger_rule="all_done")
-def finish(gate: dict, **context) -> dict:
+@step(fail_fast=False)
+def finish(settings, context, gate: dict) -> dict:
     """What this run did to the aliases, read back from the release ledger (the truth)."""
     from tasks.release import audit
-    from tasks.settings import load_settings
 
-    settings = load_settings()
     rows = [r.to_dict() for r in audit.read(settings)
             if r.airflow_run_id == context["run_id"] and r.model_name == settings.registry.model_name]
     for row in rows:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -427,8 +427,21 @@ def copy_from_upstream(settings: Settings, source_version: int | None = None) ->
     return {"version": int(copied.version), "source": source_uri, "reused": False}
 
 
+def upstream_version(event_extras: Iterable[Mapping[str, Any] | None]) -> int | None:
+    """The upstream version the triggering Asset events name: the last event that names one wins, else None.
+
+    deploy_model runs on the upstream's champion Asset, whose events carry what that environment
+    published ({"model_name", "version", ...}); None leaves the choice to ``copy_from_upstream``
+    (the upstream's champion now).
+    """
+    version = None
+    for extra in event_extras:
+        version = (extra or {}).get("version", version)
+    return version
+
+
 __all__ = [
     "APPROVED", "REJECTED", "TIMEOUT", "ApprovalRequiredError", "NoChampionError", "ReleaseError", "ReleaseResult",
     "RolledBackError", "copy_from_upstream", "mark_challenger", "previous_champion", "promote", "reconcile",
-    "record_decision", "rollback",
+    "record_decision", "rollback", "upstream_version",
 ]

@@ -36,6 +36,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.ops.stack import group_pids
+
 VENV_BIN = Path(sys.executable).parent
 AIRFLOW = str(VENV_BIN / "airflow")
 
@@ -224,23 +226,6 @@ def _killpg(pgid: int, sig) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
-
-
-def group_pids(pgid: int) -> list[int]:
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                stat = f.read()
-            # field 5 (after the ")" of comm) is pgrp
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if int(fields[2]) == pgid:
-                pids.append(int(d))
-        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
-            continue
-    return pids
 
 
 def _seed_passwords(path: str, users: dict) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,3 +65,36 @@ def edited_conf(target: Path, everywhere: dict, per_file: dict[str, dict] | None
         data = _merged(_merged(data, everywhere), (per_file or {}).get(name, {}))
         (target / name).write_text(yaml.safe_dump(data, sort_keys=False))
     return target
+
+
+@pytest.fixture(scope="module")
+def airflow_template(airflow_env, tmp_path_factory) -> Path:
+    """A migrated, never-used Airflow DB. Each test runs on its own copy, because Asset URIs
+    follow CD4ML_HOME and two homes must never register the same Asset name in one DB."""
+    home = tmp_path_factory.mktemp("airflow-template")
+    proc = run_airflow(["db", "migrate"], {**airflow_env, "AIRFLOW_HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return home / "airflow.db"
+
+
+@pytest.fixture
+def private_env(airflow_env, airflow_template, tmp_path) -> dict:
+    """Own CD4ML_HOME and own copy of the migrated Airflow DB."""
+    airflow_home = tmp_path / "airflow"
+    airflow_home.mkdir()
+    shutil.copy(airflow_template, airflow_home / "airflow.db")
+    return {**airflow_env, "CD4ML_HOME": str(tmp_path / "cd4ml"), "AIRFLOW_HOME": str(airflow_home)}
+
+
+def alert_lines(out: str) -> list[dict]:
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(line[line.index('{"'):])[0] for line in out.splitlines() if "CD4ML_ALERT" in line]
+
+
+@pytest.fixture
+def peers(tmp_path):
+    from tests.peers import HttpRecorder, SmtpPeer
+
+    slack, pd, smtp = HttpRecorder().start(), HttpRecorder(tls_dir=tmp_path / "tls").start(), SmtpPeer().start()
+    yield slack, pd, smtp
+    slack.stop(), pd.stop(), smtp.stop()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.dags.conftest import run_airflow
+from tests.dags.conftest import alert_lines, run_airflow
 
 pytestmark = pytest.mark.airflow
 DATE = "2026-11-21"
@@ -33,25 +32,6 @@ def _dag_test(dag_id: str, env: dict, conf: dict | None = None, expect_rc: int =
 
 def _status(env: dict) -> dict:
     return json.loads(_cd4ml(["status", "--env", "sit"], env))["environments"]["sit"]
-
-
-@pytest.fixture(scope="module")
-def airflow_template(airflow_env, tmp_path_factory) -> Path:
-    """A migrated, never-used Airflow DB. Each test runs on its own copy, because Asset URIs
-    follow CD4ML_HOME and two homes must never register the same Asset name in one DB."""
-    home = tmp_path_factory.mktemp("airflow-template")
-    proc = run_airflow(["db", "migrate"], {**airflow_env, "AIRFLOW_HOME": str(home)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return home / "airflow.db"
-
-
-@pytest.fixture
-def private_env(airflow_env, airflow_template, tmp_path) -> dict:
-    """Own CD4ML_HOME and own copy of the migrated Airflow DB."""
-    airflow_home = tmp_path / "airflow"
-    airflow_home.mkdir()
-    shutil.copy(airflow_template, airflow_home / "airflow.db")
-    return {**airflow_env, "CD4ML_HOME": str(tmp_path / "cd4ml"), "AIRFLOW_HOME": str(airflow_home)}
 
 
 def test_pipeline_end_to_end_and_idempotent(private_env):
@@ -104,20 +84,6 @@ def test_empty_landing_ends_the_run_with_a_message_and_no_version(private_env, t
     assert _status(env)["tables"]["raw_images"]["version"] is None
 
 
-def _alert_lines(out: str) -> list[dict]:
-    decoder = json.JSONDecoder()
-    return [decoder.raw_decode(line[line.index('{"'):])[0] for line in out.splitlines() if "CD4ML_ALERT" in line]
-
-
-@pytest.fixture
-def peers(tmp_path):
-    from tests.peers import HttpRecorder, SmtpPeer
-
-    slack, pd, smtp = HttpRecorder().start(), HttpRecorder(tls_dir=tmp_path / "tls").start(), SmtpPeer().start()
-    yield slack, pd, smtp
-    slack.stop(), pd.stop(), smtp.stop()
-
-
 def test_a_failed_run_pages_once_in_prod_only_logs_in_sit_and_a_success_resolves(private_env, tmp_path, peers):
     """Validation fails on purpose (30 images a class): prod gets exactly one PagerDuty trigger, one
     Slack post and one email (the validate task's alert; the task- and DAG-level failure callbacks of
@@ -134,7 +100,7 @@ def test_a_failed_run_pages_once_in_prod_only_logs_in_sit_and_a_success_resolves
         out = _dag_test("cd4ml_ingest", env, conf={"source_uri": str(small)}, expect_rc=1)
         outputs.append(out)
         assert "min_images_per_class(label=" in out  # one line per failed expectation
-        [alert] = _alert_lines(out)  # one alert line: the callbacks found the run's incident open
+        [alert] = alert_lines(out)  # one alert line: the callbacks found the run's incident open
         assert (alert["kind"], alert["severity"], alert["env"]) == ("validation_failed", "critical", env_name)
         assert alert["task_id"] == "validate" and alert["error"].startswith("ValidationFailedError")
         assert alert["versions"]["raw_version"] == 0 and alert["details"]["report"].endswith(".json")

@@ -18,8 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.dags.conftest import edited_conf, run_airflow
-from tests.dags.test_dags_run import _alert_lines, airflow_template, peers, private_env  # noqa: F401  (fixtures)
+from tests.dags.conftest import alert_lines, edited_conf, run_airflow
 from tests.factories.digits import curated_table
 
 pytestmark = pytest.mark.airflow
@@ -82,7 +81,7 @@ def test_block_stops_a_prod_run_with_one_alert_and_warn_trains(private_env, prod
     rc, out = _train(env, prod_world, "block")
     assert rc == 1, out[-6000:]
     assert "training blocked by drift policy in prod" in out and "harmful: accuracy drop" in out, out[-6000:]
-    [alert] = _alert_lines(out)  # the run's one incident: the failing task's callbacks found it open
+    [alert] = alert_lines(out)  # the run's one incident: the failing task's callbacks found it open
     assert (alert["kind"], alert["severity"], alert["env"]) == ("drift", "critical", "prod")
     assert alert["summary"].startswith("training blocked: data drift against champion")
     [trigger] = pd.pd_events()
@@ -91,7 +90,7 @@ def test_block_stops_a_prod_run_with_one_alert_and_warn_trains(private_env, prod
     assert _versions(prod_world) == [prod_world["champion"]]  # nothing was trained or registered
 
     rc, out = _train(env, prod_world, "warn")
-    drift_alerts = [a for a in _alert_lines(out) if a["kind"] == "drift"]
+    drift_alerts = [a for a in alert_lines(out) if a["kind"] == "drift"]
     assert [(a["severity"], a["summary"].startswith("data drift against champion")) for a in drift_alerts] == [
         ("warning", True)], out[-6000:]
     assert len(_versions(prod_world)) == 2, out[-6000:]  # a candidate was trained on the drifted data and registered

@@ -17,7 +17,6 @@ import pytest
 from PIL import Image
 
 from tests.dags.conftest import edited_conf, run_airflow
-from tests.dags.test_dags_run import airflow_template, private_env  # noqa: F401  (fixtures)
 from tests.factories.digits import split_rows
 
 pytestmark = pytest.mark.airflow
