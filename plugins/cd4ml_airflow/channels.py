@@ -36,7 +36,8 @@ SLACK_CLIENT_LOGGER = "cd4ml.channels.slack_sdk"
 # Extras named like these hold credentials (a routing or integration key, a token, a webhook URL);
 # the others are settings (from_email, ssl_context, timeout, ca_bundle) that logs may show.
 _SECRET_EXTRA_WORDS = ("key", "token", "secret", "passw", "webhook", "url", "auth", "credential", "cookie")
-_log_secrets: set[str] = set()
+# Replaced whole, never changed in place: a record made in another thread reads it while it grows.
+_log_secrets: tuple[str, ...] = ()
 _log_secrets_lock = threading.Lock()
 
 
@@ -59,8 +60,9 @@ def _secrets(conn) -> list[str]:
     return sorted({v.strip() for v in values if v and len(v.strip()) >= 4}, key=len, reverse=True)
 
 
-def redact(text: str, secrets: list[str] | set[str]) -> str:
-    for secret in sorted(secrets, key=len, reverse=True):  # a longer secret before any part of it
+def redact(text: str, secrets: list[str] | tuple[str, ...]) -> str:
+    """``secrets`` longest first: a longer secret goes before any part of it."""
+    for secret in secrets:
         text = text.replace(secret, "***")
     return text
 
@@ -73,8 +75,9 @@ def register_secrets(secrets: list[str]) -> None:
         mask_secret(secret)
     # in a URL a token may travel percent-encoded
     forms = {form for secret in secrets for form in (secret, quote(secret, safe=""), quote(secret, safe="/"))}
+    global _log_secrets
     with _log_secrets_lock:
-        _log_secrets.update(forms)
+        _log_secrets = tuple(sorted(forms.union(_log_secrets), key=len, reverse=True))
     redact_log_records()
 
 
