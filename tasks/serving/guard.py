@@ -8,6 +8,8 @@ itself first:
 * a body longer than ``serving.max_request_bytes`` is **HTTP 413** as soon as that is known: at
   once from a ``Content-Length`` header (nothing of the body is read), or when a chunked body
   crosses the limit (the rest is not read);
+* a body that is not ``application/json`` is **HTTP 415**: MLflow would also parse CSV and
+  Parquet, whose images this screen does not read;
 * an ``image`` whose header declares more than ``ingest.max_pixels`` pixels is **HTTP 400**
   naming its position and size, before any decoder sees it: a 12000x12000 PNG compresses to
   a few hundred kB and would take gigabytes to decode. The size comes from the header
@@ -57,8 +59,13 @@ class RequestLimits:
             await _answer(send, 413, "REQUEST_TOO_LARGE",
                           f"request body of {declared} bytes exceeds serving.max_request_bytes {self.max_bytes}")
             return
-        body = await self._body(receive, send)
+        body = await self._body(receive, send)  # read (within the limit) even when refused: a clean answer
         if body is None:
+            return
+        if _header(scope, b"content-type").split(";")[0].strip().lower() != "application/json":
+            # MLflow also parses CSV and Parquet, whose images this screen would not see
+            await _answer(send, 415, "UNSUPPORTED_MEDIA_TYPE",
+                          "POST /invocations takes Content-Type: application/json (dataframe_split of base64 images)")
             return
         problem = image_problem(body, self.max_pixels)
         if problem:
@@ -84,14 +91,18 @@ class RequestLimits:
                 return b"".join(chunks)
 
 
-def _content_length(scope: Scope) -> int | None:
+def _header(scope: Scope, wanted: bytes) -> str:
     for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None  # the server itself refuses a malformed length
-    return None
+        if name == wanted:
+            return value.decode("latin-1")
+    return ""
+
+
+def _content_length(scope: Scope) -> int | None:
+    try:
+        return int(_header(scope, b"content-length"))
+    except ValueError:
+        return None  # none (chunked), or malformed: the server itself refuses that
 
 
 def _replay(body: bytes, live: Receive) -> Receive:

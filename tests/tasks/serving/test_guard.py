@@ -144,3 +144,14 @@ def test_a_pixel_bomb_is_refused_from_its_header_and_never_handed_on(limited, bo
     small = json.dumps({"dataframe_split": {"columns": ["image"], "data": [[_b64(digit)]]}}).encode()
     assert _post(port, small) == (200, {"predictions": []})
     assert recorder.bodies[before:] == [len(small)]  # only the good request got through, whole
+
+
+def test_csv_and_parquet_bodies_are_415_since_their_images_are_not_screened(limited, bomb):
+    port, recorder = limited
+    before = len(recorder.bodies)
+    csv_body = ("image\n" + _b64(bomb) + "\n").encode()  # MLflow would parse this and the model decode it
+    for content_type in ("text/csv", "application/x-parquet", ""):
+        status, answer = _post(port, csv_body, {"Content-Type": content_type})
+        assert status == 415 and answer["error_code"] == "UNSUPPORTED_MEDIA_TYPE", content_type
+    assert _post(port, b'{"inputs": []}', {"Content-Type": "application/json; charset=utf-8"})[0] == 200
+    assert len(recorder.bodies) == before + 1
