@@ -438,6 +438,9 @@ class ServingSettings(_Section):
     decode_min_files: int = Field(2048, ge=0, description="Files in a run below which images are decoded in process (a worker costs ~0.3 s to start).")
     commit_every: int = Field(20000, gt=0, description="Predictions per Delta commit: a killed run keeps what it committed.")
     port: int = Field(5001, gt=0, lt=65536, description="TCP port of `cd4ml serve` (MLflow's scoring server).")
+    max_request_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="Bytes of a request body above which `cd4ml serve` answers HTTP 413 without "
+        "reading the rest (images in a request are also held to ingest.max_pixels, from their headers).")
 
 
 class MonitoringSettings(_Section):

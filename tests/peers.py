@@ -145,12 +145,45 @@ class HttpRecorder:
 
 
 @dataclass
+class SilentPeer:
+    """Accepts TCP connections and never says a word: every client waits for its own timeout."""
+
+    port: int = field(default_factory=free_port)
+    _server: socket.socket | None = None
+    _held: list[socket.socket] = field(default_factory=list)
+
+    def start(self) -> SilentPeer:
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        server = self._server
+
+        def accept_forever() -> None:
+            while True:
+                try:
+                    self._held.append(server.accept()[0])  # held open, never answered
+                except OSError:
+                    return
+
+        threading.Thread(target=accept_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        for conn in (*self._held, *([self._server] if self._server else [])):
+            conn.close()
+        self._server, self._held = None, []
+
+
+@dataclass
 class SmtpPeer:
-    """aiosmtpd with AUTH (plain, no TLS) that keeps every message it accepts."""
+    """aiosmtpd with AUTH (plain, no TLS) that keeps every message it accepts.
+
+    ``fail_data``: the login succeeds and every message is refused with ``554`` (the server
+    error of SMTP, as HTTP 500 is for the webhooks).
+    """
 
     port: int = field(default_factory=free_port)
     messages: list[Message] = field(default_factory=list)
     logins: list[str] = field(default_factory=list)
+    fail_data: bool = False
     _controller: object = None
 
     def start(self) -> SmtpPeer:
@@ -161,6 +194,8 @@ class SmtpPeer:
 
         class Handler:
             async def handle_DATA(self, server, session, envelope):  # noqa: N802
+                if peer.fail_data:
+                    return "554 5.3.0 Transaction failed"
                 peer.messages.append(message_from_bytes(envelope.original_content or envelope.content))
                 return "250 OK"
 
@@ -183,18 +218,23 @@ class SmtpPeer:
 
 
 def connection_env(slack: HttpRecorder, pd: HttpRecorder, smtp_port: int, slack_id="cd4ml_slack",
-                   pd_id="cd4ml_pagerduty", smtp_id="cd4ml_smtp", password: str = SMTP_PASSWORD) -> dict[str, str]:
-    """AIRFLOW_CONN_* variables pointing the three channels at the local peers (PagerDuty: HTTPS only)."""
+                   pd_id="cd4ml_pagerduty", smtp_id="cd4ml_smtp", password: str = SMTP_PASSWORD,
+                   pd_trusted: bool = True, smtp_ssl: bool = False, smtp_timeout: float = 2) -> dict[str, str]:
+    """AIRFLOW_CONN_* variables pointing the three channels at the local peers (PagerDuty: HTTPS only).
+
+    ``pd_trusted=False`` leaves out the peer's CA (the system's CAs must then vouch for it);
+    ``smtp_ssl`` speaks SMTP over TLS, verified against the system's CAs.
+    """
+    pd_extra = {"ca_bundle": pd.ca_bundle} if pd_trusted else {}
     return {
         f"AIRFLOW_CONN_{slack_id.upper()}": json.dumps(
             {"conn_type": "slackwebhook", "host": f"{slack.url}/slack/", "password": SLACK_TOKEN}),
         f"AIRFLOW_CONN_{pd_id.upper()}": json.dumps(
-            {"conn_type": "pagerduty_events", "host": pd.url, "password": PD_ROUTING_KEY,
-             "extra": {"ca_bundle": pd.ca_bundle}}),
+            {"conn_type": "pagerduty_events", "host": pd.url, "password": PD_ROUTING_KEY, "extra": pd_extra}),
         f"AIRFLOW_CONN_{smtp_id.upper()}": json.dumps(
             {"conn_type": "smtp", "host": "127.0.0.1", "port": smtp_port, "login": SMTP_USER, "password": password,
-             "extra": {"disable_ssl": True, "disable_tls": True, "from_email": "cd4ml@example.org",
-                       "timeout": 2, "retry_limit": 0}}),
+             "extra": {"disable_ssl": not smtp_ssl, "disable_tls": True, "from_email": "cd4ml@example.org",
+                       "timeout": smtp_timeout, "retry_limit": 0}}),
     }
 
 

@@ -3,8 +3,10 @@
 ``serve`` resolves the champion first (no champion: ``NoChampionError``, nothing started), pins
 it to its version (``models:/<name>/<version>``: moving the alias later does not change what a
 running server answers; restart it to follow the alias), prints what it serves and replaces the
-process with ``mlflow models serve --env-manager local``: the model's pyfunc, in this
-environment, under uvicorn, until Ctrl-C or SIGTERM.
+process with uvicorn running MLflow's own scoring app for the model's pyfunc, in this
+environment (what ``mlflow models serve --env-manager local`` runs), behind the request limits of
+``tasks.serving.guard`` (a body over ``serving.max_request_bytes`` is HTTP 413, an image over
+``ingest.max_pixels`` by its header is HTTP 400, neither read nor decoded), until Ctrl-C or SIGTERM.
 
 The endpoints are MLflow's: ``GET /ping``, ``GET /version``, ``POST /invocations`` with a JSON
 body ``{"dataframe_split": {"columns": ["image"], "data": [["<base64 PNG/JPEG>"], ...]}}``
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.models.champion import ServingModel, serving_model
+from tasks.serving.guard import ENV_MAX_BYTES, ENV_MAX_PIXELS, ENV_MODEL_URI
 from tasks.settings import Settings
 
 DEFAULT_HOST = "127.0.0.1"
@@ -37,33 +40,38 @@ DEFAULT_WORKERS = 1
 
 def server_command(settings: Settings, model: ServingModel, host: str = DEFAULT_HOST, port: int | None = None,
                    workers: int = DEFAULT_WORKERS) -> list[str]:
-    """``mlflow models serve`` for the pinned champion, in this interpreter's environment (port: serving.port)."""
+    """uvicorn serving ``tasks.serving.guard`` in this interpreter (port: serving.port); the model is in ``server_env``."""
     port = settings.serving.port if port is None else port
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if not 0 < port < 65536:
         raise ValueError(f"port must be 1..65535, got {port}")
     return [
-        sys.executable, "-m", "mlflow", "models", "serve",
-        "-m", model.uri,
-        "--env-manager", "local",
+        sys.executable, "-m", "uvicorn",
         "--host", host,
         "--port", str(port),
         "--workers", str(workers),
+        "--factory", "tasks.serving.guard:create_app",
     ]
 
 
-def server_env(settings: Settings, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: this environment's MLflow store, and this interpreter's scripts first on PATH.
+def server_env(settings: Settings, base: dict[str, str] | None = None,
+               model: ServingModel | None = None) -> dict[str, str]:
+    """The server's environment: this environment's MLflow store, the model and the request limits,
+    and this interpreter's scripts first on PATH.
 
     Only the child gets ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI`` (see
-    ``tasks.models.registry.client_for`` for why they must not be set in this process). MLflow
-    starts the server as ``uvicorn`` found on PATH, so the interpreter's bin folder comes first:
-    ``.venv/bin/cd4ml serve`` works without an activated venv.
+    ``tasks.models.registry.client_for`` for why they must not be set in this process). The
+    interpreter's bin folder comes first: whatever the server starts runs in this environment,
+    and ``.venv/bin/cd4ml serve`` works without an activated venv.
     """
     env = dict(os.environ if base is None else base)
     env["MLFLOW_TRACKING_URI"] = settings.tracking_uri
     env["MLFLOW_REGISTRY_URI"] = settings.tracking_uri
+    if model is not None:
+        env[ENV_MODEL_URI] = model.uri
+    env[ENV_MAX_BYTES] = str(settings.serving.max_request_bytes)
+    env[ENV_MAX_PIXELS] = str(settings.ingest.max_pixels)
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bindir, *[p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir]])
     return env
@@ -79,7 +87,7 @@ def serve(settings: Settings, host: str = DEFAULT_HOST, port: int | None = None,
     model = serving_model(settings)
     port = settings.serving.port if port is None else port
     command = server_command(settings, model, host, port, workers)
-    env = server_env(settings)
+    env = server_env(settings, model=model)
     print(
         f"cd4ml serve ({settings.env}): {model.uri} ({model.alias_uri} when started; run {model.run_id or '-'})\n"
         f"  POST http://{host}:{port}/invocations  (GET /ping, /version); {workers} worker(s); Ctrl-C stops it\n"

@@ -8,21 +8,35 @@ reached through ``AIRFLOW_CONN_*`` connections that point at them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 
+from cd4ml_airflow.channels import install
 from tasks.alerting.alert import Alert
 from tasks.alerting.delivery import resolve, send
 from tests.peers import (
     PD_ROUTING_KEY,
     SECRETS,
+    SLACK_TOKEN,
+    SMTP_PASSWORD,
     SMTP_USER,
     HttpRecorder,
+    SilentPeer,
     SmtpPeer,
     body_text,
     connection_env,
+    free_port,
 )
+
+
+@pytest.fixture(autouse=True)
+def _channels_installed():
+    """The plugin package installs its channels when imported; this module must not depend on
+    another test module having imported it first."""
+    install()
 
 
 class _Records(logging.Handler):
@@ -224,3 +238,120 @@ def test_planted_secrets_never_reach_a_log_or_a_report(cd4ml_home, peers, monkey
         assert secret not in caplog.text and secret not in out + err, secret
         assert secret not in alert_log.text and secret not in root.text, secret
         assert not any(secret.encode() in blob for blob in written), secret
+
+
+@contextmanager
+def _every_record() -> Iterator[list[logging.LogRecord]]:
+    """Every log record any logger creates, all loggers at DEBUG (their own levels, propagation and
+    handlers do not matter: the records are taken where they are made)."""
+    records: list[logging.LogRecord] = []
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        records.append(record)
+        return record
+
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    saved = [(lg, lg.level, lg.disabled) for lg in loggers]
+    disabled = logging.root.manager.disable
+    logging.setLogRecordFactory(factory)
+    logging.disable(logging.NOTSET)
+    for lg in loggers:
+        lg.setLevel(logging.DEBUG)
+        lg.disabled = False
+    try:
+        yield records
+    finally:
+        logging.setLogRecordFactory(previous)
+        logging.disable(disabled)
+        for lg, level, was_disabled in saved:
+            lg.setLevel(level)
+            lg.disabled = was_disabled
+
+
+def _record_text(records: list[logging.LogRecord]) -> str:
+    """What any handler could print: message, traceback and stack of every record."""
+    formatter = logging.Formatter("%(name)s %(message)s")
+    return "\n".join(formatter.format(r) + " " + (r.stack_info or "") for r in records)
+
+
+FAILURE_KINDS = ("connection refused", "timeout", "server error", "untrusted TLS")
+
+
+def _failing_peers(kind: str, tls: Path, stack: ExitStack) -> dict[str, str]:
+    """Every channel broken the same way; returns the AIRFLOW_CONN_* environment pointing at it.
+
+    Refused: nothing listens. Timeout: the peer accepts and answers after the client gave up (SMTP:
+    never greets). Server error: HTTP 500 (SMTP: 554 for the message). Untrusted TLS: an HTTPS or
+    SMTP-over-TLS peer whose self-signed certificate the client was not given.
+    """
+    def started(peer):
+        stack.callback(peer.stop)
+        return peer.start()
+
+    if kind == "connection refused":
+        return connection_env(HttpRecorder(), HttpRecorder(tls_dir=tls / "pd"), free_port(), pd_trusted=False)
+    if kind == "timeout":
+        slack = started(HttpRecorder(fail={"/slack": "hang"}))
+        pd = started(HttpRecorder(tls_dir=tls / "pd", fail={"/v2/enqueue": "hang"}))
+        return connection_env(slack, pd, started(SilentPeer()).port, smtp_timeout=1)
+    if kind == "server error":
+        slack = started(HttpRecorder(fail={"/slack": 500}))
+        pd = started(HttpRecorder(tls_dir=tls / "pd", fail={"/v2/enqueue": 500}))
+        return connection_env(slack, pd, started(SmtpPeer(fail_data=True)).port)
+    if kind == "untrusted TLS":
+        slack, pd = started(HttpRecorder(tls_dir=tls / "slack")), started(HttpRecorder(tls_dir=tls / "pd"))
+        smtp = started(HttpRecorder(tls_dir=tls / "smtp"))  # the handshake fails before any SMTP
+        return connection_env(slack, pd, smtp.port, pd_trusted=False, smtp_ssl=True)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", FAILURE_KINDS)
+def test_planted_secrets_appear_in_no_record_output_or_file_under_each_failure_kind(
+        cd4ml_home, tmp_path, monkeypatch, capfd, kind):
+    """The issue's finding: slack_sdk logged the whole webhook URL (token included) on a refused port."""
+    settings = _settings("prod")
+    with ExitStack() as stack:
+        for key, value in _failing_peers(kind, tmp_path / "tls", stack).items():
+            monkeypatch.setenv(key, value)
+        with _every_record() as records:
+            delivered = _by_channel(send(_alert(), settings))
+            resolve(settings, "cd4ml_train", "r2")
+    assert not any(delivered[name].ok for name in ("slack", "pagerduty", "email")), delivered
+    assert all(delivered[name].attempts == 3 for name in ("slack", "pagerduty", "email"))
+    logged = _record_text(records)
+    assert "NOT delivered to slack" in logged  # the capture saw the delivery's own lines
+    out, err = capfd.readouterr()
+    written = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()]
+    for secret in SECRETS:
+        assert secret not in logged, (secret, [r.name for r in records if secret in _record_text([r])])
+        assert secret not in out + err, secret
+        assert not any(secret.encode() in blob for blob in written), secret
+        assert secret not in " ".join(d.error for d in delivered.values()), secret
+
+
+def test_the_secrets_a_channel_reads_are_registered_with_airflows_masker(cd4ml_home, peers):
+    """Task logs go through Airflow's secrets masker: each secret is known to it once it was read."""
+    from airflow.sdk._shared.secrets_masker import redact as airflow_redact
+
+    send(_alert(), _settings("prod"))
+    for secret in SECRETS:
+        assert airflow_redact(f"url: https://hooks.example/{secret}/x") == "url: https://hooks.example/***/x", secret
+
+
+def test_a_read_secret_is_cut_from_any_standard_logger_even_one_made_later(cd4ml_home, peers):
+    """urllib3, httpx and the pagerduty package log through standard loggers of their own; the
+    secrets a channel read are cut from every record, whatever logger, level or handler."""
+    send(_alert(), _settings("prod"))  # reads the three connections
+    with _every_record() as records:
+        logging.getLogger("urllib3.connectionpool").debug("https://127.0.0.1:1 \"POST /slack/%s HTTP/1.1\"", SLACK_TOKEN)
+        logging.getLogger("pagerduty.api_client.made_after").warning("body: {'routing_key': '%s'}", PD_ROUTING_KEY)
+        try:
+            raise ConnectionError(f"AUTH {SMTP_USER} {SMTP_PASSWORD} refused")
+        except ConnectionError:
+            logging.getLogger("smtplib").exception("login failed")
+    text = _record_text(records)
+    assert "POST /slack/*** HTTP/1.1" in text and "'routing_key': '***'" in text and "login failed" in text
+    assert not any(secret in text for secret in SECRETS)

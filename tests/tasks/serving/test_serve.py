@@ -64,7 +64,8 @@ def digits() -> dict[str, list]:
 
 
 @pytest.fixture(scope="module")
-def server(champion, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def served(champion, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """(base URL, pid) of the running server (the CLI execs the server: one process)."""
     from tasks.serving.serve import server_env, server_process
 
     settings, model = champion
@@ -74,10 +75,20 @@ def server(champion, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("serve") / "server.log"
     command = [sys.executable, "-m", "tasks.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     with server_process(command, env, f"http://127.0.0.1:{port}", log, timeout_s=180, cwd=REPO) as process:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", process.pid
         assert process.poll() is None, log.read_text()[-3000:]
     printed = log.read_text()
     assert model.uri in printed.splitlines()[0]  # the CLI said which version it serves
+
+
+@pytest.fixture(scope="module")
+def server(served: tuple[str, int]) -> str:
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def server_pid(served: tuple[str, int]) -> int:
+    return served[1]
 
 
 def accuracy(predicted: list[str], truth: list[str]) -> float:
@@ -150,6 +161,52 @@ def test_a_request_that_is_not_an_image_is_a_4xx_naming_the_problem_and_the_serv
 
     status, answer = invoke(server, request_body(digits["jpeg"][:3]))
     assert status == 200 and len(answer["predictions"]) == 3, answer
+    with urllib.request.urlopen(f"{server}/ping", timeout=10) as ping:
+        assert ping.status == 200
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """The highest resident memory the server process ever had (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_pixel_bomb_is_refused_from_its_header_and_three_at_once_cost_no_memory(
+    server: str, server_pid: int, digits: dict[str, list]
+) -> None:
+    """The issue's finding: a 12000x12000 PNG in a 560 kB body was decoded (1.6 GB, 4 GB with three at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tasks.serving.serve import request_body
+    from tests.factories.pixel_bomb import pixel_bomb_png
+
+    body = json.dumps(request_body([digits["png"][0], pixel_bomb_png(12000)])).encode()
+    assert len(body) < 600_000
+    peak_before = _peak_rss_mb(server_pid)
+    status, answer = invoke(server, body)
+    assert status == 400, (status, answer)
+    assert answer["message"] == "image 1: 12000x12000 exceeds max_pixels 16777216"
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: invoke(server, body), range(3)))
+    assert [a[0] for a in answers] == [400, 400, 400]
+    grown = _peak_rss_mb(server_pid) - peak_before
+    assert grown < 150, f"the server's peak memory grew by {grown:.0f} MB"  # decoding one would be > 400 MB
+    status, answer = invoke(server, request_body(digits["png"][:2]))
+    assert status == 200 and len(answer["predictions"]) == 2
+
+
+def test_a_body_over_max_request_bytes_is_413_without_being_read(server: str, champion) -> None:
+    settings, _ = champion
+    host, port = server.removeprefix("http://").split(":")
+    limit = settings.serving.max_request_bytes
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n{" % (limit + 1))  # announced, never sent
+        answer = raw.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+    assert b"exceeds serving.max_request_bytes %d" % limit in answer
     with urllib.request.urlopen(f"{server}/ping", timeout=10) as ping:
         assert ping.status == 200
 
@@ -228,12 +285,15 @@ def test_the_server_command_pins_the_version_and_the_store() -> None:
     settings = load_settings(home="/tmp/cd4ml-serve-command")
     model = ServingModel(name="digits-classifier-sit", version=7, run_id="r", alias="champion")
     command = server_command(settings, model, "0.0.0.0", 5009, 2)
-    assert command[1:] == ["-m", "mlflow", "models", "serve", "-m", "models:/digits-classifier-sit/7",
-                           "--env-manager", "local", "--host", "0.0.0.0", "--port", "5009", "--workers", "2"]
+    assert command[1:] == ["-m", "uvicorn", "--host", "0.0.0.0", "--port", "5009", "--workers", "2",
+                           "--factory", "tasks.serving.guard:create_app"]
     before = dict(os.environ)
-    env = server_env(settings, base={"PATH": "/usr/bin"})
+    env = server_env(settings, base={"PATH": "/usr/bin"}, model=model)
     assert env["MLFLOW_TRACKING_URI"] == env["MLFLOW_REGISTRY_URI"] == settings.tracking_uri
-    assert env["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin"]  # MLflow runs `uvicorn` from PATH
+    assert env["CD4ML_SERVE_MODEL_URI"] == "models:/digits-classifier-sit/7"  # pinned, not the alias
+    assert env["CD4ML_SERVE_MAX_REQUEST_BYTES"] == str(settings.serving.max_request_bytes)
+    assert env["CD4ML_SERVE_MAX_PIXELS"] == str(settings.ingest.max_pixels)
+    assert env["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin"]  # this venv's tools first
     assert dict(os.environ) == before  # only the child gets the URIs (tasks.models.registry.client_for)
     assert request_body([b"\x89PNG"]) == {"dataframe_split": {"columns": ["image"], "data": [["iVBORw=="]]}}
     with pytest.raises(ValueError, match="workers"):
