@@ -2,9 +2,12 @@
 
 ``serve`` resolves the champion first (no champion: ``NoChampionError``, nothing started), pins
 it to its version (``models:/<name>/<version>``: moving the alias later does not change what a
-running server answers; restart it to follow the alias), prints what it serves and replaces the
-process with ``mlflow models serve --env-manager local``: the model's pyfunc, in this
-environment, under uvicorn, until Ctrl-C or SIGTERM.
+running server answers; restart it to follow the alias), checks its files against the manifest
+recorded at registration and keeps that checked copy in a folder of its own (a mismatch:
+``ModelIntegrityError``, one alert, nothing started), prints what it serves and replaces the
+process with ``mlflow models serve --env-manager local`` on that folder: the model's pyfunc, in
+this environment, under uvicorn, until Ctrl-C or SIGTERM. The server never downloads the model
+itself, so nothing changed after the check can reach it.
 
 The endpoints are MLflow's: ``GET /ping``, ``GET /version``, ``POST /invocations`` with a JSON
 body ``{"dataframe_split": {"columns": ["image"], "data": [["<base64 PNG/JPEG>"], ...]}}``
@@ -18,9 +21,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,23 +34,28 @@ from pathlib import Path
 from typing import Any
 
 from tasks.models.champion import ServingModel, serving_model
+from tasks.models.integrity import Verified, verified_model
 from tasks.settings import Settings
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_WORKERS = 1
 
 
-def server_command(settings: Settings, model: ServingModel, host: str = DEFAULT_HOST, port: int | None = None,
-                   workers: int = DEFAULT_WORKERS) -> list[str]:
-    """``mlflow models serve`` for the pinned champion, in this interpreter's environment (port: serving.port)."""
-    port = settings.serving.port if port is None else port
+def _check_listen(port: int, workers: int) -> None:
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if not 0 < port < 65536:
         raise ValueError(f"port must be 1..65535, got {port}")
+
+
+def server_command(settings: Settings, model_folder: str | os.PathLike[str], host: str = DEFAULT_HOST,
+                   port: int | None = None, workers: int = DEFAULT_WORKERS) -> list[str]:
+    """``mlflow models serve`` for a verified local copy of the pinned champion, in this interpreter's environment."""
+    port = settings.serving.port if port is None else port
+    _check_listen(port, workers)
     return [
         sys.executable, "-m", "mlflow", "models", "serve",
-        "-m", model.uri,
+        "-m", str(model_folder),
         "--env-manager", "local",
         "--host", host,
         "--port", str(port),
@@ -69,6 +79,22 @@ def server_env(settings: Settings, base: dict[str, str] | None = None) -> dict[s
     return env
 
 
+def verified_copy(settings: Settings, model: ServingModel) -> tuple[Path, Verified]:
+    """The model's files, checked against its manifest, in a folder that outlives this process (the server's).
+
+    A mismatch (``ModelIntegrityError``) leaves no folder behind. The folder is the server's
+    for as long as it runs: ``serve`` replaces this process, so nothing here could remove it later.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=f"cd4ml-serve-{model.name}-v{model.version}-"))
+    try:
+        with verified_model(settings, model.uri) as (local, verified):
+            shutil.copytree(local, folder / "model")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder / "model", verified
+
+
 def request_body(images: Sequence[bytes]) -> dict[str, Any]:
     """The JSON body of ``POST /invocations`` for image bytes (PNG, JPEG, ...), one row per image."""
     return {"dataframe_split": {"columns": ["image"], "data": [[base64.b64encode(bytes(b)).decode("ascii")] for b in images]}}
@@ -78,12 +104,15 @@ def serve(settings: Settings, host: str = DEFAULT_HOST, port: int | None = None,
     """Serve the champion until stopped; ``NoChampionError`` before anything starts when there is none."""
     model = serving_model(settings)
     port = settings.serving.port if port is None else port
-    command = server_command(settings, model, host, port, workers)
+    _check_listen(port, workers)  # refused before any download
+    folder, verified = verified_copy(settings, model)
+    command = server_command(settings, folder, host, port, workers)
     env = server_env(settings)
     print(
         f"cd4ml serve ({settings.env}): {model.uri} ({model.alias_uri} when started; run {model.run_id or '-'})\n"
         f"  POST http://{host}:{port}/invocations  (GET /ping, /version); {workers} worker(s); Ctrl-C stops it\n"
-        f"  restart to follow a new champion: a running server keeps version {model.version}",
+        f"  restart to follow a new champion: a running server keeps version {model.version}\n"
+        f"  {verified.line()}, served from {folder}",
         flush=True,
     )
     sys.stderr.flush()
