@@ -28,7 +28,7 @@ STATE_FILE = "state.json"
 # What a checkpoint may hold besides tensors and plain containers: numpy's generator state (a uint32
 # array). Loading stays weights_only, so nothing else in the file can name code to run.
 # An array's own pickle names its rebuild function (numpy.core or, in numpy 2, numpy._core).
-_NUMPY_STATE_GLOBALS = [np.zeros(0).__reduce__()[0], np.ndarray, np.dtype]
+_NUMPY_STATE_GLOBALS = [np.zeros(0).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 class CheckpointError(DataError):

@@ -78,6 +78,7 @@ def server(champion, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         assert process.poll() is None, log.read_text()[-3000:]
     printed = log.read_text()
     assert model.uri in printed.splitlines()[0]  # the CLI said which version it serves
+    assert f"{model.uri}: " in printed and "files match manifest" in printed  # and that its files were checked
 
 
 def accuracy(predicted: list[str], truth: list[str]) -> float:
@@ -221,14 +222,13 @@ def test_cd4ml_serve_with_a_store_but_no_champion_exits_1_before_starting(
 
 
 def test_the_server_command_pins_the_version_and_the_store() -> None:
-    from tasks.models.champion import ServingModel
     from tasks.serving.serve import request_body, server_command, server_env
     from tasks.settings import load_settings
 
     settings = load_settings(home="/tmp/cd4ml-serve-command")
-    model = ServingModel(name="digits-classifier-sit", version=7, run_id="r", alias="champion")
-    command = server_command(settings, model, "0.0.0.0", 5009, 2)
-    assert command[1:] == ["-m", "mlflow", "models", "serve", "-m", "models:/digits-classifier-sit/7",
+    command = server_command(settings, "/tmp/cd4ml-serve-x/model", "0.0.0.0", 5009, 2)
+    # the server loads the verified local copy, never the registry URI (which could be changed after the check)
+    assert command[1:] == ["-m", "mlflow", "models", "serve", "-m", "/tmp/cd4ml-serve-x/model",
                            "--env-manager", "local", "--host", "0.0.0.0", "--port", "5009", "--workers", "2"]
     before = dict(os.environ)
     env = server_env(settings, base={"PATH": "/usr/bin"})
@@ -237,4 +237,4 @@ def test_the_server_command_pins_the_version_and_the_store() -> None:
     assert dict(os.environ) == before  # only the child gets the URIs (tasks.models.registry.client_for)
     assert request_body([b"\x89PNG"]) == {"dataframe_split": {"columns": ["image"], "data": [["iVBORw=="]]}}
     with pytest.raises(ValueError, match="workers"):
-        server_command(settings, model, "127.0.0.1", 5001, 0)
+        server_command(settings, "/tmp/m", "127.0.0.1", 5001, 0)
