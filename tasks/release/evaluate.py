@@ -42,6 +42,7 @@ depends on the wall clock but the latency check: the same inputs give the same v
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -60,6 +61,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
 from scipy.stats import binomtest
 from sklearn.metrics import accuracy_score, f1_score
 
@@ -257,7 +259,12 @@ def smoke_test(settings: Settings, model_uri: str, images: list[bytes], classes:
     """Load ``model_uri`` (its verified copy) in a fresh interpreter, classify PNG and JPEG bytes, time single predictions."""
     gate = settings.gate
     sample = images[: max(1, min(len(images), 16))]
-    with verified_model(settings, model_uri) as (local, _), tempfile.TemporaryDirectory(prefix="cd4ml-smoke-") as tmp:
+    with contextlib.ExitStack() as stack:
+        try:
+            local, _ = stack.enter_context(verified_model(settings, model_uri))
+        except MlflowException as exc:  # cannot be found or downloaded: fails the check; a mismatch raises
+            return {"ok": False, "error": f"cannot download {model_uri}: {exc.message.splitlines()[0][:300]}"}
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="cd4ml-smoke-"))
         paths: dict[str, list[str]] = {}
         for kind, fmt in (("png", "PNG"), ("jpeg", "JPEG")):
             paths[kind] = []
