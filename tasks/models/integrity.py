@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 TAG_MANIFEST = "cd4ml.manifest"
 TAG_MANIFEST_SHA256 = "cd4ml.manifest.sha256"
 ALERT_KIND = "model_tampered"
+_CLIENT_WRITTEN = "registered_model_meta"  # mlflow.store.artifact.models_artifact_repo.REGISTERED_MODEL_META_FILE_NAME
 _NAMED_AT_MOST = 20  # files named in one message; the rest are counted
 _REGISTRY_URI = re.compile(r"models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[^/]+))/?")
 
@@ -96,9 +97,15 @@ def _sha256(path: Path) -> str:
 
 
 def file_manifest(folder: Path) -> dict[str, str]:
-    """``{path relative to folder (posix): sha256}`` of every file below ``folder``; links count as files."""
+    """``{path relative to folder (posix): sha256}`` of every file below ``folder``; links count as files.
+
+    Except ``registered_model_meta`` at the top: MLflow's client writes it into every download of
+    ``models:/<name>/<version>`` (overwriting any such file from the store) with the name and
+    version asked for, so a copy's differs from its source's and it never comes from the store.
+    """
     return {path.relative_to(folder).as_posix(): _sha256(path)
-            for path in sorted(folder.rglob("*")) if path.is_file() or path.is_symlink()}
+            for path in sorted(folder.rglob("*")) if (path.is_file() or path.is_symlink())
+            and path.relative_to(folder).as_posix() != _CLIENT_WRITTEN}
 
 
 def manifest_digest(manifest: dict[str, str]) -> str:
@@ -175,10 +182,12 @@ def record_manifest(settings: Settings, client: MlflowClient, version: ModelVers
                     expected: dict[str, str] | None = None) -> dict[str, str]:
     """Fingerprint the version's files and store the manifest on it; an existing manifest is kept as it is.
 
-    ``expected`` (a copy: its source's manifest): files that differ from it are a
-    ``ModelIntegrityError`` (and an alert), and no manifest is recorded.
+    ``expected`` (a copy: its source's manifest): the files are always hashed, even when MLflow
+    copied the source's tags onto the copy; files that differ from it are a
+    ``ModelIntegrityError`` (and an alert), and nothing is recorded.
     """
-    if (version.tags or {}).get(TAG_MANIFEST):
+    tags = dict(version.tags or {})
+    if expected is None and tags.get(TAG_MANIFEST):
         return recorded_manifest(version)
     with _download(settings, version) as folder:
         manifest = file_manifest(folder)
@@ -188,7 +197,8 @@ def record_manifest(settings: Settings, client: MlflowClient, version: ModelVers
         alert_tampered(settings, error)
         raise error
     for key, value in manifest_tags(manifest).items():
-        client.set_model_version_tag(version.name, str(version.version), key, value)
+        if tags.get(key) != value:
+            client.set_model_version_tag(version.name, str(version.version), key, value)
     log.info("recorded the manifest of %s v%s: %d files, %s", version.name, version.version, len(manifest),
              manifest_digest(manifest))
     return manifest

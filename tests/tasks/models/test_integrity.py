@@ -203,3 +203,31 @@ def test_cd4ml_verify_exits_1_and_all_refusals_raised_one_alert(tampered, capsys
     assert alerts[0].dedup_key == f"{settings.env}:model_tampered:{model.name}:v{model.version}"
     assert alerts[0].severity == "critical" and RUNTIME_INIT in json.dumps(alerts[0].alert.details)
     assert not marker.exists()
+
+
+def test_drift_features_refuse_it_instead_of_falling_back_to_pixels(tampered) -> None:
+    from tasks.models.integrity import ModelIntegrityError
+    from tasks.monitoring.drift import Featurizer
+
+    settings, model, marker = tampered
+    with pytest.raises(ModelIntegrityError) as caught:
+        Featurizer(settings, model.uri)
+    _refused(caught, model)
+    assert not marker.exists()
+
+
+def test_a_copy_whose_files_differ_from_its_source_is_refused_and_records_nothing(champion) -> None:
+    from tasks.models.integrity import TAG_MANIFEST, ModelIntegrityError, record_manifest, recorded_manifest
+    from tasks.models.registry import mlflow_client
+
+    settings, model = champion
+    client = mlflow_client(settings)
+    source = client.get_model_version(model.name, str(model.version))
+    copy = client.copy_model_version(f"models:/{model.name}/{model.version}", f"{model.name}-integrity-copy")
+    expected = {**recorded_manifest(source), RUNTIME_INIT: "0" * 64}  # as if the source's file changed in between
+    with pytest.raises(ModelIntegrityError) as caught:
+        record_manifest(settings, client, client.get_model_version(copy.name, copy.version), expected=expected)
+    assert caught.value.problems == [("changed", RUNTIME_INIT)]
+    # MLflow copied the source's tags; what was found is not recorded over them
+    assert json.loads(client.get_model_version(copy.name, copy.version).tags[TAG_MANIFEST]) != expected
+    assert record_manifest(settings, client, copy, expected=recorded_manifest(source)) == recorded_manifest(source)
