@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import tempfile
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
 
 from tasks.errors import DataError
 from tasks.settings import Settings
@@ -89,6 +91,8 @@ class Verified:
 
 
 def _sha256(path: Path) -> str:
+    if path.is_symlink():  # its target, not what it points at (which may lie outside the model)
+        return hashlib.sha256(b"symlink\0" + os.fsencode(os.readlink(path))).hexdigest()
     digest = hashlib.sha256()
     with path.open("rb") as stream:
         for block in iter(lambda: stream.read(1 << 20), b""):
@@ -157,9 +161,14 @@ def version_of(client: MlflowClient, model_uri: str) -> ModelVersion:
             f"{model_uri} is not a registered model version (models:/<name>/<version> or models:/<name>@<alias>): "
             "only registered versions carry a manifest to check before loading"
         )
-    if match["alias"]:
-        return client.get_model_version_by_alias(match["name"], match["alias"])
-    return client.get_model_version(match["name"], match["version"])
+    try:
+        if match["alias"]:
+            return client.get_model_version_by_alias(match["name"], match["alias"])
+        return client.get_model_version(match["name"], match["version"])
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise UnverifiableModelError(f"{model_uri}: no such model version in this registry") from exc
 
 
 def registry_client(settings: Settings) -> MlflowClient:

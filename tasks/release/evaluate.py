@@ -69,7 +69,7 @@ from tasks.data import lake
 from tasks.errors import DataError
 from tasks.files import write_json
 from tasks.models import champion as champions
-from tasks.models.integrity import verified_model
+from tasks.models.integrity import UnverifiableModelError, verified_model
 from tasks.models.registry import (
     TAG_ROLLED_BACK,
     LineageError,
@@ -262,8 +262,8 @@ def smoke_test(settings: Settings, model_uri: str, images: list[bytes], classes:
     with contextlib.ExitStack() as stack:
         try:
             local, _ = stack.enter_context(verified_model(settings, model_uri))
-        except MlflowException as exc:  # cannot be found or downloaded: fails the check; a mismatch raises
-            return {"ok": False, "error": f"cannot download {model_uri}: {exc.message.splitlines()[0][:300]}"}
+        except (MlflowException, UnverifiableModelError) as exc:  # not found or not downloaded: the check fails
+            return {"ok": False, "error": f"cannot download {model_uri}: {str(exc).splitlines()[0][:300]}"}
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="cd4ml-smoke-"))
         paths: dict[str, list[str]] = {}
         for kind, fmt in (("png", "PNG"), ("jpeg", "JPEG")):

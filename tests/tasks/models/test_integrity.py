@@ -41,10 +41,13 @@ def test_the_manifest_names_every_changed_missing_and_extra_file(tmp_path: Path)
     (tmp_path / "artifacts" / "runtime" / "__init__.py").write_text("import os\n")
     (tmp_path / "artifacts" / "state_dict.pt").unlink()
     (tmp_path / "artifacts" / "runtime" / "sitecustomize.py").write_text("")
+    (tmp_path / "artifacts" / "weights.pt").symlink_to("/etc/hostname")  # hashed as a link, never followed
+    (tmp_path / "registered_model_meta").write_text("model_name: m\n")  # MLflow's client writes it per download
     assert differences(recorded, file_manifest(tmp_path)) == [
         ("changed", "artifacts/runtime/__init__.py"),
         ("extra", "artifacts/runtime/sitecustomize.py"),
         ("missing", "artifacts/state_dict.pt"),
+        ("extra", "artifacts/weights.pt"),
     ]
 
 
@@ -119,6 +122,9 @@ def test_a_clean_version_verifies_and_its_manifest_lives_in_the_registry(champio
     assert main(["verify", f"models:/{model.name}@champion"]) == 0
     assert capsys.readouterr().out.strip() == (f"models:/{model.name}/{model.version}: {len(manifest)} files match "
                                                f"manifest {tags[TAG_MANIFEST_SHA256]}")
+    for unknown in (f"models:/{model.name}/999", f"runs:/{model.run_id}/model"):  # nothing to check: exit 1, one line
+        assert main(["verify", unknown]) == 1
+        assert capsys.readouterr().err.startswith(f"cd4ml verify: {unknown}")
 
 
 def test_the_gate_refuses_a_tampered_model_naming_the_file(tampered) -> None:
