@@ -154,7 +154,7 @@ def main() -> None:
     pool_x, pool_y = images[args.reference:], labels[args.reference:]
     mlflow_client(settings)
     model = serving_model(settings)
-    predictor = load_predictor(model.uri)
+    predictor = load_predictor(settings, model.uri)
     reference = champion_reference(settings, model, predictor)
     cfg = settings.monitoring
     print(f"champion v{model.version}: test accuracy {reference.accuracy:.3f} on {len(reference.truth)} images; "

@@ -263,7 +263,7 @@ def breakdown(settings: Any, model: Any, folder: Path, repeats: int = 3) -> dict
             screen(d, min_side=ing.min_side, max_side=ing.max_side, max_pixels=ing.max_pixels,
                    keep_modes=ing.keep_modes, convert_modes=ing.convert_modes)
         t = lap("screen (header checks, PIL open)", t)
-        predictor = load_predictor(model.uri)
+        predictor = load_predictor(settings, model.uri)
         t = lap("load_predictor (download + build)", t)
         for i in range(0, len(data), size):
             predictor.predict_proba(data[i:i + size])

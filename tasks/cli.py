@@ -255,6 +255,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve(load_settings(), host=args.host, port=args.port, workers=args.workers)
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    """Exit 0 when every file matches the version's manifest, 1 on any difference (printed, files named)."""
+    from tasks.errors import DataError
+    from tasks.models.integrity import verify
+
+    try:
+        print(verify(load_settings(), args.model_uri).line())
+    except DataError as exc:
+        print(f"cd4ml verify: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _run_stamp(args: argparse.Namespace) -> tuple[str, str]:
     """(run id, logical date) of a CLI run: as given, else cli-<timestamp> and today (UTC)."""
     from datetime import UTC, datetime
@@ -300,7 +313,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cd4ml", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_overview, _add_training, _add_data, _add_release, _add_stack, _add_models):  # --help order
+    for add in (_add_overview, _add_training, _add_data, _add_release, _add_stack, _add_models, _add_integrity):
         add(sub)
     return parser
 
@@ -434,6 +447,14 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--logical-date", help="end of the window (default: today, UTC)")
     p.add_argument("--run-id", help="run id stamped on the rows (default: cli-<timestamp>)")
     p.set_defaults(func=_cmd_monitor)
+
+
+def _add_integrity(sub: argparse._SubParsersAction) -> None:
+    """Checking a registered model's files against the manifest recorded at registration."""
+    p = sub.add_parser("verify", help="check models:/<name>/<version> (or @alias) against the sha256 manifest recorded "
+                       "at registration; exit 1 on a changed, missing or extra file")
+    p.add_argument("model_uri")
+    p.set_defaults(func=_cmd_verify)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ ALERT_KINDS = (
     "approval_timeout",  # nobody answered in time: the champion stays
     "rollback",  # the champion was moved back
     "model_degraded",  # the champion's live metrics broke a monitoring rule (accuracy, recall, calibration, shift)
+    "model_tampered",  # a model version's files differ from the manifest recorded at registration: it was not loaded
 )
 # Kinds that say "this DAG is broken or late": a later successful run of the same DAG resolves them.
 # The others are events (one per gate, batch or decision) that a person closes.

@@ -23,6 +23,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from tasks.errors import DataError
+from tasks.models.integrity import record_manifest
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,7 @@ def set_version_tags(client: MlflowClient, version: ModelVersion, tags: Mapping[
 def register_candidate(settings: Settings, candidate_run_id: str) -> int:
     """Register a finished training run's model in this environment's registered model, with its lineage.
 
+    The sha256 of every file of the version is stored on it (``tasks.models.integrity``).
     Idempotent: a second call for the same run reuses its version. No alias moves here: the gate
     decides about ``challenger``, promotion about ``champion`` (tasks/release/release.py).
     """
@@ -250,6 +252,7 @@ def register_candidate(settings: Settings, candidate_run_id: str) -> int:
     tags[TAG_ENV] = settings.env
     tags[TAG_SOURCE] = f"runs:/{candidate_run_id}"
     set_version_tags(client, version, tags)
+    record_manifest(settings, client, version)  # the files as trained: every later load is checked against them
     return int(version.version)
 
 

@@ -202,7 +202,7 @@ class Featurizer:
 
         mlflow_client(settings)
         try:
-            self.predictor = load_predictor(model_uri)
+            self.predictor = load_predictor(settings, model_uri)
         except ValueError as exc:  # not a cd4ml image classifier: no softmax or embedding to read
             log.warning("drift: %s; falling back to pixels", exc)
             return

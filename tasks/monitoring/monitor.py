@@ -305,7 +305,7 @@ def monitor(settings: Settings, *, run_id: str, logical_date: str | datetime) ->
     model = serving_model(settings)  # 1
     end = datetime.fromisoformat(lake.normalise_logical_date(logical_date))
     start = end - timedelta(days=settings.monitoring.window_days)
-    predictor = load_predictor(model.uri)
+    predictor = load_predictor(settings, model.uri)
     reference = champion_reference(settings, model, predictor)  # 2
     window = window_rows(settings, model, start, end)  # 3
     metrics = evaluate_window(window.predicted, window.confidence, window.truth, reference, settings.monitoring)  # 4

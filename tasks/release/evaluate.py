@@ -25,7 +25,10 @@ Rules, in the order the report lists them (settings: ``gate`` of the environment
   (the same exact one-sided test on that class's images only one model gets right, at
   ``alpha``): with 20 test images in a class, 3 images are 15 points, which equally good
   retrains trade by chance; the bench measured that rule alone rejecting equal retrains.
-* **Smoke, latency, size.** The registered pyfunc is loaded by its registry URI in a fresh
+* **Verified files.** Each model's files are checked against the manifest recorded at
+  registration before it is loaded (``tasks.models.integrity``); a mismatch stops the gate with
+  a ``ModelIntegrityError`` naming the files (and one ``model_tampered`` alert), no report.
+* **Smoke, latency, size.** The registered pyfunc, its verified copy, is loaded in a fresh
   Python process (no project code on its path), classifies real PNG and JPEG bytes re-encoded
   from test images, times ``latency_samples`` single-image predictions (p95 within
   ``max_latency_p95_ms``) and sums its artifacts (within ``max_model_mb``).
@@ -39,6 +42,7 @@ depends on the wall clock but the latency check: the same inputs give the same v
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -57,6 +61,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
 from scipy.stats import binomtest
 from sklearn.metrics import accuracy_score, f1_score
 
@@ -64,6 +69,7 @@ from tasks.data import lake
 from tasks.errors import DataError
 from tasks.files import write_json
 from tasks.models import champion as champions
+from tasks.models.integrity import UnverifiableModelError, verified_model
 from tasks.models.registry import (
     TAG_ROLLED_BACK,
     LineageError,
@@ -250,10 +256,15 @@ def _encoded(images: list[bytes], fmt: str) -> list[bytes]:
 
 
 def smoke_test(settings: Settings, model_uri: str, images: list[bytes], classes: set[str]) -> dict[str, Any]:
-    """Load ``model_uri`` in a fresh interpreter, classify PNG and JPEG bytes, time single predictions."""
+    """Load ``model_uri`` (its verified copy) in a fresh interpreter, classify PNG and JPEG bytes, time single predictions."""
     gate = settings.gate
     sample = images[: max(1, min(len(images), 16))]
-    with tempfile.TemporaryDirectory(prefix="cd4ml-smoke-") as tmp:
+    with contextlib.ExitStack() as stack:
+        try:
+            local, _ = stack.enter_context(verified_model(settings, model_uri))
+        except (MlflowException, UnverifiableModelError) as exc:  # not found or not downloaded: the check fails
+            return {"ok": False, "error": f"cannot download {model_uri}: {str(exc).splitlines()[0][:300]}"}
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="cd4ml-smoke-"))
         paths: dict[str, list[str]] = {}
         for kind, fmt in (("png", "PNG"), ("jpeg", "JPEG")):
             paths[kind] = []
@@ -264,7 +275,7 @@ def smoke_test(settings: Settings, model_uri: str, images: list[bytes], classes:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a consumer's process, not ours
         env["MLFLOW_TRACKING_URI"] = settings.tracking_uri
         env["MLFLOW_REGISTRY_URI"] = settings.tracking_uri
-        request = {"model_uri": model_uri, "images": paths, "samples": gate.latency_samples}
+        request = {"model_uri": str(local), "images": paths, "samples": gate.latency_samples}
         try:
             done = subprocess.run(
                 [sys.executable, "-c", _SMOKE], input=json.dumps(request), capture_output=True, text=True,
@@ -293,11 +304,12 @@ def smoke_test(settings: Settings, model_uri: str, images: list[bytes], classes:
 # --------------------------------------------------------------------------- the gate
 
 
-def _predict(model_uri: str, images: list[bytes]) -> list[str]:
+def _predict(settings: Settings, model_uri: str, images: list[bytes]) -> list[str]:
     import mlflow
 
-    model = mlflow.pyfunc.load_model(model_uri)
-    return [str(label) for label in model.predict(pd.DataFrame({"image": images}))["label"].tolist()]
+    with verified_model(settings, model_uri) as (local, _):  # load the checked copy, not the URI again
+        model = mlflow.pyfunc.load_model(str(local))
+        return [str(label) for label in model.predict(pd.DataFrame({"image": images}))["label"].tolist()]
 
 
 def comparison_checks(settings: Settings, truth: list[str], cand: list[str], champ: list[str],
@@ -385,14 +397,14 @@ def evaluate(settings: Settings, candidate_version: int, test_table: str, test_v
                                                 f"training) < min_test_images {gate.min_test_images}: no decision"))
     else:
         checks.append(Check("test_size", True, f"{len(truth)} test images ({removed} removed as seen in training)"))
-        cand_pred = _predict(candidate_uri, images)
+        cand_pred = _predict(settings, candidate_uri, images)
         cand_scores = score(truth, cand_pred)
         candidate_value = cand_scores[gate.metric]
         details["candidate_scores"] = cand_scores
         checks.append(Check("floor", candidate_value >= gate.min_value,
                             f"test {gate.metric} {candidate_value:.4f}; floor {gate.min_value:.4f}"))
         if champion is not None:
-            champ_pred = _predict(f"models:/{name}/{champion.version}", images)
+            champ_pred = _predict(settings, f"models:/{name}/{champion.version}", images)
             champ_scores = score(truth, champ_pred)
             champion_value = champ_scores[gate.metric]
             details["champion_scores"] = champ_scores

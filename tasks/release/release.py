@@ -30,6 +30,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from tasks.errors import DataError
+from tasks.models import integrity
 from tasks.models.champion import NoChampionError
 from tasks.models.registry import (
     EXTRA_LINEAGE_TAGS,
@@ -396,8 +397,9 @@ def rollback(settings: Settings, *, reason: str, to_version: int | None = None, 
 def copy_from_upstream(settings: Settings, source_version: int | None = None) -> dict[str, Any]:
     """Copy the upstream environment's champion (or ``source_version``) into this environment's model.
 
-    The copy keeps the source's lineage tags and records where it came from; copying the same
-    source again reuses the earlier copy. Returns {"version", "source", "reused"}.
+    The source's files are checked against its manifest first; the copy gets a manifest of its own
+    files, which must equal the source's. The copy keeps the source's lineage tags and records where
+    it came from; copying the same source again reuses the earlier copy. Returns {"version", "source", "reused"}.
     """
     if settings.release.pattern != "deploy_model" or not settings.release.upstream:
         raise ReleaseError(f"{settings.env} uses release pattern {settings.release.pattern!r}: nothing is copied "
@@ -415,6 +417,7 @@ def copy_from_upstream(settings: Settings, source_version: int | None = None) ->
     if (source.tags or {}).get(TAG_ROLLED_BACK):
         raise RolledBackError(f"{up_name} v{source_version} was rolled back: it is not copied")
     source_uri = f"models:/{up_name}/{source.version}"
+    integrity.verify(upstream, source_uri)  # a changed file: refused (and alerted, once) before anything is copied
     for existing in client.search_model_versions(f"name = '{name}'"):
         if (existing.tags or {}).get(TAG_COPIED_FROM) == source_uri:
             return {"version": int(existing.version), "source": source_uri, "reused": True}
@@ -423,6 +426,8 @@ def copy_from_upstream(settings: Settings, source_version: int | None = None) ->
     keep = {k: v for k, v in (source.tags or {}).items() if k in (*LINEAGE_RUN_TAGS, *EXTRA_LINEAGE_TAGS)}
     set_version_tags(client, copied, {**keep, "cd4ml.trained_in": source.tags.get(TAG_ENV, upstream.env),
                                       TAG_ENV: settings.env, TAG_COPIED_FROM: source_uri, TAG_SOURCE: source_uri})
+    # the copy's own manifest, from its own files: recorded only when it is the source's
+    integrity.record_manifest(settings, client, copied, expected=integrity.recorded_manifest(source))
     log.info("copied %s into %s as version %s", source_uri, name, copied.version)
     return {"version": int(copied.version), "source": source_uri, "reused": False}
 

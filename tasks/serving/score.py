@@ -383,7 +383,7 @@ def score(settings: Settings, source: str, *, run_id: str, logical_date: str | d
     entries = itertools.chain(first, entries)
     chunk = list(itertools.islice(entries, settings.serving.commit_every))
     # the model's own bundled preprocessing and network; a decode worker imports the same runtime folder
-    with opened_predictor(model.uri) as (predictor, runtime_dir), \
+    with opened_predictor(settings, model.uri) as (predictor, runtime_dir), \
             decoder_for(settings, predictor, runtime_dir, len(chunk)) as decoder:
         while chunk:  # 2-4, a commit per chunk
             totals["seen"] += len(chunk)

@@ -2,11 +2,14 @@
 
 ``serve`` resolves the champion first (no champion: ``NoChampionError``, nothing started), pins
 it to its version (``models:/<name>/<version>``: moving the alias later does not change what a
-running server answers; restart it to follow the alias), prints what it serves and replaces the
-process with uvicorn running MLflow's own scoring app for the model's pyfunc, in this
+running server answers; restart it to follow the alias), checks its files against the manifest
+recorded at registration and keeps that checked copy in a folder of its own (a mismatch:
+``ModelIntegrityError``, one alert, nothing started), prints what it serves and replaces the
+process with uvicorn running MLflow's own scoring app for that folder's pyfunc, in this
 environment (what ``mlflow models serve --env-manager local`` runs), behind the request limits of
 ``tasks.serving.guard`` (a body over ``serving.max_request_bytes`` is HTTP 413, an image over
 ``ingest.max_pixels`` by its header is HTTP 400, neither read nor decoded), until Ctrl-C or SIGTERM.
+The server never downloads the model itself, so nothing changed after the check can reach it.
 
 The endpoints are MLflow's: ``GET /ping``, ``GET /version``, ``POST /invocations`` with a JSON
 body ``{"dataframe_split": {"columns": ["image"], "data": [["<base64 PNG/JPEG>"], ...]}}``
@@ -20,9 +23,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.models.champion import ServingModel, serving_model
+from tasks.models.integrity import Verified, verified_model
 from tasks.serving.guard import ENV_MAX_BYTES, ENV_MAX_PIXELS, ENV_MODEL_URI
 from tasks.settings import Settings
 
@@ -38,14 +44,18 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_WORKERS = 1
 
 
-def server_command(settings: Settings, model: ServingModel, host: str = DEFAULT_HOST, port: int | None = None,
-                   workers: int = DEFAULT_WORKERS) -> list[str]:
-    """uvicorn serving ``tasks.serving.guard`` in this interpreter (port: serving.port); the model is in ``server_env``."""
-    port = settings.serving.port if port is None else port
+def _check_listen(port: int, workers: int) -> None:
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if not 0 < port < 65536:
         raise ValueError(f"port must be 1..65535, got {port}")
+
+
+def server_command(settings: Settings, host: str = DEFAULT_HOST, port: int | None = None,
+                   workers: int = DEFAULT_WORKERS) -> list[str]:
+    """uvicorn serving ``tasks.serving.guard`` in this interpreter (port: serving.port); the model is in ``server_env``."""
+    port = settings.serving.port if port is None else port
+    _check_listen(port, workers)
     return [
         sys.executable, "-m", "uvicorn",
         "--host", host,
@@ -56,8 +66,8 @@ def server_command(settings: Settings, model: ServingModel, host: str = DEFAULT_
 
 
 def server_env(settings: Settings, base: dict[str, str] | None = None,
-               model: ServingModel | None = None) -> dict[str, str]:
-    """The server's environment: this environment's MLflow store, the model and the request limits,
+               model_folder: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The server's environment: this environment's MLflow store, the verified model folder and the request limits,
     and this interpreter's scripts first on PATH.
 
     Only the child gets ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI`` (see
@@ -68,13 +78,29 @@ def server_env(settings: Settings, base: dict[str, str] | None = None,
     env = dict(os.environ if base is None else base)
     env["MLFLOW_TRACKING_URI"] = settings.tracking_uri
     env["MLFLOW_REGISTRY_URI"] = settings.tracking_uri
-    if model is not None:
-        env[ENV_MODEL_URI] = model.uri
+    if model_folder is not None:
+        env[ENV_MODEL_URI] = str(model_folder)
     env[ENV_MAX_BYTES] = str(settings.serving.max_request_bytes)
     env[ENV_MAX_PIXELS] = str(settings.ingest.max_pixels)
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bindir, *[p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir]])
     return env
+
+
+def verified_copy(settings: Settings, model: ServingModel) -> tuple[Path, Verified]:
+    """The model's files, checked against its manifest, in a folder that outlives this process (the server's).
+
+    A mismatch (``ModelIntegrityError``) leaves no folder behind. The folder is the server's
+    for as long as it runs: ``serve`` replaces this process, so nothing here could remove it later.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=f"cd4ml-serve-{model.name}-v{model.version}-"))
+    try:
+        with verified_model(settings, model.uri) as (local, verified):
+            shutil.copytree(local, folder / "model")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder / "model", verified
 
 
 def request_body(images: Sequence[bytes]) -> dict[str, Any]:
@@ -86,12 +112,15 @@ def serve(settings: Settings, host: str = DEFAULT_HOST, port: int | None = None,
     """Serve the champion until stopped; ``NoChampionError`` before anything starts when there is none."""
     model = serving_model(settings)
     port = settings.serving.port if port is None else port
-    command = server_command(settings, model, host, port, workers)
-    env = server_env(settings, model=model)
+    _check_listen(port, workers)  # refused before any download
+    folder, verified = verified_copy(settings, model)
+    command = server_command(settings, host, port, workers)
+    env = server_env(settings, model_folder=folder)
     print(
         f"cd4ml serve ({settings.env}): {model.uri} ({model.alias_uri} when started; run {model.run_id or '-'})\n"
         f"  POST http://{host}:{port}/invocations  (GET /ping, /version); {workers} worker(s); Ctrl-C stops it\n"
-        f"  restart to follow a new champion: a running server keeps version {model.version}",
+        f"  restart to follow a new champion: a running server keeps version {model.version}\n"
+        f"  {verified.line()}, served from {folder}",
         flush=True,
     )
     sys.stderr.flush()

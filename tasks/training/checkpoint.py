@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -18,11 +19,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from tasks.errors import DataError
 from tasks.training.device import DevicePlan
 
 LAST_CHECKPOINT = "last.pt"
 RUN_FILE = "run.json"
 STATE_FILE = "state.json"
+# What a checkpoint may hold besides tensors and plain containers: numpy's generator state (a uint32
+# array). Loading stays weights_only, so nothing else in the file can name code to run.
+# An array's own pickle names its rebuild function (numpy.core or, in numpy 2, numpy._core).
+_NUMPY_STATE_GLOBALS = [np.zeros(0).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+class CheckpointError(DataError):
+    """A checkpoint holds more than tensors and the random generators' state: it is not loaded."""
 
 
 def rng_state(plan: DevicePlan) -> dict[str, Any]:
@@ -57,7 +67,12 @@ class Checkpoints:
         path = self.root / LAST_CHECKPOINT
         if not path.exists():
             return None
-        return torch.load(path, map_location=device, weights_only=False)  # our own file: RNG states need pickle
+        try:
+            with torch.serialization.safe_globals(_NUMPY_STATE_GLOBALS):
+                return torch.load(path, map_location=device, weights_only=True)
+        except pickle.UnpicklingError:  # names the file, never what it holds
+            raise CheckpointError(f"{path} holds objects other than tensors and generator state: not loaded "
+                                  "(delete the checkpoint folder to start the run afresh)") from None
 
     def save(self, state: dict[str, Any]) -> None:
         self._atomic(LAST_CHECKPOINT, lambda p: torch.save(state, p))

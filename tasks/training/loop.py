@@ -242,13 +242,14 @@ class _Setup:
     lr: float
 
 
-def _build_model(request: WorkerRequest, cfg: TrainingSettings, data: CachedSplits, plan: DevicePlan) -> tuple[dict[str, Any], nn.Module]:
-    """The network, seeded, with the fine-tuning source's weights when there is one, on the device."""
+def _build_model(request: WorkerRequest, settings: Settings, data: CachedSplits, plan: DevicePlan) -> tuple[dict[str, Any], nn.Module]:
+    """The network, seeded, with the fine-tuning source's weights when there is one (checked first), on the device."""
+    cfg = settings.training
     torch.manual_seed(cfg.seed)
     arch = architecture(cfg.model, len(data.classes), data.spec.size, data.spec.channels)
     model = build_network(arch)
     if request.finetune_uri:
-        weights, meta = load_logged_weights(request.finetune_uri)
+        weights, meta = load_logged_weights(settings, request.finetune_uri)
         if meta["architecture"] != cfg.model:
             raise ValueError(f"finetune_from {request.finetune_uri} is a {meta['architecture']}, training.model is {cfg.model}")
         fresh = transfer_weights(model, weights, cfg.freeze_backbone)
@@ -256,10 +257,11 @@ def _build_model(request: WorkerRequest, cfg: TrainingSettings, data: CachedSpli
     return arch, model.to(plan.device, memory_format=plan.memory_format)
 
 
-def _set_up(request: WorkerRequest, cfg: TrainingSettings, plan: DevicePlan, rank: int, world: int) -> tuple[_Setup, TrainState]:
+def _set_up(request: WorkerRequest, settings: Settings, plan: DevicePlan, rank: int, world: int) -> tuple[_Setup, TrainState]:
     """Data, model, optimizer, schedule and loader of a fresh run (epoch 0)."""
+    cfg = settings.training
     data = load_cache(request.cache_path)
-    arch, model = _build_model(request, cfg, data, plan)
+    arch, model = _build_model(request, settings, data, plan)
     net = wrap(model, plan, world)
     frozen = model.features if cfg.freeze_backbone and request.finetune_uri else None
     lr = scaled_learning_rate(cfg, world)
@@ -367,7 +369,7 @@ def train_rank(
 
     Rank 0 returns the outcome, other ranks None.
     """
-    s, state = _set_up(request, settings.training, plan, rank, world)
+    s, state = _set_up(request, settings, plan, rank, world)
     checkpoints = Checkpoints(request.checkpoint_dir) if request.checkpoint_dir else None
     resumed_from = _resume(s, state, checkpoints)
     client = client_for(request.tracking_uri)

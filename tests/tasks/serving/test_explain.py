@@ -51,7 +51,7 @@ def selection(champion) -> Selection:
 
     settings, model = champion
     mlflow_client(settings)
-    predictor = load_predictor(model.uri)
+    predictor = load_predictor(settings, model.uri)
     rows = split_rows("test")
     proba = predictor.predict_proba([r["image"] for r in rows])
     predicted = [predictor.classes[i] for i in proba.argmax(axis=1)]

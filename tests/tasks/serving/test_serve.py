@@ -79,6 +79,7 @@ def served(champion, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
         assert process.poll() is None, log.read_text()[-3000:]
     printed = log.read_text()
     assert model.uri in printed.splitlines()[0]  # the CLI said which version it serves
+    assert f"{model.uri}: " in printed and "files match manifest" in printed  # and that its files were checked
 
 
 @pytest.fixture(scope="module")
@@ -278,23 +279,22 @@ def test_cd4ml_serve_with_a_store_but_no_champion_exits_1_before_starting(
 
 
 def test_the_server_command_pins_the_version_and_the_store() -> None:
-    from tasks.models.champion import ServingModel
     from tasks.serving.serve import request_body, server_command, server_env
     from tasks.settings import load_settings
 
     settings = load_settings(home="/tmp/cd4ml-serve-command")
-    model = ServingModel(name="digits-classifier-sit", version=7, run_id="r", alias="champion")
-    command = server_command(settings, model, "0.0.0.0", 5009, 2)
+    command = server_command(settings, "0.0.0.0", 5009, 2)
     assert command[1:] == ["-m", "uvicorn", "--host", "0.0.0.0", "--port", "5009", "--workers", "2",
                            "--factory", "tasks.serving.guard:create_app"]
     before = dict(os.environ)
-    env = server_env(settings, base={"PATH": "/usr/bin"}, model=model)
+    env = server_env(settings, base={"PATH": "/usr/bin"}, model_folder="/tmp/cd4ml-serve-x/model")
     assert env["MLFLOW_TRACKING_URI"] == env["MLFLOW_REGISTRY_URI"] == settings.tracking_uri
-    assert env["CD4ML_SERVE_MODEL_URI"] == "models:/digits-classifier-sit/7"  # pinned, not the alias
+    # the server loads the verified local copy, never the registry URI (which could change after the check)
+    assert env["CD4ML_SERVE_MODEL_URI"] == "/tmp/cd4ml-serve-x/model"
     assert env["CD4ML_SERVE_MAX_REQUEST_BYTES"] == str(settings.serving.max_request_bytes)
     assert env["CD4ML_SERVE_MAX_PIXELS"] == str(settings.ingest.max_pixels)
     assert env["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin"]  # this venv's tools first
     assert dict(os.environ) == before  # only the child gets the URIs (tasks.models.registry.client_for)
     assert request_body([b"\x89PNG"]) == {"dataframe_split": {"columns": ["image"], "data": [["iVBORw=="]]}}
     with pytest.raises(ValueError, match="workers"):
-        server_command(settings, model, "127.0.0.1", 5001, 0)
+        server_command(settings, "127.0.0.1", 5001, 0)

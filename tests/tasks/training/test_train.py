@@ -199,13 +199,13 @@ def test_a_version_without_val_rows_is_refused_with_a_clear_error(trained: Train
 def test_fine_tuning_starts_from_a_registered_version_and_names_it(trained: Trained) -> None:
     from mlflow import MlflowClient
 
-    from tasks.models.registry import mlflow_client
+    from tasks.models.registry import get_model_version, mlflow_client, register_candidate
     from tasks.training.train import train, training_config_hash
 
     s = with_model_name(trained.settings, "finetune")
     client: MlflowClient = mlflow_client(s)
-    client.create_registered_model(s.registry.model_name)
-    version = client.create_model_version(s.registry.model_name, trained.result.model_uri, run_id=trained.result.mlflow_run_id)
+    # registered as the pipeline does (with its file manifest: a version without one is not loaded)
+    version = get_model_version(client, s.registry.model_name, register_candidate(s, trained.result.mlflow_run_id))
     client.set_registered_model_alias(s.registry.model_name, "champion", version.version)
 
     tuned = fast(s, epochs=1, finetune_from=f"models:/{s.registry.model_name}@champion", freeze_backbone=True)
