@@ -91,6 +91,14 @@ class IngestSettings(_Section):
     engine: Literal["local", "spark"] = Field("local", description="local: delta-rs on one machine | spark: a delta-spark job (requirements-spark.txt).")
     spark_master: str = Field("local[*]", description="Spark master URL of the spark engine.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description='Extra Spark configuration, e.g. {"spark.jars": "...delta-spark jars"}.')
+    allowed_schemes: tuple[str, ...] = Field(
+        ("file",), description="URI schemes a landing source or manifest may use (a plain path is file); add s3, gs, abfs... "
+        "to read an object store. Anything else (http, data, ...) is refused before it is opened.")
+    max_file_bytes: int = Field(
+        64 << 20, gt=0, description="Bytes: a file larger than this is rejected unread (file_too_large), at ingest and "
+        "scoring; checked from the listed size, and no read takes more.")
+    max_manifest_row_bytes: int = Field(
+        65536, gt=0, description="Bytes: a manifest line longer than this is rejected as that row (bad_manifest_row), unread.")
 
     @property
     def stored_modes(self) -> tuple[str, ...]:
@@ -438,6 +446,11 @@ class ServingSettings(_Section):
     decode_min_files: int = Field(2048, ge=0, description="Files in a run below which images are decoded in process (a worker costs ~0.3 s to start).")
     commit_every: int = Field(20000, gt=0, description="Predictions per Delta commit: a killed run keeps what it committed.")
     port: int = Field(5001, gt=0, lt=65536, description="TCP port of `cd4ml serve` (MLflow's scoring server).")
+    allowed_schemes: tuple[str, ...] = Field(
+        ("file",), description="URI schemes a scoring source or feedback file may use (a plain path is file); add s3, gs, "
+        "abfs... to read an object store. Anything else (http, data, ...) is refused before it is opened.")
+    max_feedback_row_bytes: int = Field(
+        65536, gt=0, description="Bytes: a feedback line longer than this is rejected as that row (bad_row), unread.")
 
 
 class MonitoringSettings(_Section):
