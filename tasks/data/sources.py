@@ -283,14 +283,17 @@ class Source:
 
     def _manifest_uri(self, manifest: str) -> str:
         """The manifest's URI, refused unless its scheme is allowed and it lies under the root."""
-        inputs.check_scheme(manifest, self.allowed_schemes, self.schemes_key, "the manifest")
         if "://" in manifest or manifest.startswith("/"):
+            inputs.check_scheme(manifest, self.allowed_schemes, self.schemes_key, "the manifest")
             if inputs.is_local(manifest) != self.local:
                 raise inputs.OutsideRootError("the manifest", manifest, self.root_uri)
-            return self.uri_of(inputs.confined(manifest if self.local else self.fs._strip_protocol(manifest),
-                                               self.root, "the manifest"))
-        # relative: inside the root (a '..' or a link out of it is refused the same way)
-        return self.uri_of(inputs.confined(posixpath.join(self.root, manifest), self.root, "the manifest"))
+            location = manifest
+        else:  # relative: inside the root (a '..' or a link out of it is refused the same way)
+            location = self.uri_of(posixpath.join(self.root, manifest))
+        if self.local:
+            return self.uri_of(inputs.confined(location, self.root, "the manifest"))
+        location = self.fs.unstrip_protocol(self.fs._strip_protocol(location))  # the root's own spelling
+        return self.uri_of(inputs.confined(location, self.root_uri, "the manifest"))
 
     def _inside(self, path: str) -> bool:
         return inputs.inside(path, self.root)

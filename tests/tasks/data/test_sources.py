@@ -6,7 +6,7 @@ import fsspec
 import pytest
 from PIL import Image
 
-from tasks.data.inputs import OutsideRootError, SchemeNotAllowedError
+from tasks.data.inputs import InputRefusedError, OutsideRootError, SchemeNotAllowedError
 from tasks.data.sources import LandingNotFoundError, SourceError, open_source
 
 
@@ -204,3 +204,17 @@ def test_bad_manifest_rows_are_rejected_as_rows_and_the_others_go_on(tmp_path):
     (root / "m.csv").write_bytes(b"\n".join(csv_lines) + b"\n")
     entries = list(open_source(str(root), "csv", "m.csv").entries())  # before: csv.Error, nothing ingested
     assert [e.problem.code if e.problem else e.label for e in entries] == ["bad_manifest_row", "bad_manifest_row", "7"]
+
+
+def test_an_object_store_manifest_must_lie_under_its_root():
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/src-manifest/landing/2/a.png", _png(9))
+    fs.pipe("/src-manifest/landing/labels.csv", b"path,label\n2/a.png,5\n")
+    fs.pipe("/src-manifest/elsewhere.csv", b"path,label\nlanding/2/a.png,5\n")
+    allowed = ("memory",)
+    entries = list(open_source("memory://src-manifest/landing", "csv", "labels.csv", allowed_schemes=allowed).entries())
+    assert [(e.uri, e.label, e.problem) for e in entries] == [("memory:///src-manifest/landing/2/a.png", "5", None)]
+    for outside in ("memory://src-manifest/elsewhere.csv", "../elsewhere.csv", "/src-manifest/elsewhere.csv"):
+        with pytest.raises(InputRefusedError):  # outside the root; the last one is a local path (scheme file)
+            open_source("memory://src-manifest/landing", "csv", outside, allowed_schemes=allowed)
+    fs.rm("/src-manifest", recursive=True)
