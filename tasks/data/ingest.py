@@ -29,7 +29,7 @@ module applies them, streams and commits:
   a detail; the batch goes on. Reject rows are keyed by (source, content, reason), so re-running
   over the same bad file records it once. Codes: the listing's (``tasks.data.sources``: path_traversal,
   outside_landing, missing_file, bad_manifest_row, symlink_outside_landing, broken_symlink,
-  not_a_file), the label's (``no_label``, ``unknown_label``, ``label_conflict``),
+  not_a_file, undecodable_name), the label's (``no_label``, ``unknown_label``, ``label_conflict``),
   ``bad_extension``, ``file_too_large``, ``unreadable`` and the content's (``tasks.data.images``: empty_file,
   not_an_image, corrupt_image, too_many_pixels, animated, too_small, too_large, unsupported_mode).
 * Incremental: the ``ingest_manifest`` table remembers, per source URI, size, mtime (ns), ETag
