@@ -22,12 +22,19 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from tasks.data.headers import JPEG_MODES, PNG_MODES, Header, fast_header, jpeg_header, png_header
-from tasks.data.images import Rejection, screen
+from tasks.data.images import PreparedImage, Rejection, prepare_image, screen
 from tasks.data.sources import SourceError, open_source
 from tasks.serving.feedback import FeedbackError, feedback_rows
 
 ROW_BYTES = 256  # small, so that over-long lines are met often
 SCREEN_RULES = {"min_side": 8, "max_side": 4096, "max_pixels": 16_777_216}
+PREPARE_RULES = {**SCREEN_RULES, "max_pixels": 1 << 20}  # a full decode per input: keep each one small
+# Findings of bench/fuzz.py, kept as fixed inputs of the suite's run: a damaged 9x9 GIF whose frame
+# count raised TypeError inside Pillow (10.3), ending a whole ingest or scoring run.
+FINDINGS = (bytes.fromhex(
+    "474946383761090009008100000a0a0a0000000000000000002c00000000090009000008110001081c48b0a0c18308132a5cc87060"
+    "400021f9000401000001002c0000000000090009000081c8c8c800000000000000000008110001081c48b0a0c18308132a5cc87060"
+    "40003b"),)
 _MODES = set(PNG_MODES.values()) | set(JPEG_MODES.values())
 
 
@@ -126,6 +133,12 @@ def check_screen(data: bytes) -> None:
     """Scoring's header screen (struct readers, else Pillow's lazy open) answers a ``Rejection`` or None."""
     outcome = screen(data, **SCREEN_RULES)
     assert outcome is None or isinstance(outcome, Rejection), outcome
+
+
+def check_prepare(data: bytes) -> None:
+    """Ingest's full decode answers a ``PreparedImage`` or a ``Rejection``."""
+    outcome = prepare_image(data, **PREPARE_RULES)
+    assert isinstance(outcome, (PreparedImage, Rejection)), outcome
 
 
 def check_manifest(root: Path, data: bytes, kind: str) -> None:

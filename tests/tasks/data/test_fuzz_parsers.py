@@ -11,14 +11,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from tests.factories.fuzzing import (
     FEEDBACK_SEEDS,
+    FINDINGS,
     MANIFEST_SEEDS,
     check_feedback,
     check_headers,
     check_manifest,
+    check_prepare,
     check_screen,
     image_inputs,
     text_inputs,
@@ -44,8 +46,16 @@ def test_header_readers_answer_a_header_or_none(data):
 
 @SHORT
 @given(image_inputs())
+@example(FINDINGS[0])  # before: TypeError from Pillow's GIF frame count
 def test_the_scoring_screen_answers_a_rejection_or_none(data):
     check_screen(data)
+
+
+@SHORT
+@given(image_inputs())
+@example(FINDINGS[0])
+def test_ingests_full_decode_answers_an_image_or_a_rejection(data):
+    check_prepare(data)
 
 
 @SHORT
