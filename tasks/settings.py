@@ -441,16 +441,16 @@ class ServingSettings(_Section):
     """The champion at work (tasks/serving/): batch scoring and the REST server."""
 
     schedule: str | None = Field("@daily", description="When cd4ml_score scores storage.scoring_uri (cron or preset); null = only when triggered.")
-    batch_size: int = Field(256, gt=0, description="Images read, decoded and predicted together (memory stays flat).")
-    decode_workers: int = Field(1, ge=0, description="Processes decoding images with the model's own runtime while the network runs; 0 = none.")
-    decode_min_files: int = Field(2048, ge=0, description="Files in a run below which images are decoded in process (a worker costs ~0.3 s to start).")
-    commit_every: int = Field(20000, gt=0, description="Predictions per Delta commit: a killed run keeps what it committed.")
-    port: int = Field(5001, gt=0, lt=65536, description="TCP port of `cd4ml serve` (MLflow's scoring server).")
     allowed_schemes: tuple[str, ...] = Field(
         ("file",), description="URI schemes a scoring source or feedback file may use (a plain path is file); add s3, gs, "
         "abfs... to read an object store. Anything else (http, data, ...) is refused before it is opened.")
     max_feedback_row_bytes: int = Field(
         65536, gt=0, description="Bytes: a feedback line longer than this is rejected as that row (bad_row), unread.")
+    batch_size: int = Field(256, gt=0, description="Images read, decoded and predicted together (memory stays flat).")
+    decode_workers: int = Field(1, ge=0, description="Processes decoding images with the model's own runtime while the network runs; 0 = none.")
+    decode_min_files: int = Field(2048, ge=0, description="Files in a run below which images are decoded in process (a worker costs ~0.3 s to start).")
+    commit_every: int = Field(20000, gt=0, description="Predictions per Delta commit: a killed run keeps what it committed.")
+    port: int = Field(5001, gt=0, lt=65536, description="TCP port of `cd4ml serve` (MLflow's scoring server).")
 
 
 class MonitoringSettings(_Section):
