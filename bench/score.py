@@ -254,7 +254,7 @@ def breakdown(settings: Any, model: Any, folder: Path, repeats: int = 3) -> dict
         source = open_source(str(folder))
         entries = list(source.entries())
         t = lap("open_source + listing", t)
-        data = [source.read(e) for e in entries]
+        data = [source.read(e, settings.ingest.max_file_bytes) for e in entries]
         t = lap("read files", t)
         for d in data:
             hashlib.sha256(d).hexdigest()

@@ -91,6 +91,14 @@ class IngestSettings(_Section):
     engine: Literal["local", "spark"] = Field("local", description="local: delta-rs on one machine | spark: a delta-spark job (requirements-spark.txt).")
     spark_master: str = Field("local[*]", description="Spark master URL of the spark engine.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description='Extra Spark configuration, e.g. {"spark.jars": "...delta-spark jars"}.')
+    allowed_schemes: tuple[str, ...] = Field(
+        ("file",), description="URI schemes a landing source or manifest may use (a plain path is file); add s3, gs, abfs... "
+        "to read an object store. Anything else (http, data, ...) is refused before it is opened.")
+    max_file_bytes: int = Field(
+        64 << 20, gt=0, description="Bytes: a file larger than this is rejected unread (file_too_large), at ingest and "
+        "scoring; checked from the listed size, and no read takes more.")
+    max_manifest_row_bytes: int = Field(
+        65536, gt=0, description="Bytes: a manifest line longer than this is rejected as that row (bad_manifest_row), unread.")
 
     @property
     def stored_modes(self) -> tuple[str, ...]:
@@ -433,6 +441,11 @@ class ServingSettings(_Section):
     """The champion at work (tasks/serving/): batch scoring and the REST server."""
 
     schedule: str | None = Field("@daily", description="When cd4ml_score scores storage.scoring_uri (cron or preset); null = only when triggered.")
+    allowed_schemes: tuple[str, ...] = Field(
+        ("file",), description="URI schemes a scoring source or feedback file may use (a plain path is file); add s3, gs, "
+        "abfs... to read an object store. Anything else (http, data, ...) is refused before it is opened.")
+    max_feedback_row_bytes: int = Field(
+        65536, gt=0, description="Bytes: a feedback line longer than this is rejected as that row (bad_row), unread.")
     batch_size: int = Field(256, gt=0, description="Images read, decoded and predicted together (memory stays flat).")
     decode_workers: int = Field(1, ge=0, description="Processes decoding images with the model's own runtime while the network runs; 0 = none.")
     decode_min_files: int = Field(2048, ge=0, description="Files in a run below which images are decoded in process (a worker costs ~0.3 s to start).")

@@ -6,7 +6,8 @@ apply them:
 
 1. the listing's own verdict (``tasks.data.sources``: traversal, symlinks, manifest rows, ...);
 2. the label and the name (``listing_problem``): ``no_label``, ``unknown_label``, ``bad_extension``;
-3. the bytes: ``unreadable``, then the content (``examine``: ``tasks.data.images.prepare_image``
+3. the bytes: ``file_too_large`` (from the listed size, before opening; a read never takes more
+   than ``ingest.max_file_bytes``), ``unreadable``, then the content (``examine``: ``tasks.data.images.prepare_image``
    under ``ingest``'s size and mode limits);
 4. the same bytes under two labels: ``label_conflict`` for every copy, whether the other copy is
    already in the table (``table_conflict``) or in this batch (``batch_conflict``).
@@ -26,7 +27,8 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.data.images import PreparedImage, Rejection, prepare_image
-from tasks.data.sources import LandingNotAFolderError, LandingNotFoundError, Source, open_source
+from tasks.data.sources import Entry, FileTooLargeError, Source, open_source, too_large
+from tasks.errors import DataError
 from tasks.settings import IngestSettings
 
 RAW_SCHEMA = pa.schema(
@@ -67,8 +69,8 @@ REJECT_SCHEMA = pa.schema(
 IMAGE_RULES = ("min_side", "max_side", "max_pixels", "keep_modes", "convert_modes")
 
 
-class EmptyLandingError(RuntimeError):
-    """The landing zone holds no candidate files: there is nothing to ingest."""
+class EmptyLandingError(DataError, RuntimeError):
+    """The landing zone holds no candidate files (or none usable): a retry cannot help, the run fails at once."""
 
 
 @dataclass(frozen=True)
@@ -113,14 +115,27 @@ def reject_row(source: str, sha: str | None, label: str | None, code: str, detai
     }
 
 
-def open_landing(landing_uri: str, label_source: str, manifest: str | None) -> Source:
-    """The landing zone as a ``Source``; a missing root or a file is the built-in error of that name."""
+def open_landing(landing_uri: str, label_source: str, manifest: str | None, cfg: IngestSettings) -> Source:
+    """The landing zone as a ``Source`` under ``cfg``'s schemes and row bound.
+
+    A missing root (``LandingNotFoundError``) or a file (``LandingNotAFolderError``) stays a
+    ``DataError`` (and the built-in error of that name): the DAG fails it at once, unretried.
+    """
+    return open_source(landing_uri, label_source, manifest, allowed_schemes=cfg.allowed_schemes,  # type: ignore[arg-type]
+                       schemes_key="ingest.allowed_schemes", max_row_bytes=cfg.max_manifest_row_bytes)
+
+
+def read_bounded(source: Source, entry: Entry, max_bytes: int) -> bytes | Rejection:
+    """Rule 3's first half: the file's bytes, or ``file_too_large`` / ``unreadable`` (never a read of more)."""
+    problem = too_large(entry, max_bytes)
+    if problem is not None:
+        return problem
     try:
-        return open_source(landing_uri, label_source, manifest)  # type: ignore[arg-type]
-    except LandingNotFoundError as exc:
-        raise FileNotFoundError(str(exc)) from exc
-    except LandingNotAFolderError as exc:
-        raise NotADirectoryError(str(exc)) from exc
+        return source.read(entry, max_bytes)
+    except FileTooLargeError:
+        return Rejection("file_too_large", f"file is above max_file_bytes {max_bytes} (grew after the listing)")
+    except OSError as exc:
+        return unreadable(exc)
 
 
 def no_files(landing_uri: str) -> EmptyLandingError:

@@ -29,6 +29,7 @@ what the file was and what was done, so the raw table's ``mode`` only ever holds
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -148,8 +149,12 @@ def _open_failure(exc: BaseException, data: bytes) -> Rejection:
     return Rejection("corrupt_image", f"decode failed (truncated or damaged): {exc}")
 
 
+# Pillow's parsers, fed damaged bytes, also fail with the second line's types: bench/fuzz.py found a
+# 109-byte GIF whose frame count raises TypeError in ``is_animated`` (Pillow 10.3), which ended a
+# whole ingest or scoring run. They say something about the bytes, so the file is corrupt_image.
 _OPEN_ERRORS = (Image.DecompressionBombError, Image.DecompressionBombWarning, UnidentifiedImageError,
-                OSError, SyntaxError, ValueError, EOFError)
+                OSError, SyntaxError, ValueError, EOFError,
+                TypeError, IndexError, KeyError, ZeroDivisionError, struct.error)
 
 
 @contextmanager

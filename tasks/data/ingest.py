@@ -29,8 +29,8 @@ module applies them, streams and commits:
   a detail; the batch goes on. Reject rows are keyed by (source, content, reason), so re-running
   over the same bad file records it once. Codes: the listing's (``tasks.data.sources``: path_traversal,
   outside_landing, missing_file, bad_manifest_row, symlink_outside_landing, broken_symlink,
-  not_a_file), the label's (``no_label``, ``unknown_label``, ``label_conflict``),
-  ``bad_extension``, ``unreadable`` and the content's (``tasks.data.images``: empty_file,
+  not_a_file, undecodable_name), the label's (``no_label``, ``unknown_label``, ``label_conflict``),
+  ``bad_extension``, ``file_too_large``, ``unreadable`` and the content's (``tasks.data.images``: empty_file,
   not_an_image, corrupt_image, too_many_pixels, animated, too_small, too_large, unsupported_mode).
 * Incremental: the ``ingest_manifest`` table remembers, per source URI, size, mtime (ns), ETag
   and what the content was (sha256, or its reject code). A file whose size, mtime and ETag are
@@ -289,14 +289,15 @@ def _open_run(settings: Settings, run_id: str, logical_date: str | datetime, lan
               manifest: str | None, started: float) -> _Run:
     """Phase 1: the source, its listing (an empty one is EmptyLandingError) and the run's rules."""
     cfg = settings.ingest
-    source = admission.open_landing(landing_uri, label_source, manifest)
+    source = admission.open_landing(landing_uri, label_source, manifest, cfg)
     listing = source.listing()
     if listing.num_rows == 0:
         raise admission.no_files(landing_uri)
     allowed, extensions = admission.allowed_labels(cfg), admission.image_extensions(cfg)
     rules = admission.image_rules(cfg)
     digest = ingest_zones.listing_digest(listing, {
-        "allowed": sorted(allowed) if allowed is not None else "discover", "extensions": sorted(extensions), **rules})
+        "allowed": sorted(allowed) if allowed is not None else "discover", "extensions": sorted(extensions), **rules,
+        "max_file_bytes": cfg.max_file_bytes})
     return _Run(settings, run_id, lake.normalise_logical_date(logical_date), datetime.now(UTC), source, label_source,
                 listing, allowed, extensions, rules,
                 ingest_zones.zone_key(source.root_uri, label_source, source.manifest_uri), digest, started)
@@ -340,11 +341,10 @@ def _decide_file(run: _Run, part: dict[str, list], hits: dict[str, list], prior:
             rejects.append(run.reject(uri, sha, label, conflict.code, conflict.detail))
             return
         # Unchanged but not in the table (it lost a label conflict, or the table is new): read it.
-    try:
-        data = run.source.read(Entry(uri, part["path"][j], label))
-    except OSError as exc:
-        problem = admission.unreadable(exc)
-        rejects.append(run.reject(uri, None, label, problem.code, problem.detail))
+    data = admission.read_bounded(run.source, Entry(uri, part["path"][j], label, part["size"][j]),
+                                  run.settings.ingest.max_file_bytes)
+    if isinstance(data, Rejection):
+        rejects.append(run.reject(uri, None, label, data.code, data.detail))
         return
     counts["files_read"] += 1
     sha, info = admission.examine(data, run.rules)

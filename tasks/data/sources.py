@@ -6,7 +6,9 @@ one ``Entry`` per candidate file, in a stable order, and whose ``read(entry)`` r
 * Roots: a local path, ``file://``, or any fsspec protocol (``s3://``, ``gs://``, ``abfs://``,
   ``memory://``...) whose extra is installed (``s3fs``, ``gcsfs``, ``adlfs``); an unknown or
   uninstalled protocol is a ``SourceError`` naming the package to install. Credentials come from
-  the environment as each fsspec backend reads them, never from settings.
+  the environment as each fsspec backend reads them, never from settings. Only the schemes the
+  caller's settings allow are opened (``tasks.data.inputs``: ``ingest.allowed_schemes``, local
+  paths by default); any other is a ``SchemeNotAllowedError`` before anything is opened.
 * ``Entry.uri`` (stored as ``source_uri``) is the fsspec URL of the file, not percent-encoded
   (``file:///landing/3/été 1.png``), so ``fsspec.open(source_uri)`` opens it again. Unicode and
   spaces in names are ordinary names.
@@ -14,8 +16,11 @@ one ``Entry`` per candidate file, in a stable order, and whose ``read(entry)`` r
   directly in the root has no label. Names starting with ``.`` (``.DS_Store``, ``.git``) are
   skipped: they are tool droppings, not candidates.
 * Labels, ``csv`` / ``jsonl``: a manifest with ``path`` and ``label`` (other columns ignored).
+  The manifest itself must lie under the root (links and ``..`` resolved: ``OutsideRootError``).
   Paths are relative to the manifest's folder; absolute paths and URLs are allowed only inside
-  the root. Only files the manifest names are candidates.
+  the root. Only files the manifest names are candidates. It is read a line at a time
+  (``ingest.max_manifest_row_bytes`` each); a line too long, not UTF-8 or JSON nested too deep
+  is that row's ``bad_manifest_row``, and the other rows go on.
 * Size, modification time (ns) and, on object stores, the ETag come from the listing, so the
   ingest can tell an unchanged file without opening it.
 
@@ -33,27 +38,29 @@ records it in the rejects table and the batch goes on):
 * ``broken_symlink``: a link whose target does not exist.
 * ``not_a_file``: a FIFO, socket or device named like an image; it is never opened (reading a
   FIFO would block the ingest forever).
+* ``undecodable_name``: a file or folder whose name is not valid UTF-8 (its URI shows the bad
+  bytes as ``\\xNN``); a folder so named is not walked. Every table column is UTF-8, so such a
+  name could not be stored, and it must not stop the rest of the batch.
 
 ``unreadable`` (permission denied, I/O error) is raised by ``read`` as ``OSError`` and turned
-into a reject row by the ingest. Tests run as root, whom ``chmod 000`` does not stop, so the
+into a reject row by the ingest; ``read`` never returns more than ``max_bytes`` (a larger file is
+``FileTooLargeError``, the caller's ``file_too_large``), whatever the listing said. Tests run as root, whom ``chmod 000`` does not stop, so the
 permission test runs the ingest in a child process whose capability bounding set lacks
 ``CAP_DAC_OVERRIDE``/``CAP_DAC_READ_SEARCH`` (a real EACCES from the kernel).
 
 A whole manifest that cannot be used (missing, no ``path``/``label`` header) is a
-``SourceError`` (a ``DataError``): nothing can be ingested from it, and a retry cannot help.
+``SourceError`` (a ``DataError``): nothing can be ingested from it, and a retry cannot help. No
+such error repeats the manifest's content.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
-import json
 import logging
 import os
 import posixpath
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
@@ -62,8 +69,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.core import url_to_fs
 
+from tasks.data import inputs
 from tasks.data.images import Rejection
 from tasks.errors import DataError
+from tasks.settings import IngestSettings
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +92,27 @@ class LandingNotAFolderError(SourceError, NotADirectoryError):
 
 class LandingNotFoundError(SourceError, FileNotFoundError):
     """The landing root does not exist (a wrong path will not fix itself on retry)."""
+
+
+class FileTooLargeError(DataError, ValueError):
+    """A file holds more bytes than the caller's limit: it is rejected, never read whole."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"file is larger than {limit} bytes")
+
+
+def printable_name(name: str) -> str:
+    """A name from ``os.listdir`` as UTF-8 text: bytes that are not UTF-8 shown as ``\\xNN``."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _decodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # os.listdir gave the undecodable bytes back as lone surrogates
+        return False
+    return True
 
 
 class Entry(NamedTuple):
@@ -153,20 +183,23 @@ def _stat_folder(folder: str) -> tuple[list[str], list[os.stat_result | OSError]
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         names = [name for name in os.listdir(fd) if name[0] != "."]
+        if not _decodable("".join(names)):  # one check per folder; the slow path names the culprits
+            return names, [_stat_or_error(name, fd) for name in names], False
         stat_at, is_reg = os.stat, stat.S_ISREG
         try:
             stats: list[os.stat_result | OSError] = [stat_at(name, dir_fd=fd, follow_symlinks=False) for name in names]
             return names, stats, all(map(is_reg, [st.st_mode for st in stats]))  # type: ignore[union-attr]
         except OSError:  # a file vanished or cannot be looked at: say which, per file
-            stats = []
-            for name in names:
-                try:
-                    stats.append(stat_at(name, dir_fd=fd, follow_symlinks=False))
-                except OSError as exc:
-                    stats.append(exc)
-            return names, stats, False
+            return names, [_stat_or_error(name, fd) for name in names], False
     finally:
         os.close(fd)
+
+
+def _stat_or_error(name: str, fd: int) -> os.stat_result | OSError:
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError as exc:
+        return exc
 
 
 def _fs_for(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -213,7 +246,14 @@ def _etag(info: dict[str, Any]) -> str | None:
 class Source:
     """A landing root plus a label rule. Stateless between calls: ``entries()`` can run twice."""
 
-    def __init__(self, uri: str, label_source: LabelSource = "folders", manifest: str | None = None) -> None:
+    def __init__(self, uri: str, label_source: LabelSource = "folders", manifest: str | None = None, *,
+                 allowed_schemes: Iterable[str] | None = None, schemes_key: str = "ingest.allowed_schemes",
+                 max_row_bytes: int | None = None) -> None:
+        defaults = IngestSettings()  # a caller without settings gets the defaults: local paths only
+        self.allowed_schemes = tuple(defaults.allowed_schemes if allowed_schemes is None else allowed_schemes)
+        self.schemes_key = schemes_key
+        self.max_row_bytes = defaults.max_manifest_row_bytes if max_row_bytes is None else max_row_bytes
+        inputs.check_scheme(str(uri), self.allowed_schemes, schemes_key, "the source")
         if label_source not in LABEL_SOURCES:
             raise SourceError(f"label_source must be one of {', '.join(LABEL_SOURCES)}, got {label_source!r}")
         if label_source != "folders" and not manifest:
@@ -224,11 +264,11 @@ class Source:
             root = os.path.realpath(root)  # the trust boundary, with its own links resolved
         self.root = root.rstrip("/") or "/"
         self.label_source = label_source
-        self.manifest_uri = self._manifest_uri(manifest) if manifest else None
         if not self.fs.exists(self.root):
             raise LandingNotFoundError(f"landing folder {uri} does not exist")
         if not self.fs.isdir(self.root):
             raise LandingNotAFolderError(f"landing path {uri} is not a folder")
+        self.manifest_uri = self._manifest_uri(manifest) if manifest else None
 
     # ------------------------------------------------------------------ naming
 
@@ -242,12 +282,21 @@ class Source:
         return self.fs.unstrip_protocol(path)
 
     def _manifest_uri(self, manifest: str) -> str:
+        """The manifest's URI, refused unless its scheme is allowed and it lies under the root."""
         if "://" in manifest or manifest.startswith("/"):
-            return manifest
-        return self.uri_of(posixpath.join(self.root, manifest))  # relative: inside the root
+            inputs.check_scheme(manifest, self.allowed_schemes, self.schemes_key, "the manifest")
+            if inputs.is_local(manifest) != self.local:
+                raise inputs.OutsideRootError("the manifest", manifest, self.root_uri)
+            location = manifest
+        else:  # relative: inside the root (a '..' or a link out of it is refused the same way)
+            location = self.uri_of(posixpath.join(self.root, manifest))
+        if self.local:
+            return self.uri_of(inputs.confined(location, self.root, "the manifest"))
+        location = self.fs.unstrip_protocol(self.fs._strip_protocol(location))  # the root's own spelling
+        return self.uri_of(inputs.confined(location, self.root_uri, "the manifest"))
 
     def _inside(self, path: str) -> bool:
-        return path == self.root or path.startswith(self.root.rstrip("/") + "/")
+        return inputs.inside(path, self.root)
 
     # ------------------------------------------------------------------ listing
 
@@ -311,7 +360,11 @@ class Source:
             subdirs: list[tuple[str, str]] = []
             for name, st in sorted(zip(names, stats), key=_first):
                 uri, real = shown_prefix + name, real_prefix + name
-                if isinstance(st, FileNotFoundError):
+                if not _decodable(name):
+                    kind = "folder" if isinstance(st, os.stat_result) and is_dir(st.st_mode) else "file"
+                    rows.append((shown_prefix + printable_name(name), "", label, -1, -1, Rejection(
+                        "undecodable_name", f"the {kind} name is not valid UTF-8; rename it to ingest it")))
+                elif isinstance(st, FileNotFoundError):
                     log.info("listing: %s vanished while the landing zone was listed", real)
                 elif isinstance(st, OSError):
                     rows.append((uri, "", label, -1, -1, Rejection("unreadable", f"cannot stat file: {st.strerror or st}")))
@@ -367,34 +420,27 @@ class Source:
     # ------------------------------------------------------------------ manifests
 
     def _manifest_rows(self) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
-        """(line number, row or None, why not) for each data row of the manifest."""
+        """(line number, row or None, why not) for each data row of the manifest (``tasks.data.inputs``)."""
         assert self.manifest_uri is not None
         try:
             handle = fsspec.open(self.manifest_uri, "rb").open()
         except (FileNotFoundError, OSError) as exc:
-            raise SourceError(f"manifest {self.manifest_uri} cannot be opened: {exc}") from exc
-        with handle, io.TextIOWrapper(handle, encoding="utf-8-sig", newline="") as text:
+            raise SourceError(f"manifest {self.manifest_uri} cannot be opened: {exc.strerror or type(exc).__name__}"
+                              ) from exc
+        with handle:
+            lines = inputs.bounded_lines(handle, self.max_row_bytes)
             if self.label_source == "csv":
-                reader = csv.DictReader(text)
-                fields = set(reader.fieldnames or ())
-                if not {"path", "label"} <= fields:
-                    raise SourceError(
-                        f"manifest {self.manifest_uri} needs a header with path and label, got {sorted(fields)}"
-                    )
-                for row in reader:
-                    yield reader.line_num, row, ""
+                header, records = inputs.csv_records(lines)
+                missing = sorted({"path", "label"} - set(header))
+                if missing:  # the header's own words are not repeated: the "manifest" may be any file
+                    raise SourceError(f"manifest {self.manifest_uri} needs a header with path and label; "
+                                      f"missing: {', '.join(missing)}")
             else:
-                for number, line in enumerate(text, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        yield number, None, f"not JSON: {exc.msg}"
-                        continue
-                    if not isinstance(row, dict):
-                        yield number, None, f"a JSON {type(row).__name__}, not an object"
-                        continue
+                records = inputs.jsonl_records(lines)
+            for number, row in records:
+                if isinstance(row, inputs.BadRowError):
+                    yield number, None, str(row).removeprefix(f"line {number}: ")
+                else:
                     yield number, row, ""
 
     def _manifest_entries(self) -> Iterator[Entry]:
@@ -415,13 +461,17 @@ class Source:
                 yield Entry(where, "", None, problem=Rejection("bad_manifest_row", f"line {number}: no label"))
                 continue
             raw_path = raw_path.strip()
+            if not _decodable(raw_path + label) or "\x00" in raw_path:  # JSON escapes can spell both
+                yield Entry(where, "", None, problem=Rejection(
+                    "bad_manifest_row", f"line {number}: path or label holds a NUL or a lone surrogate"))
+                continue
             if ".." in raw_path.replace("\\", "/").split("/"):
                 yield Entry(where, "", label, problem=Rejection(
                     "path_traversal", f"line {number}: path {raw_path!r} contains '..'; paths must stay inside the landing root"))
                 continue
             if "://" in raw_path:
-                fs, path = _fs_for(raw_path)
-                if type(fs) is not type(self.fs):
+                fs, path = self._row_fs(raw_path)
+                if fs is None or type(fs) is not type(self.fs):
                     yield Entry(where, "", label, problem=Rejection(
                         "outside_landing", f"line {number}: {raw_path} is on another filesystem than the landing root"))
                     continue
@@ -436,6 +486,14 @@ class Source:
                     "outside_landing", f"line {number}: {raw_path} resolves to {path}, outside the landing root {self.root}"))
                 continue
             yield self._manifest_file(path, label, number)
+
+    def _row_fs(self, raw_path: str) -> tuple[fsspec.AbstractFileSystem | None, str]:
+        """The filesystem a manifest row's URL names; None when its scheme is not allowed or unknown (a row problem)."""
+        try:
+            inputs.check_scheme(raw_path, self.allowed_schemes, self.schemes_key, "a manifest row")
+            return _fs_for(raw_path)
+        except (inputs.SchemeNotAllowedError, SourceError):
+            return None, ""
 
     def _manifest_file(self, path: str, label: str, number: int) -> Entry:
         uri = self.uri_of(path)
@@ -459,15 +517,57 @@ class Source:
 
     # ------------------------------------------------------------------ reading
 
-    def read(self, entry: Entry) -> bytes:
-        """The file's bytes; ``OSError`` (permission, I/O) is the caller's ``unreadable``."""
+    def read(self, entry: Entry, max_bytes: int) -> bytes:
+        """The file's bytes; ``OSError`` (permission, I/O) is the caller's ``unreadable``.
+
+        At most ``max_bytes`` are kept: a file that grew after the listing (or whose size the
+        listing did not know) is ``FileTooLargeError`` after ``max_bytes + 1`` bytes, not read whole.
+        """
         if self.local:
             with open(entry.path, "rb") as fh:
-                return fh.read()
+                return read_at_most(fh, max_bytes, os.fstat(fh.fileno()).st_size)
         with self.fs.open(entry.path, "rb") as fh:
-            return fh.read()
+            return read_at_most(fh, max_bytes, entry.size)
 
 
-def open_source(uri: str, label_source: LabelSource = "folders", manifest: str | None = None) -> Source:
-    """A ``Source`` for a landing root (local path or fsspec URL) and a label rule (module doc)."""
-    return Source(uri, label_source, manifest)
+_CHUNK = 1 << 20
+
+
+def read_at_most(fh: Any, max_bytes: int, size_hint: int) -> bytes:
+    """The rest of ``fh``, or ``FileTooLargeError`` once more than ``max_bytes`` came.
+
+    ``read(n)`` allocates ``n`` bytes before it reads, so the first read asks for what the file
+    holds (``size_hint``, +1 to see it grow), never for the limit; more comes in 1 MiB chunks.
+    """
+    chunks: list[bytes] = []
+    total = 0
+    want = min(size_hint, max_bytes) + 1 if size_hint >= 0 else _CHUNK
+    while True:
+        ask = min(want, max_bytes + 1 - total)
+        chunk = fh.read(ask)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > max_bytes:
+            raise FileTooLargeError(max_bytes)
+        if len(chunk) < ask:  # end of file (a blocking read returns less only there)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        want = _CHUNK
+
+
+def too_large(entry: Entry, max_bytes: int) -> Rejection | None:
+    """``file_too_large`` from the listed size, before the file is opened (unknown size: ``read`` bounds it)."""
+    if entry.size > max_bytes:
+        return Rejection("file_too_large", f"{entry.size} bytes is above max_file_bytes {max_bytes}")
+    return None
+
+
+def open_source(uri: str, label_source: LabelSource = "folders", manifest: str | None = None, *,
+                allowed_schemes: Iterable[str] | None = None, schemes_key: str = "ingest.allowed_schemes",
+                max_row_bytes: int | None = None) -> Source:
+    """A ``Source`` for a landing root (local path or fsspec URL) and a label rule (module doc).
+
+    ``allowed_schemes`` is the value of settings key ``schemes_key`` (default: ingest's default,
+    local paths only); ``max_row_bytes`` bounds a manifest line (default: ingest's default).
+    """
+    return Source(uri, label_source, manifest, allowed_schemes=allowed_schemes, schemes_key=schemes_key,
+                  max_row_bytes=max_row_bytes)

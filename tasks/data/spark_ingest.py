@@ -41,7 +41,7 @@ import pyarrow as pa
 from tasks.data import admission, lake
 from tasks.data.admission import RAW_SCHEMA, REJECT_SCHEMA, IngestResult
 from tasks.data.images import Rejection
-from tasks.data.sources import Source
+from tasks.data.sources import Source, too_large
 from tasks.errors import DataError
 from tasks.settings import Settings
 
@@ -194,7 +194,7 @@ def ingest_with_spark(
 
     started = time.perf_counter()
     landing_uri = str(landing or settings.storage.landing_uri)
-    source = admission.open_landing(landing_uri, label_source, manifest)
+    source = admission.open_landing(landing_uri, label_source, manifest, settings.ingest)
     spark = spark_session(settings)
     run = _SparkRun(settings, run_id, lake.normalise_logical_date(logical_date), datetime.now(UTC), source,
                     label_source)
@@ -237,6 +237,8 @@ def _admit_listing(run: _SparkRun) -> tuple[list[tuple], int]:
         problem = entry.problem
         if problem is None:
             problem = admission.listing_problem(entry.uri, entry.label, allowed, extensions)
+        if problem is None:  # from the listed size: the executors never open a file above the limit
+            problem = too_large(entry, cfg.max_file_bytes)
         if problem is not None:
             run.rejects.append(run.reject(entry.uri, None, entry.label, problem))
         else:

@@ -121,14 +121,15 @@ def _rollback(settings: Settings, params: Params) -> list[str]:
 
 
 def _score(settings: Settings, params: Params) -> list[str]:
+    from tasks.data.inputs import InputRefusedError
     from tasks.data.sources import SourceError, open_source
 
     source = params.get("source")
     if not source:
         return []
     try:
-        open_source(source)
-    except SourceError as exc:
+        open_source(source, allowed_schemes=settings.serving.allowed_schemes, schemes_key="serving.allowed_schemes")
+    except (SourceError, InputRefusedError) as exc:
         return [f"source={source!r}: {exc}"]
     return []
 
@@ -136,8 +137,16 @@ def _score(settings: Settings, params: Params) -> list[str]:
 def _monitor(settings: Settings, params: Params) -> list[str]:
     import fsspec
 
+    from tasks.data.inputs import InputRefusedError, check_scheme, confined
+
     problems: list[str] = []
     for path in params.get("feedback_files") or []:
+        try:  # before anything is opened: a Param must not fetch a URL or read outside the feedback folder
+            check_scheme(str(path), settings.serving.allowed_schemes, "serving.allowed_schemes", "a feedback file")
+            confined(str(path), settings.storage.feedback_uri, "the feedback file")
+        except InputRefusedError as exc:
+            problems.append(f"feedback_files: {exc}")
+            continue
         fs, inner = fsspec.core.url_to_fs(str(path))
         if not fs.isfile(inner):
             problems.append(f"feedback_files: {path} is not a file")

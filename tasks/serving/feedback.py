@@ -5,7 +5,13 @@ A feedback file names an image and its label, one row each:
 * CSV with a header, or JSONL with one object per line; columns ``label`` and one of
   ``image_key`` (the sha256 the scorer recorded), ``source_uri`` (as recorded), ``path`` (a
   local path, absolute or relative to the feedback file's folder) or ``image`` (any of those);
-* files are read in name order from ``storage.feedback_uri`` (or given explicitly).
+* files are read in name order from ``storage.feedback_uri`` (or given explicitly: then each must
+  lie under ``storage.feedback_uri``, links and ``..`` resolved, and use a scheme
+  ``serving.allowed_schemes`` allows, else ``InputRefusedError`` before it is opened).
+
+A file is read a line at a time (``tasks.data.inputs``): a line longer than
+``serving.max_feedback_row_bytes`` (skipped unread), not UTF-8, JSON nested too deep, or holding a
+NUL or lone surrogate is a ``bad_row`` of its own; the other rows go on.
 
 Every row ends in exactly one place:
 
@@ -13,17 +19,19 @@ Every row ends in exactly one place:
   earlier one, an unchanged row writes nothing, so a re-run adds no rows and no versions);
 * ``feedback_rejects`` with its reason (merged by file digest and line: a re-run adds nothing):
   ``unknown_image`` (no prediction names it), ``unknown_class`` (not a class of the model that
-  predicted it), ``bad_row`` (no label, no image reference, a JSONL line that is not an object).
+  predicted it), ``bad_row`` (no label, no image reference, a JSONL line that is not an object,
+  a line refused above), ``bad_file`` (line 0: a file found in the folder that cannot be used at
+  all, e.g. no ``label`` column, or a link out of the folder).
 
-A feedback file that cannot be read at all (missing, no ``label`` column) is a ``FeedbackError``.
+A file given explicitly that cannot be used at all (missing, no ``label`` column) is a
+``FeedbackError``. One found in the folder is a ``bad_file`` reject instead: the scheduled monitor
+reads the whole folder every run, and one bad file must not stop every later run. No error or
+reject repeats a file's content.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
-import json
 import logging
 import os
 import posixpath
@@ -36,7 +44,7 @@ import fsspec
 import pyarrow as pa
 from fsspec.core import url_to_fs
 
-from tasks.data import lake
+from tasks.data import inputs, lake
 from tasks.errors import DataError
 from tasks.settings import Settings
 
@@ -88,19 +96,29 @@ class FeedbackResult:
 
 
 @dataclass(frozen=True)
-class _Row:
+class FeedbackRow:
     file: str
     line: int
     reference: str | None
     label: str | None
-    problem: str | None = None  # bad_row detail
+    problem: str | None = None  # bad_row / bad_file detail
+    code: str = "bad_row"
 
 
 def feedback_files(settings: Settings, files: Sequence[str] | None = None) -> list[str]:
-    """The feedback files to load: the ones given, else every *.csv / *.jsonl under ``storage.feedback_uri``."""
+    """The feedback files to load: the ones given, else every *.csv / *.jsonl under ``storage.feedback_uri``.
+
+    Given files are checked first (module doc): a scheme settings do not allow, or a file
+    outside the feedback folder, is ``InputRefusedError``.
+    """
+    allowed, root_uri = settings.serving.allowed_schemes, settings.storage.feedback_uri
+    inputs.check_scheme(root_uri, allowed, "serving.allowed_schemes", "storage.feedback_uri")
     if files:
+        for f in files:
+            inputs.check_scheme(str(f), allowed, "serving.allowed_schemes", "a feedback file")
+            inputs.confined(str(f), root_uri, "the feedback file")
         return [str(f) for f in files]
-    fs, root = url_to_fs(settings.storage.feedback_uri)
+    fs, root = url_to_fs(root_uri)
     if not fs.exists(root):
         return []
     found = [p for p in fs.find(root) if p.lower().endswith((".csv", ".jsonl"))]
@@ -115,37 +133,56 @@ def _reference(record: dict[str, Any]) -> str | None:
     return None
 
 
-def _rows(path: str) -> Iterator[_Row]:
+def _row(path: str, number: int, record: dict[str, Any] | inputs.BadRowError) -> FeedbackRow:
+    """One parsed record as a row; what is wrong with it stays in the row (never its content)."""
+    if isinstance(record, inputs.BadRowError):
+        return FeedbackRow(path, number, None, None, str(record))
+    label = record.get("label")
+    label = None if label in (None, "") else str(label).strip() or None
+    reference = _reference(record)
+    text = (reference or "") + (label or "")
     try:
-        with fsspec.open(path, "rb") as fh:
-            text = fh.read().decode("utf-8-sig")
+        text.encode("utf-8")  # JSON escapes can spell a lone surrogate, which no table column can hold
+    except UnicodeEncodeError:
+        return FeedbackRow(path, number, None, None, f"line {number}: image or label is not valid text")
+    if "\x00" in text:
+        return FeedbackRow(path, number, None, None, f"line {number}: image or label holds a NUL")
+    return FeedbackRow(path, number, reference, label)
+
+
+def feedback_rows(path: str, max_row_bytes: int) -> Iterator[FeedbackRow]:
+    """The file's rows, a bounded line at a time (module doc); ``FeedbackError``: the file cannot be used."""
+    try:
+        handle = fsspec.open(path, "rb").open()
     except FileNotFoundError as exc:
         raise FeedbackError(f"feedback file {path} does not exist") from exc
-    except UnicodeDecodeError as exc:
-        raise FeedbackError(f"feedback file {path} is not UTF-8 text: {exc}") from exc
-    if path.lower().endswith(".jsonl"):
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield _Row(path, number, None, None, f"not JSON: {exc.msg}")
-                continue
-            if not isinstance(record, dict):
-                yield _Row(path, number, None, None, f"a JSON {type(record).__name__}, not an object")
-                continue
-            label = record.get("label")
-            yield _Row(path, number, _reference(record), None if label in (None, "") else str(label).strip())
-        return
-    reader = csv.DictReader(io.StringIO(text))
-    header = set(reader.fieldnames or ())
-    if "label" not in header or not header & set(REFERENCE_COLUMNS):
-        raise FeedbackError(f"feedback file {path} needs a header with 'label' and one of {', '.join(REFERENCE_COLUMNS)}; "
-                            f"got {sorted(header)}")
-    for record in reader:
-        label = (record.get("label") or "").strip()
-        yield _Row(path, reader.line_num, _reference(record), label or None)
+    except OSError as exc:
+        raise FeedbackError(f"feedback file {path} cannot be opened: {exc.strerror or type(exc).__name__}") from exc
+    with handle:
+        lines = inputs.bounded_lines(handle, max_row_bytes)
+        if path.lower().endswith(".jsonl"):
+            records = inputs.jsonl_records(lines)
+        else:
+            header, records = inputs.csv_records(lines)
+            if "label" not in header or not set(header) & set(REFERENCE_COLUMNS):
+                # the header's own words are not repeated: the "feedback file" may be any file
+                raise FeedbackError(f"feedback file {path} needs a header with 'label' and one of "
+                                    f"{', '.join(REFERENCE_COLUMNS)}")
+        for number, record in records:
+            yield _row(path, number, record)
+
+
+def _file_rows(path: str, settings: Settings, given: bool) -> list[FeedbackRow]:
+    """A file's rows; a file found in the folder that cannot be used is one ``bad_file`` row (module doc)."""
+    try:
+        if not given:  # given files were confined before; a found one may be a link out of the folder
+            inputs.confined(path, settings.storage.feedback_uri, "the feedback file")
+        return list(feedback_rows(path, settings.serving.max_feedback_row_bytes))
+    except (FeedbackError, inputs.InputRefusedError) as exc:
+        if given:
+            raise
+        log.warning("feedback file %s skipped: %s", path, exc)
+        return [FeedbackRow(path, 0, None, None, str(exc), code="bad_file")]
 
 
 def _prediction_index(settings: Settings) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -175,16 +212,16 @@ def _image_key(reference: str, file: str, keys: dict[str, list[str]], by_uri: di
     return by_uri.get("file://" + os.path.realpath(path))
 
 
-def _decide(rows: list[_Row], keys: dict[str, list[str]], by_uri: dict[str, str]
-            ) -> tuple[dict[str, tuple[_Row, str]], list[tuple[_Row, str, str]]]:
+def _decide(rows: list[FeedbackRow], keys: dict[str, list[str]], by_uri: dict[str, str]
+            ) -> tuple[dict[str, tuple[FeedbackRow, str]], list[tuple[FeedbackRow, str, str]]]:
     """Accepted rows by image key (the last one wins) and rejected rows with (code, reason)."""
-    accepted: dict[str, tuple[_Row, str]] = {}
-    rejected: list[tuple[_Row, str, str]] = []
+    accepted: dict[str, tuple[FeedbackRow, str]] = {}
+    rejected: list[tuple[FeedbackRow, str, str]] = []
     for row in rows:
         if row.problem or row.reference is None or row.label is None:
             what = row.problem or ("no image reference (image_key, source_uri, path or image)"
                                    if row.reference is None else "no label")
-            rejected.append((row, "bad_row", what))
+            rejected.append((row, row.code, what))
             continue
         key = _image_key(row.reference, row.file, keys, by_uri)
         if key is None:
@@ -201,7 +238,7 @@ def load_feedback(settings: Settings, files: Sequence[str] | None = None, *, run
                   logical_date: str | datetime) -> FeedbackResult:
     """Read feedback files, join them to the predictions, store accepted and rejected rows (module doc)."""
     paths = feedback_files(settings, files)
-    rows = [row for path in paths for row in _rows(path)]
+    rows = [row for path in paths for row in _file_rows(path, settings, given=bool(files))]
     keys, by_uri = _prediction_index(settings)
     accepted, rejected = _decide(rows, keys, by_uri)
     when = datetime.fromisoformat(lake.normalise_logical_date(logical_date))

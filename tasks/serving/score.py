@@ -2,13 +2,17 @@
 
 ``score(settings, source, run_id=..., logical_date=...)`` runs in named phases:
 
+The source's URI scheme must be one ``serving.allowed_schemes`` allows (local paths by default;
+``tasks.data.inputs``): anything else is refused before it is opened.
+
 1. **champion**: ``models:/<name>@champion`` of the environment, pinned to its version before
    any image is read (no champion: ``NoChampionError``, nothing read or written; a source that
    does not exist or holds no file is ``NothingToScoreError`` first, which a scheduled run skips);
 2. **known**: the (source_uri, sha256) pairs this model version already scored: a re-run, a
    retried task or a backfill scores each image once per model version, never twice;
-3. **stream**: the source's files in a stable order, ``serving.batch_size`` at a time: read,
-   hash, screen with ingest's own header rules (``tasks.data.images.screen``: empty, not an
+3. **stream**: the source's files in a stable order, ``serving.batch_size`` at a time: read
+   (a file above ``ingest.max_file_bytes`` is ``file_too_large``, unread; a name that is not
+   UTF-8 is ``undecodable_name``), hash, screen with ingest's own header rules (``tasks.data.images.screen``: empty, not an
    image, too many pixels, animated, unsupported mode, too small or large), then the model's own
    bundled preprocessing and network; a body that fails to decode is ``corrupt_image``;
 4. **commit**: every ``serving.commit_every`` predictions are one Delta commit (bounded memory:
@@ -38,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.data import lake
+from tasks.data.admission import read_bounded
 from tasks.data.images import Rejection, screen
 from tasks.data.sources import Entry, LandingNotFoundError, Source, open_source
 from tasks.errors import DataError
@@ -160,10 +165,9 @@ def _read_batch(source: Source, entries: Sequence[Entry], known: set[tuple[str, 
         if entry.problem is not None:
             read.rejects.append((entry, None, entry.problem))
             continue
-        try:
-            data = source.read(entry)
-        except OSError as exc:
-            read.rejects.append((entry, None, Rejection("unreadable", f"{type(exc).__name__}: {exc}")))
+        data = read_bounded(source, entry, ing.max_file_bytes)
+        if isinstance(data, Rejection):
+            read.rejects.append((entry, None, data))
             continue
         key = hashlib.sha256(data).hexdigest()
         if (entry.uri, key) in known:
@@ -370,7 +374,7 @@ def score(settings: Settings, source: str, *, run_id: str, logical_date: str | d
 
     started = time.monotonic()
     try:
-        files = open_source(source)
+        files = open_source(source, allowed_schemes=settings.serving.allowed_schemes, schemes_key="serving.allowed_schemes")
     except LandingNotFoundError as exc:
         raise NothingToScoreError(f"nothing to score: {exc}") from exc
     entries = files.entries()

@@ -137,3 +137,28 @@ def test_discover_takes_any_folder_name_as_a_label_and_a_mixed_colour_batch_keep
     assert result.inserted == 2 and result.rejected == 0
     raw = lake.read(discover.raw_table, result.raw_version, META_COLUMNS).to_pylist()
     assert {(r["label"], r["mode"]) for r in raw} == {("tabby cat", "L"), ("tabby cat", "RGB")}
+
+
+def test_a_missing_or_empty_landing_is_a_data_error_that_fails_at_once(settings, tmp_path):
+    from tasks.errors import DataError
+
+    (tmp_path / "empty").mkdir()
+    for landing in (tmp_path / "nope", tmp_path / "empty"):  # before: FileNotFoundError / RuntimeError: retried
+        with pytest.raises(DataError):
+            ingest_landing(settings, run_id="r1", logical_date="2026-11-21", landing=landing)
+
+
+def test_an_http_landing_or_manifest_is_refused_before_anything_is_fetched(settings, tmp_path):
+    from tasks.data.inputs import SchemeNotAllowedError
+    from tests.factories.hostile import watched_http_server
+
+    landing = tmp_path / "landing"
+    write_digits(landing, limit=5)
+    with watched_http_server() as (base, requests):
+        with pytest.raises(SchemeNotAllowedError) as caught:
+            ingest_landing(settings, run_id="r1", logical_date="2026-11-21", landing=f"{base}/landing")
+        assert caught.value.key == "ingest.allowed_schemes"
+        with pytest.raises(SchemeNotAllowedError):
+            ingest_landing(settings, run_id="r1", logical_date="2026-11-21", landing=landing, label_source="csv",
+                           manifest=f"{base}/labels.csv")
+    assert requests == [] and lake.current_version(settings.raw_table) is None

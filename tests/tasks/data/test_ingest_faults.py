@@ -146,6 +146,9 @@ def test_kill_9_during_a_write_leaves_the_last_version_readable_and_the_rerun_co
 
 
 def test_ingest_from_an_fsspec_url_and_manifest(settings):
+    # An object store is read only where settings allow its scheme (local paths only by default).
+    settings = settings.model_copy(update={"ingest": settings.ingest.model_copy(
+        update={"allowed_schemes": ("file", "memory")})})
     fs = fsspec.filesystem("memory")
     root = f"/faults-{datetime.now(UTC):%H%M%S%f}"
     for i in range(6):

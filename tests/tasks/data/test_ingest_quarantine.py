@@ -213,3 +213,49 @@ def test_reingest_reads_only_changed_files(settings, tmp_path):
     third = ingest_landing(settings, run_id="i3", logical_date="2026-11-23", landing=landing)
     assert (third.files_read, third.unchanged_skipped, third.inserted) == (2, 39, 2)
     assert third.raw_version == first.raw_version + 1
+
+
+# ---------------------------------------------------------------- hostile input (issue 22)
+
+def test_an_undecodable_name_and_a_png_with_200_mb_of_junk_are_quarantined_unread(settings, tmp_path):
+    import tracemalloc
+
+    from tests.factories.hostile import png_with_junk, undecodable
+
+    landing = tmp_path / "landing"
+    write_digits(landing, limit=20)
+    with open(undecodable(landing / "3"), "wb") as fh:
+        fh.write(_enc(_noise(seed=7)))
+    bomb = png_with_junk(landing / "4" / "junk.png")  # a sparse hole: no disk, and Pillow decodes its 8x8
+    assert bomb.stat().st_size > settings.ingest.max_file_bytes
+    tracemalloc.start()
+    try:
+        result = ingest_landing(settings, run_id="hostile", logical_date="2026-11-22", landing=landing)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # Before: the bad name ended the run (UnicodeEncodeError) and the junk was read and stored whole.
+    assert peak < 64 << 20
+    assert result.inserted == 20 and result.rejected == 2
+    rejects = {r["reason_code"]: r for r in lake.scan(lake.open_table(settings.rejects_table)).to_pylist()}
+    assert set(rejects) == {"undecodable_name", "file_too_large"}
+    assert rejects["undecodable_name"]["source_uri"].endswith("/3/caf\\xe9.png")
+    assert rejects["file_too_large"]["sha256"] is None  # decided from the listed size, never opened
+    other = settings.model_copy(update={"ingest": settings.ingest.model_copy(update={"max_file_bytes": 1 << 20})})
+    again = ingest_landing(other, run_id="hostile-2", logical_date="2026-11-23", landing=landing)
+    assert not again.zone_unchanged  # a new limit is a new decision for the same listing
+
+
+def test_a_file_that_grows_past_the_limit_after_the_listing_is_not_read_whole(tmp_path):
+    from tasks.data.admission import read_bounded
+    from tasks.data.sources import open_source
+    from tests.factories.hostile import png, png_with_junk
+
+    root = tmp_path / "landing"
+    (root / "1").mkdir(parents=True)
+    (root / "1" / "a.png").write_bytes(png())
+    source = open_source(str(root))
+    entry = next(iter(source.entries()))
+    png_with_junk(root / "1" / "a.png", 10 << 20)  # grown since it was listed
+    outcome = read_bounded(source, entry, 1 << 20)
+    assert outcome.code == "file_too_large"

@@ -118,11 +118,11 @@ def test_an_unreadable_file_keeps_the_zone_unsettled_until_it_can_be_read(settin
     real_read = Source.read
     tries: list[str] = []
 
-    def read(self, entry):
+    def read(self, entry, max_bytes):
         if entry.path == locked:
             tries.append(entry.path)
             raise PermissionError(errno.EACCES, "Permission denied", locked)
-        return real_read(self, entry)
+        return real_read(self, entry, max_bytes)
 
     with monkeypatch.context() as patched:
         patched.setattr(Source, "read", read)

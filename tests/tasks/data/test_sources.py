@@ -6,6 +6,7 @@ import fsspec
 import pytest
 from PIL import Image
 
+from tasks.data.inputs import InputRefusedError, OutsideRootError, SchemeNotAllowedError
 from tasks.data.sources import LandingNotFoundError, SourceError, open_source
 
 
@@ -95,10 +96,9 @@ def test_jsonl_manifest_and_its_bad_lines(tmp_path):
     lines = [json.dumps({"path": "x/a.png", "label": "7"}), "not json", json.dumps(["x/a.png", "7"]), "",
              json.dumps({"path": "x/a.png", "label": 8})]
     (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
-    # A manifest outside the root: its relative paths must still land inside the root.
-    entries = list(open_source(str(root), "jsonl", str(tmp_path / "m.jsonl")).entries())
-    assert [(e.label, e.problem.code if e.problem else None) for e in entries] == [
-        ("7", "outside_landing"), (None, "bad_manifest_row"), (None, "bad_manifest_row"), ("8", "outside_landing")]
+    # A manifest outside the root is refused before it is opened (a Param must not read any file).
+    with pytest.raises(OutsideRootError):
+        open_source(str(root), "jsonl", str(tmp_path / "m.jsonl"))
     (root / "m.jsonl").write_text("\n".join(lines) + "\n")
     entries = list(open_source(str(root), "jsonl", "m.jsonl").entries())
     assert [(e.label, e.problem.code if e.problem else None) for e in entries] == [
@@ -119,12 +119,12 @@ def test_whole_source_errors_are_clear(tmp_path):
     with pytest.raises(SourceError, match="cannot be opened"):
         list(open_source(str(tmp_path), "csv", "absent.csv").entries())
     with pytest.raises(SourceError, match="Protocol not known"):
-        open_source("nosuchproto://bucket/landing")
+        open_source("nosuchproto://bucket/landing", allowed_schemes=("nosuchproto",))
     try:
         import s3fs  # noqa: F401
     except ImportError:
         with pytest.raises(SourceError, match="install s3fs"):
-            open_source("s3://bucket/landing")
+            open_source("s3://bucket/landing", allowed_schemes=("s3",))
 
 
 def test_fsspec_url_listing_and_reading():
@@ -132,9 +132,89 @@ def test_fsspec_url_listing_and_reading():
     fs.mkdir("/src-test/landing/2")
     fs.pipe("/src-test/landing/2/a.png", _png(9))
     fs.pipe("/src-test/landing/top.png", _png(8))
-    source = open_source("memory://src-test/landing")
+    source = open_source("memory://src-test/landing", allowed_schemes=("memory",))
     entries = list(source.entries())
     assert [(e.uri, e.label) for e in entries] == [
         ("memory:///src-test/landing/2/a.png", "2"), ("memory:///src-test/landing/top.png", None)]
-    assert entries[0].size == len(_png(9)) and source.read(entries[0]) == _png(9)
+    assert entries[0].size == len(_png(9)) and source.read(entries[0], 1 << 20) == _png(9)
     fs.rm("/src-test", recursive=True)
+
+
+# ---------------------------------------------------------------- hostile input (issue 22)
+
+def test_a_manifest_outside_the_root_is_refused_and_no_error_echoes_a_file(tmp_path):
+    from tests.factories.hostile import SECRET_LINE
+
+    root = tmp_path / "landing"
+    root.mkdir()
+    with pytest.raises(OutsideRootError):  # before: /etc/passwd was opened and its first line echoed
+        list(open_source(str(root), "csv", "/etc/passwd").entries())
+    (root / "passwd.csv").write_text(SECRET_LINE + "\ndaemon:x:1:1\n")  # a "manifest" with anything in it
+    with pytest.raises(SourceError) as caught:
+        list(open_source(str(root), "csv", "passwd.csv").entries())
+    assert "root:x" not in str(caught.value) and "/bin/bash" not in str(caught.value)
+
+
+def test_http_sources_and_manifests_are_refused_unfetched():
+    from tests.factories.hostile import watched_http_server
+
+    with watched_http_server() as (base, requests):
+        with pytest.raises(SchemeNotAllowedError) as caught:
+            open_source(f"{base}/landing")
+        assert (caught.value.scheme, caught.value.key) == ("http", "ingest.allowed_schemes")
+        with pytest.raises(SchemeNotAllowedError):
+            open_source("/tmp", "csv", f"{base}/labels.csv")
+        with pytest.raises(SchemeNotAllowedError) as caught:  # scoring's locations answer to serving's key
+            open_source(f"{base}/inbox", allowed_schemes=("file",), schemes_key="serving.allowed_schemes")
+        assert caught.value.key == "serving.allowed_schemes"
+    assert requests == []
+
+
+def test_a_name_that_is_not_utf8_is_quarantined_and_the_listing_goes_on(tmp_path):
+    from tests.factories.hostile import png, undecodable
+
+    root = tmp_path / "landing"
+    (root / "3").mkdir(parents=True)
+    (root / "3" / "fine.png").write_bytes(png())
+    with open(undecodable(root / "3"), "wb") as fh:
+        fh.write(png(value=3))
+    os.mkdir(undecodable(root, b"\xff", b""))  # a label folder so named: not walked
+    with open(undecodable(root, b"\xff", b"") + b"/x.png", "wb") as fh:
+        fh.write(png(value=4))
+    entries = list(open_source(str(root)).entries())  # before: UnicodeEncodeError, the whole listing lost
+    codes = sorted((e.problem.code if e.problem else "", e.uri.rsplit("/", 1)[-1]) for e in entries)
+    assert codes == [("", "fine.png"), ("undecodable_name", "\\xff"), ("undecodable_name", "caf\\xe9.png")]
+    assert all(e.uri.encode("utf-8") for e in entries)
+
+
+def test_bad_manifest_rows_are_rejected_as_rows_and_the_others_go_on(tmp_path):
+    from tests.factories.hostile import deep_json, huge_field, png
+
+    root = tmp_path / "landing"
+    (root / "x").mkdir(parents=True)
+    (root / "x" / "a.png").write_bytes(png())
+    good = json.dumps({"path": "x/a.png", "label": "7"}).encode()
+    lines = [good, json.dumps({"path": huge_field(), "label": "1"}).encode(), deep_json().encode(),
+             b'{"path": "x/\xe9.png", "label": "2"}', json.dumps({"path": "x/a\u0000.png", "label": "3"}).encode(),
+             b'{"path": "x/\\ud800.png", "label": "4"}', good]
+    (root / "m.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    entries = list(open_source(str(root), "jsonl", "m.jsonl").entries())  # before: RecursionError on line 3
+    assert [e.problem.code if e.problem else None for e in entries] == [None] + ["bad_manifest_row"] * 5 + [None]
+    csv_lines = [b"path,label", b"x/a.png," + huge_field().encode(), b"x/\xe9.png,2", b"x/a.png,7"]
+    (root / "m.csv").write_bytes(b"\n".join(csv_lines) + b"\n")
+    entries = list(open_source(str(root), "csv", "m.csv").entries())  # before: csv.Error, nothing ingested
+    assert [e.problem.code if e.problem else e.label for e in entries] == ["bad_manifest_row", "bad_manifest_row", "7"]
+
+
+def test_an_object_store_manifest_must_lie_under_its_root():
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/src-manifest/landing/2/a.png", _png(9))
+    fs.pipe("/src-manifest/landing/labels.csv", b"path,label\n2/a.png,5\n")
+    fs.pipe("/src-manifest/elsewhere.csv", b"path,label\nlanding/2/a.png,5\n")
+    allowed = ("memory",)
+    entries = list(open_source("memory://src-manifest/landing", "csv", "labels.csv", allowed_schemes=allowed).entries())
+    assert [(e.uri, e.label, e.problem) for e in entries] == [("memory:///src-manifest/landing/2/a.png", "5", None)]
+    for outside in ("memory://src-manifest/elsewhere.csv", "../elsewhere.csv", "/src-manifest/elsewhere.csv"):
+        with pytest.raises(InputRefusedError):  # outside the root; the last one is a local path (scheme file)
+            open_source("memory://src-manifest/landing", "csv", outside, allowed_schemes=allowed)
+    fs.rm("/src-manifest", recursive=True)

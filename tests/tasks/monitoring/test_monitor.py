@@ -33,6 +33,7 @@ def _write_batch(folder: Path, rows: list[dict], flip_every: int = 0) -> dict[st
 
 
 def _feedback_csv(path: Path, truth: dict[str, str], extra: list[tuple[str, str]] = ()) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)  # feedback files lie under storage.feedback_uri
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["path", "label"])
@@ -65,9 +66,9 @@ def test_feedback_joins_labels_and_rejects_unknown_images_and_classes(monitored)
     rows = split_rows("test")
     truth = _write_batch(root / "day1", rows[:150])
     score(settings, str(root / "day1"), run_id="score-day1", logical_date="2026-11-10")
-    csv_path = _feedback_csv(root / "day1.csv", truth, extra=[(str(root / "nowhere.png"), "3"),
+    csv_path = _feedback_csv(root / "feedback" / "day1.csv", truth, extra=[(str(root / "nowhere.png"), "3"),
                                                                (next(iter(truth)), "cat")])
-    jsonl = root / "more.jsonl"
+    jsonl = root / "feedback" / "more.jsonl"
     first, label = next(iter(truth.items()))
     jsonl.write_text(json.dumps({"image": first, "label": label}) + '\n[1, 2]\n{"label": "4"}\n')
     result = load_feedback(settings, [str(csv_path), str(jsonl)], run_id="fb1", logical_date="2026-11-10")
@@ -80,7 +81,7 @@ def test_feedback_joins_labels_and_rejects_unknown_images_and_classes(monitored)
     assert again.accepted == 0 and again.unchanged == 150  # a re-run writes nothing
     assert lake.scan(lake.open_table(result.feedback_table)).num_rows == 150
     assert lake.scan(lake.open_table(result.rejects_table)).num_rows == 4
-    bad = root / "bad.csv"
+    bad = root / "feedback" / "bad.csv"
     bad.write_text("file,truth\nx.png,3\n")
     with pytest.raises(FeedbackError, match="needs a header with 'label'"):
         load_feedback(settings, [str(bad)], run_id="fb3", logical_date="2026-11-10")
@@ -105,7 +106,7 @@ def test_a_planted_accuracy_drop_breaches_alerts_once_and_a_healthy_window_resol
     rows = split_rows("test")
     truth = _write_batch(root / "day3", rows[100:250], flip_every=2)  # half of the digits upside down
     score(settings, str(root / "day3"), run_id="score-day3", logical_date="2026-11-12")
-    load_feedback(settings, [str(_feedback_csv(root / "day3.csv", truth))], run_id="fb-day3",
+    load_feedback(settings, [str(_feedback_csv(root / "feedback" / "day3.csv", truth))], run_id="fb-day3",
                   logical_date="2026-11-12")
     dropped = monitor(settings, run_id="mon-day3", logical_date="2026-11-12")
     metrics = {m["name"]: m for m in dropped.metrics}

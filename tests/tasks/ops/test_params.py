@@ -81,3 +81,13 @@ def test_promote_and_rollback_name_model_versions_that_do_not_exist(settings):
     assert problems[0].startswith("to_version=7: digits-classifier-sit has no version 7")
     problems = _problems("cd4ml_promote", settings, version=2, test_version=5)
     assert problems[0].startswith("version=2: ") and problems[1].startswith("test_version=5: curated_images has no")
+
+
+def test_feedback_and_source_params_outside_settings_are_refused_unfetched(settings):
+    from tests.factories.hostile import watched_http_server
+
+    with watched_http_server() as (base, requests):  # before: the check itself fetched the URL
+        problems = _problems("cd4ml_monitor", settings, feedback_files=[f"{base}/labels.csv", "/etc/passwd"])
+        assert len(problems) == 2 and all("feedback_files" in p for p in problems)
+        assert len(_problems("cd4ml_score", settings, source=f"{base}/inbox")) == 1
+    assert requests == []

@@ -114,7 +114,8 @@ def test_an_fsspec_url_is_scored_like_a_folder(champion, tmp_path: Path) -> None
 
     settings, _ = champion
     settings = settings.model_copy(update={"storage": settings.storage.model_copy(
-        update={"lake_uri": str(tmp_path / "lake")})})
+        update={"lake_uri": str(tmp_path / "lake")}), "serving": settings.serving.model_copy(
+        update={"allowed_schemes": ("file", "memory")})})  # object stores only where settings allow them
     fs = fsspec.filesystem("memory")
     for i, row in enumerate(split_rows("test")[:20]):
         fs.pipe(f"/inbox-{tmp_path.name}/scan_{i:02d}.png", row["image"])
@@ -167,3 +168,45 @@ def test_a_dead_decode_worker_falls_back_to_decoding_in_process(champion, tmp_pa
     })
     result = scoring.score(s, str(tmp_path / "batch"), run_id="r", logical_date="2026-11-22")
     assert result.scored == 30 and result.quarantined == 4
+
+
+def test_an_undecodable_name_and_a_png_with_200_mb_of_junk_are_quarantined_and_the_rest_scored(
+        champion, tmp_path: Path) -> None:
+    import tracemalloc
+
+    from tasks.serving.score import score
+    from tests.factories.hostile import png_with_junk, undecodable
+
+    settings, _ = champion
+    settings = settings.model_copy(update={"storage": settings.storage.model_copy(
+        update={"lake_uri": str(tmp_path / "lake")})})
+    batch = tmp_path / "batch"
+    batch.mkdir()
+    rows = split_rows("test")[:10]
+    for i, row in enumerate(rows):
+        (batch / f"scan_{i}.png").write_bytes(row["image"])
+    with open(undecodable(batch), "wb") as fh:
+        fh.write(rows[0]["image"])
+    png_with_junk(batch / "junk.png")
+    tracemalloc.start()
+    try:  # before: UnicodeEncodeError ended the run, and the 200 MB file was read whole
+        result = score(settings, str(batch), run_id="hostile", logical_date="2026-11-22")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.scored == 10 and result.rejected_by_reason == {"file_too_large": 1, "undecodable_name": 1}
+    assert peak < 64 << 20
+
+
+def test_an_http_scoring_source_is_refused_unfetched(champion, tmp_path: Path) -> None:
+    from tasks.data.inputs import SchemeNotAllowedError
+    from tasks.serving.score import score
+    from tests.factories.hostile import watched_http_server
+
+    settings, _ = champion
+    settings = settings.model_copy(update={"storage": settings.storage.model_copy(
+        update={"lake_uri": str(tmp_path / "lake")})})
+    with watched_http_server() as (base, requests):
+        with pytest.raises(SchemeNotAllowedError) as caught:
+            score(settings, f"{base}/inbox", run_id="r", logical_date="2026-11-22")
+    assert caught.value.key == "serving.allowed_schemes" and requests == []
