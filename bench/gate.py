@@ -253,7 +253,7 @@ def champion_in_every_env(envs: dict[str, Any], train_settings: Any, table: str,
                           overrides: dict[str, Any], first_env: str) -> dict[str, Any]:
     """The champion: trained once, registered, gated (no champion yet) and promoted in every environment."""
     from tasks.release.evaluate import evaluate
-    from tasks.release.release import promote
+    from tasks.release.release import promote, record_decision
 
     seed = overrides["seed"]
     champ = train_and_register(envs, train_settings, "champion", table, version, overrides)
@@ -264,9 +264,11 @@ def champion_in_every_env(envs: dict[str, Any], train_settings: Any, table: str,
         champion["gates"][env] = gate_row(s, g, time.perf_counter() - t0)
         if not g.passed:
             raise SystemExit(f"the champion did not pass its own first gate in {env}: {g.reasons}")
-        approval = {"decision": "approved", "by": "bench", "reason": "bench/gate.py champion"}
-        promoted = promote(s, g.candidate_version, g, run_id="bench-gate",
-                           approval=approval if s.release.approval == "required" else None)
+        if s.release.approval == "required":  # promote reads the approval from the ledger
+            record_decision(s, g.candidate_version, "approved", actor="bench", reason="bench/gate.py champion",
+                            gate_report=g.report_path, run_id="bench-gate",
+                            extra={"assigned": list(s.release.approvers)})  # as if Airflow had checked the answer
+        promoted = promote(s, g.candidate_version, g, run_id="bench-gate", actor="bench")
         champion["promotions"][env] = promoted.to_dict()
     _progress(f"champion seed {seed}: test accuracy {champion['gates'][first_env]['candidate_accuracy']:.4f}, "
               f"trained in {champ['train_s']:.1f} s ({champ['epochs_run']} epochs, best {champ['best_epoch']}), "

@@ -2,7 +2,7 @@
 ### cd4ml_rollback: champion back to the previous champion (or a named version), in one step
 
 Trigger by hand with a `reason` (required) and optionally `to_version`. One task: `champion`
-moves back (tasks/release/release.py `rollback`), the demoted version is tagged `cd4ml.rolled_back` with
+moves back (tasks/release/release.py `rollback`; only to a version that held it here before), the demoted version is tagged `cd4ml.rolled_back` with
 the reason so no automatic release promotes it again, the release ledger gets its row (who: the
 user who triggered the run), on-call is alerted, and no data is touched. Triggering the same
 rollback again changes nothing.
@@ -27,7 +27,8 @@ from cd4ml_airflow.steps.rollback import rollback
         ),
         "to_version": Param(
             None, type=["null", "integer"], minimum=1,
-            description="Roll back to this version; empty = the champion before the current one.",
+            description="Roll back to this version, a former champion of this environment (any other is a "
+            "promotion: cd4ml_promote); empty = the champion before the current one.",
         ),
     },
     **dag_kwargs("cd4ml_rollback", ["release", "rollback", "registry"], __doc__),

@@ -78,9 +78,14 @@ def _cmd_classes(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     if args.accept:
+        from tasks.release import actors
+
         if not classes.discovering(settings):
             raise ValueError("ingest.allowed_labels is a list in this environment's settings: add the class there")
-        classes.record(settings, args.accept, None, "cli", "accepted")
+        if actors.route(settings) == actors.AIRFLOW:  # no DAG accepts a class: the command cannot name a signed-in user
+            raise ValueError(f"{settings.env} requires approval: a new class is accepted through a reviewed change of "
+                             "ingest.allowed_labels in its settings, not from the command line")
+        classes.record(settings, args.accept, None, actors.cli_actor(), "accepted")  # run_id: who ran it
     print(json.dumps({"env": settings.env, "discover": classes.discovering(settings),
                       "classes": classes.known(settings) if classes.discovering(settings)
                       else list(settings.ingest.allowed_labels)}, sort_keys=True))
@@ -175,14 +180,40 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _release_action(args: argparse.Namespace, dag_id: str, conf: dict, direct) -> int:
+    """One path for every release command: ``release.approval`` picks the route (tasks/release/actors.py).
+
+    Approval required: trigger ``dag_id`` through Airflow's REST API as the signed-in user. Otherwise:
+    ``direct(settings, actor)`` with the operating-system account as the actor.
+    """
+    from tasks.release import actors
+
+    settings = load_settings(args.env)
+    actors.refuse_typed_actor(settings, getattr(args, "by", None))
+    if actors.route(settings) == actors.AIRFLOW:
+        out = actors.trigger(settings, dag_id, conf)
+    else:
+        out = direct(settings, actors.cli_actor()).to_dict()
+    print(json.dumps(out, indent=2, sort_keys=True))
+    return 0
+
+
 @_data_plane_errors
 def _cmd_rollback(args: argparse.Namespace) -> int:
     from tasks.release.release import rollback
 
-    result = rollback(load_settings(args.env), reason=args.reason, to_version=args.to, actor=args.by,
-                      run_id=args.run_id or "")
-    print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
-    return 0
+    return _release_action(args, "cd4ml_rollback", {"reason": args.reason, "to_version": args.to},
+                           lambda settings, actor: rollback(settings, reason=args.reason, to_version=args.to,
+                                                            actor=actor, run_id=args.run_id or ""))
+
+
+@_data_plane_errors
+def _cmd_promote(args: argparse.Namespace) -> int:
+    from tasks.release.release import promote
+
+    return _release_action(args, "cd4ml_promote", {"version": args.version},
+                           lambda settings, actor: promote(settings, args.version, actor=actor, run_id=args.run_id or "",
+                                                           reason=args.reason or "promoted by hand"))
 
 
 @_data_plane_errors
@@ -384,14 +415,25 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_release(sub: argparse._SubParsersAction) -> None:
-    """Release operations: rollback, the audit ledger, alerts and incidents."""
+    """Release operations: rollback, promotion by hand, the audit ledger, alerts and incidents.
+
+    Who acted is never typed: sit/uat record the account running the command (cli:<user>); where
+    approval is required the command triggers the release DAG as the user signed in to Airflow."""
     p = sub.add_parser("rollback", help="move champion back to the previous champion (or --to VERSION); touches no data")
     p.add_argument("--env", required=True, help="sit | uat | prod")
     p.add_argument("--reason", required=True, help="why: recorded in the audit, tagged on the demoted version, sent to on-call")
     p.add_argument("--to", type=int, help="roll back to this version instead of the previous champion")
-    p.add_argument("--by", help="who (default: CD4ML_ACTOR or USER)")
+    p.add_argument("--by", help=argparse.SUPPRESS)  # accepted only to be refused with a clear message
     p.add_argument("--run-id", help="request id: repeating the same id changes nothing")
     p.set_defaults(func=_cmd_rollback)
+    p = sub.add_parser("promote", help="move champion to a version whose recorded gate passed against the champion "
+                       "(approval required: triggers cd4ml_promote as the signed-in Airflow user)")
+    p.add_argument("--env", required=True, help="sit | uat | prod")
+    p.add_argument("--version", type=int, required=True, help="the registered version to promote")
+    p.add_argument("--reason", help="why (recorded in the audit)")
+    p.add_argument("--by", help=argparse.SUPPRESS)  # accepted only to be refused with a clear message
+    p.add_argument("--run-id", help="request id: repeating the same id changes nothing")
+    p.set_defaults(func=_cmd_promote)
     p = sub.add_parser("audit", help="the release ledger of an environment: every alias change and approval decision")
     p.add_argument("--env", required=True, help="sit | uat | prod")
     p.add_argument("--json", action="store_true")

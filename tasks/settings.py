@@ -370,6 +370,9 @@ class ReleaseSettings(_Section):
     approvers: tuple[str, ...] = Field(
         (), description="Who may answer: user names, or role:<Role> under the FAB auth manager; empty = anyone who can open the DAG.")
     challenger_alias: str = Field("challenger", description="Registry alias of a candidate waiting for approval.")
+    airflow_api_url: str = Field(
+        "http://localhost:8080", description="approval required: the Airflow API server the cd4ml command triggers "
+        "cd4ml_rollback and cd4ml_promote through, as the signed-in user; CD4ML_AIRFLOW_URL overrides.")
 
     @model_validator(mode="after")
     def _pattern(self) -> "ReleaseSettings":

@@ -1,10 +1,12 @@
-"""The prod approval: Airflow's HITL ``ApprovalOperator`` that records a "no" where it is given.
+"""The prod approval: Airflow's HITL ``ApprovalOperator`` whose every answer is a row of the release ledger.
 
-On Approve the operator returns the response (XCom: chosen option, who, when, the reason field)
-and ``promote`` moves the champion with it. On Reject, and on a timeout (the scheduler applies
-the default, Reject, with no responder), the stock operator only skips ``promote`` and pushes no
-XCom, so the decision would be lost: this subclass first writes it to the release ledger through
-``tasks.release.release.record_decision`` (who, why, rejected or timeout), which also alerts on-call.
+Only the API server records an answer, and only from a user Airflow's auth manager lets answer
+(``assigned_users`` = ``release.approvers``; ``cd4ml_airflow.auth`` resolves ``role:`` entries).
+The operator writes each answer to the ledger through ``tasks.release.release.record_decision``:
+Approve as ``approved`` (who, when, the approvers Airflow checked them against), which is what
+``promote`` requires; Reject and a timeout (the scheduler applies the default, Reject, with no
+responder) as ``rejected`` / ``timeout``, alerted, before the stock operator skips ``promote``. A
+task state set by hand runs none of this, so it records no decision and ``promote`` refuses.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 
 
 def responder(event: dict[str, Any]) -> str | None:
+    """The answering user's name (under FAB the id is a row number nobody can put in settings)."""
     user = event.get("responded_by_user")
     if isinstance(user, dict):
-        return user.get("id") or user.get("name")
+        return user.get("name") or user.get("id")
     return user or None
 
 
@@ -30,19 +33,23 @@ class ReleaseApprovalOperator(ApprovalOperator):
 
     def execute_complete(self, context, event: dict[str, Any]) -> Any:
         chosen = event.get("chosen_options") or []
-        if "error" not in event and chosen and chosen[0] == self.REJECT:
-            self._record(context, event)
+        if "error" not in event and chosen and chosen[0] in (self.REJECT, self.APPROVE):
+            self._record(context, event, approved=chosen[0] == self.APPROVE)
         return super().execute_complete(context=context, event=event)
 
-    def _record(self, context, event: dict[str, Any]) -> None:
-        from tasks.release.release import REJECTED, TIMEOUT, record_decision
+    def _record(self, context, event: dict[str, Any], approved: bool) -> None:
+        from tasks.release.release import APPROVED, REJECTED, TIMEOUT, record_decision
         from tasks.settings import load_settings
 
         gate = context["ti"].xcom_pull(task_ids=self.gate_task_id)
         by = responder(event)
-        decision = TIMEOUT if event.get("timedout") or not by else REJECTED
-        reason = ((event.get("params_input") or {}).get("reason") or "").strip() or (
-            "no answer within release.approval_timeout_hours" if decision == TIMEOUT else "rejected without a reason")
+        decision = APPROVED if approved else TIMEOUT if event.get("timedout") or not by else REJECTED
+        reason = ((event.get("params_input") or {}).get("reason") or "").strip() or {
+            TIMEOUT: "no answer within release.approval_timeout_hours", REJECTED: "rejected without a reason"}.get(
+            decision, "")
+        at = event.get("responded_at")
+        extra = {"at": at.isoformat() if hasattr(at, "isoformat") else str(at), "airflow_task": self.task_id,
+                 "assigned": [user["id"] for user in self.assigned_users or []]}
         result = record_decision(load_settings(), gate["candidate_version"], decision, actor=by or "timeout",
-                                 reason=reason, gate_report=gate["report_path"], run_id=context["run_id"])
+                                 reason=reason, gate_report=gate["report_path"], run_id=context["run_id"], extra=extra)
         self.log.info("%s", result.message)

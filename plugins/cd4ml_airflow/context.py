@@ -1,4 +1,4 @@
-"""Read what a task needs from the Airflow context: dates and explicit input versions."""
+"""Read what a task needs from the Airflow context: dates, explicit input versions, who acted."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ def logical_date_of(context) -> str:
     """The run's logical date as ISO-8601; asset-triggered runs have none, so use run_after."""
     when = context.get("logical_date") or context["dag_run"].run_after
     return when.isoformat()
+
+
+def run_actor(context) -> str:
+    """Who acted in this run, as Airflow recorded it: the user it names as having triggered the run
+    (the API server records the signed-in user of the UI or REST call), else the scheduler (scheduled
+    and asset-triggered runs). Never a Param or anything else the triggering user could type."""
+    return getattr(context["dag_run"], "triggering_user_name", None) or "scheduler"
 
 
 def input_version(context, *, param: str, asset: Asset, extra_key: str, table_uri: str) -> int:

@@ -9,8 +9,9 @@ registered candidate of this environment's model and a task that returned the te
 ``approve`` is Airflow's HITL ``ApprovalOperator`` (the Required Actions page; see
 ``cd4ml_airflow.approval``), present only where ``release.approval`` is ``required`` (decided at
 parse time from the settings, like every structural choice). A reject skips ``promote``; no answer
-within ``release.approval_timeout_hours`` takes the default, Reject, with no responder; either is
-recorded (who, why) in the release ledger and alerted by the operator itself. ``finish`` runs
+within ``release.approval_timeout_hours`` takes the default, Reject, with no responder; every answer
+is recorded (who, why) in the release ledger by the operator itself (a no is also alerted); ``promote``
+moves only on a recorded ``approved`` by an allowed approver. ``finish`` runs
 whatever happened before it and prints what the run changed, read back from the ledger;
 ``inputs_failed`` fails the run when the candidate or the test data could not be produced. Logic
 lives in ``tasks.release.release`` and ``tasks.release.evaluate``; this module only wires.
@@ -67,18 +68,6 @@ def approval_request(settings, context, gate: dict) -> dict:
     return {"subject": subject, "body": approval_body(settings, gate)}
 
 
-def _approval(context) -> dict | None:
-    """Who approved, when and why, from the `approve` task's answer (None where no approval is required)."""
-    if not APPROVAL_REQUIRED:
-        return None
-    from cd4ml_airflow.approval import responder
-    from tasks.release.release import APPROVED
-
-    answer = context["ti"].xcom_pull(task_ids="approve") or {}
-    return {"decision": APPROVED, "by": responder(answer), "at": str(answer.get("responded_at")),
-            "reason": (answer.get("params_input") or {}).get("reason", ""), "airflow_task": "approve"}
-
-
 def _champion_event(result) -> dict:
     return {"model_name": result.model_name, "version": result.to_version}
 
@@ -86,12 +75,15 @@ def _champion_event(result) -> dict:
 @task(outlets=[CHAMPION_MODEL])
 @step(says=lambda result: result.message, publishes=(CHAMPION_MODEL, _champion_event))
 def promote(settings, context, gate: dict, challenger: dict):
-    """Move `champion` to the challenger (with the approval where one is required); publish the champion Asset."""
+    """Move `champion` to the challenger; publish the champion Asset.
+
+    The gate and, where approval is required, the decision are read from what was recorded (the
+    version's gate tags, the ledger's `approved` row), never from this run's XCom: an `approve`
+    task marked success by hand recorded nothing, so the promotion is refused and alerted."""
+    from cd4ml_airflow.context import run_actor
     from tasks.release.release import promote as move
 
-    approval = _approval(context)
-    return move(settings, gate["candidate_version"], gate, approval=approval, run_id=context["run_id"],
-                actor=(approval or {}).get("by") or f"airflow:{context['dag'].dag_id}")
+    return move(settings, gate["candidate_version"], gate, run_id=context["run_id"], actor=run_actor(context))
 
 
 @task(trigger_rule="all_done")

@@ -32,6 +32,7 @@ ALERT_KINDS = (
     "approval_rejected",  # a person said no: the champion stays
     "approval_timeout",  # nobody answered in time: the champion stays
     "rollback",  # the champion was moved back
+    "release_refused",  # a promotion without a recorded gate or approval was refused (e.g. a task marked success by hand)
     "model_degraded",  # the champion's live metrics broke a monitoring rule (accuracy, recall, calibration, shift)
     "model_tampered",  # a model version's files differ from the manifest recorded at registration: it was not loaded
 )

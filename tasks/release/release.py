@@ -1,8 +1,14 @@
 """Releases: how a model version gets, keeps and loses this environment's aliases.
 
 * ``challenger``: set by ``mark_challenger`` on a candidate whose gate passed.
-* ``champion``: moved only by ``promote`` (after the gate, and after a person's approval where
-  ``release.approval`` is ``required``) and by ``rollback``.
+* ``champion``: moved only by ``promote`` and by ``rollback``. ``promote`` reads the gate from what
+  the gate recorded (the version's ``cd4ml.gate.*`` tags and its report in this environment's
+  reports folder), never from what the caller hands in, and where ``release.approval`` is
+  ``required`` it needs an ``approved`` row of the ledger for that gate whose responder is an
+  allowed approver: a task state set by hand writes no such row. ``rollback`` goes back only to
+  a version that held ``champion`` in this environment's ledger; any other target is a promotion.
+* The actor is always given by the caller from an authenticated identity (tasks/release/actors.py
+  for the command line, the DAG run's triggering user inside Airflow); nothing here guesses one.
 
 Every change is first a row of the ``release_audit`` ledger (tasks/release/audit.py), committed against
 the snapshot the decision was made on, then the MLflow alias, then a tag on the model version.
@@ -20,9 +26,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from mlflow import MlflowClient
@@ -53,7 +59,10 @@ from tasks.settings import Settings, load_settings
 log = logging.getLogger(__name__)
 
 TAG_LAST_RELEASE = "cd4ml.release.last"
+TAG_GATE_REPORT, TAG_GATE_DECISION = "cd4ml.gate.report", "cd4ml.gate.decision"  # written by tasks/release/evaluate.py
 APPROVED, REJECTED, TIMEOUT = "approved", "rejected", "timeout"
+DECISIONS = (APPROVED, REJECTED, TIMEOUT)
+ROLE_PREFIX = "role:"
 
 
 class ReleaseError(DataError, RuntimeError):
@@ -65,7 +74,15 @@ class RolledBackError(ReleaseError):
 
 
 class ApprovalRequiredError(ReleaseError):
-    """This environment needs a person's approval before the champion moves."""
+    """This environment needs a recorded approval by an allowed approver before the champion moves."""
+
+
+class GateNotRecordedError(ReleaseError):
+    """The version has no readable gate report of this environment: it has not earned a promotion here."""
+
+
+class NotAFormerChampionError(ReleaseError):
+    """A rollback target that never held champion here: moving champion to it is a promotion (gate, approval)."""
 
 
 @dataclass(frozen=True)
@@ -82,10 +99,6 @@ class ReleaseResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def actor_default() -> str:
-    return os.environ.get("CD4ML_ACTOR") or os.environ.get("USER") or "unknown"
 
 
 def _alert(settings: Settings, kind: str, summary: str, dedup_key: str, row: AuditRow) -> None:
@@ -240,35 +253,109 @@ def mark_challenger(settings: Settings, version: int, gate: Any, *, run_id: str 
                    int(version))
 
 
-def promote(
-    settings: Settings,
-    version: int,
-    gate: Any,
-    *,
-    approval: Mapping[str, Any] | None = None,
-    actor: str | None = None,
-    reason: str = "",
-    run_id: str = "",
-) -> ReleaseResult:
-    """Move ``champion`` to ``version``: its gate passed against the champion that still holds the alias.
+def recorded_gate(settings: Settings, version: ModelVersion) -> dict[str, Any]:
+    """The gate this environment recorded for ``version``: the report its ``cd4ml.gate.report`` tag names.
 
-    ``approval`` ({"decision": "approved", "by": ..., "at": ..., "reason": ...}) is required where
-    ``release.approval`` is ``required``. A champion that moved since the gate compared against it
-    makes this a ``StaleGateError`` (gate again); promoting the current champion is a no-op.
+    Only a report in this environment's gate folder, written for this model, version and
+    environment, with the decision the tag says, counts; a dict handed to ``promote`` does not.
     """
+    tags = version.tags or {}
+    where = f"{version.name} v{version.version} in {settings.env}"
+    path = tags.get(TAG_GATE_REPORT)
+    if not path:
+        raise GateNotRecordedError(f"{where} was never gated: promote it through the gate (cd4ml_promote, Param version)")
+    folder = (settings.reports_path / "gate").resolve()
+    report_file = Path(path).resolve()
+    if report_file.parent != folder:
+        raise GateNotRecordedError(f"{where}: its gate report {path} is not in this environment's gate folder {folder}")
+    try:
+        report = json.loads(report_file.read_text())
+    except (OSError, ValueError) as exc:  # the message names the file, never its content
+        raise GateNotRecordedError(f"{where}: its gate report {path} cannot be read ({type(exc).__name__})") from None
+    expected = {"env": settings.env, "model_name": version.name, "candidate_version": int(version.version),
+                "decision": tags.get(TAG_GATE_DECISION)}
+    if not isinstance(report, dict) or any(report.get(k) != v for k, v in expected.items()):
+        raise GateNotRecordedError(f"{where}: the gate report {path} is not this version's gate in this environment")
+    return {**report, "report_path": str(path)}
+
+
+def may_approve(approvers: Iterable[str], by: str | None, approval: Mapping[str, Any]) -> bool:
+    """Whether a recorded decision's responder is an allowed approver (``release.approvers``).
+
+    Empty ``approvers``: anyone Airflow let answer. A user name: that person. ``role:<Role>``
+    entries cannot be resolved without Airflow: the approval operator records the list Airflow's
+    auth manager checked the responder against (``assigned``; cd4ml_airflow.auth resolves the
+    roles), and only the same list counts.
+    """
+    approvers = tuple(approvers)
+    if not by:
+        return False
+    if not approvers or by in approvers:
+        return True
+    roles = any(a.startswith(ROLE_PREFIX) for a in approvers)
+    return roles and tuple(approval.get("assigned") or ()) == approvers
+
+
+def _approval_for(settings: Settings, rows: list[AuditRow], version: int, gate: Mapping[str, Any],
+                  run_id: str) -> dict[str, Any]:
+    """The recorded approval of this gate of ``version`` (in this run, when there is one), made after the
+    champion last moved; else refused."""
+    name, champion = settings.registry.model_name, settings.registry.champion_alias
+    mine = _mine(settings, rows)
+    moved = max((r.seq for r in mine if r.alias == champion), default=0)
+    decisions = [r for r in mine if r.action in DECISIONS and r.to_version == int(version) and r.seq > moved
+                 and r.gate_report == str(gate["report_path"]) and (not run_id or r.airflow_run_id == run_id)]
+    where = f"{settings.env} needs an approval by an allowed approver before {name}@{champion} moves to v{version}"
+    if not decisions:
+        raise ApprovalRequiredError(f"{where} (release.approval: required); the ledger holds no decision for its gate "
+                                    f"{gate['report_path']} (a task state set by hand is not a decision)")
+    last = decisions[-1]
+    if last.action != APPROVED:
+        raise ApprovalRequiredError(f"{where}; the last decision was {last.action} by {last.actor} (audit #{last.seq})")
+    if not may_approve(settings.release.approvers, last.approval.get("by"), last.approval):
+        raise ApprovalRequiredError(f"{where}; audit #{last.seq} was answered by {last.approval.get('by')!r}, who is "
+                                    f"not in release.approvers {list(settings.release.approvers)}")
+    return {**last.approval, "audit_seq": last.seq}
+
+
+def _refused(settings: Settings, version: int, actor: str, run_id: str, exc: Exception) -> None:
+    """On-call hears of a promotion that was refused for want of a gate or an approval."""
+    from tasks.alerting.alert import Alert
+    from tasks.alerting.delivery import send
+
+    name = settings.registry.model_name
+    send(Alert(summary=f"{name} v{version} not promoted in {settings.env}: {exc}", severity="warning",
+               source="release", env=settings.env, dedup_key=f"{settings.env}:release-refused:{name}:v{version}:{run_id}",
+               details={"actor": actor, "error": type(exc).__name__}, kind="release_refused", run_id=run_id,
+               error=type(exc).__name__, versions={"model_name": name, "to_version": version}), settings)
+
+
+def promote(settings: Settings, version: int, gate: Any = None, *, actor: str, reason: str = "",
+            run_id: str = "") -> ReleaseResult:
+    """Move ``champion`` to ``version``: its recorded gate passed against the champion that still holds the alias.
+
+    ``gate`` (optional) is what the caller believes the gate was; it must be the recorded one.
+    Where ``release.approval`` is ``required`` the ledger must hold an ``approved`` decision for
+    that gate by an allowed approver (``record_decision``), who is then the row's actor. A
+    champion that moved since the gate compared against it makes this a ``StaleGateError`` (gate
+    again); promoting the current champion is a no-op. A refusal for want of a gate or an
+    approval is alerted.
+    """
+    if not actor:
+        raise ReleaseError("a promotion needs the identity of who (or which run) asks for it")
     client = mlflow_client(settings)
     name, alias = settings.registry.model_name, settings.registry.champion_alias
-    gate = _gate_of(gate)
     candidate = get_model_version(client, name, version)
-    _check_promotable(candidate, gate)
-    if settings.release.approval == "required" and (approval or {}).get("decision") != APPROVED:
-        raise ApprovalRequiredError(
-            f"{settings.env} needs a person's approval before {name}@{alias} moves (release.approval: required); "
-            f"got {dict(approval) if approval else 'none'}"
-        )
-    actor = actor or (approval or {}).get("by") or actor_default()
+    try:
+        recorded = recorded_gate(settings, candidate)
+    except GateNotRecordedError as exc:
+        _refused(settings, int(version), actor, run_id, exc)
+        raise
+    if gate is not None and str(_gate_of(gate).get("report_path", "")) != recorded["report_path"]:
+        raise StaleGateError(f"{name} v{version} was gated again since ({recorded['report_path']}): promote that gate")
+    _check_promotable(candidate, recorded)
     reconcile(settings, client)
-    compared = gate.get("champion_version")
+    compared = recorded.get("champion_version")
 
     def decide(rows: list[AuditRow]) -> AuditRow | None:
         current = holder(settings, client, rows, alias)
@@ -279,12 +366,17 @@ def promote(
                 f"the gate compared {name} v{version} with champion v{compared}, but {name}@{alias} is now "
                 f"v{current}: gate again before promoting"
             )
-        return AuditRow(settings.env, name, "promote", alias, current, int(version), actor,
+        approval = _approval_for(settings, rows, int(version), recorded, run_id) if settings.release.approval == "required" else {}
+        return AuditRow(settings.env, name, "promote", alias, current, int(version), approval.get("by") or actor,
                         reason=reason or "gate passed" + (" and approved" if approval else ""),
-                        gate_report=str(gate.get("report_path", "")), approval=dict(approval or {}),
+                        gate_report=recorded["report_path"], approval=approval,
                         airflow_run_id=run_id, request_id=f"{run_id}:promote:{version}" if run_id else "")
 
-    row, committed = audit.commit(settings, decide)
+    try:
+        row, committed = audit.commit(settings, decide)
+    except ApprovalRequiredError as exc:
+        _refused(settings, int(version), actor, run_id, exc)
+        raise
     reconcile(settings, client)  # champion -> version; the challenger that won loses that alias (ledger replay)
     if row is not None and committed:
         _tag_release(client, settings, row)
@@ -292,31 +384,39 @@ def promote(
     return _result(settings, row, committed, "promote", alias, message, int(version))
 
 
-def record_decision(
-    settings: Settings, version: int, decision: str, *, actor: str, reason: str, gate_report: str = "", run_id: str = ""
-) -> ReleaseResult:
-    """A rejected or timed-out approval: the champion stays, the ledger and the version say who and why."""
-    if decision not in (REJECTED, TIMEOUT):
-        raise ReleaseError(f"decision must be {REJECTED!r} or {TIMEOUT!r}, got {decision!r}")
+def record_decision(settings: Settings, version: int, decision: str, *, actor: str, reason: str,
+                    gate_report: str = "", run_id: str = "", extra: Mapping[str, Any] | None = None) -> ReleaseResult:
+    """A person's answer to an approval (approved, rejected, or timeout): the ledger and the version say who and why.
+
+    An ``approved`` row is what ``promote`` needs where approval is required; it moves nothing by
+    itself. A rejection or a timeout is alerted: the champion stays. ``extra`` is kept with the
+    decision (when it was answered, which approvers Airflow checked the responder against).
+    """
+    if decision not in DECISIONS:
+        raise ReleaseError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
+    if decision == APPROVED and not actor:
+        raise ApprovalRequiredError("an approval without a responder is no approval")
     client = mlflow_client(settings)
     name = settings.registry.model_name
     get_model_version(client, name, version)
     champion = holder(settings, client, audit.read(settings), settings.registry.champion_alias)
+    approval = {**(extra or {}), "decision": decision, "by": actor, "reason": reason}
     row, committed = audit.commit(
         settings,
         lambda rows: AuditRow(settings.env, name, decision, "", champion, int(version),
-                              actor, reason=reason, gate_report=gate_report,
-                              approval={"decision": decision, "by": actor, "reason": reason},
+                              actor, reason=reason, gate_report=gate_report, approval=approval,
                               airflow_run_id=run_id, request_id=f"{run_id}:{decision}:{version}" if run_id else ""),
     )
     if committed and row is not None:
-        _alert(settings, f"approval_{decision}", f"{name} v{version} not promoted in {settings.env}: approval {decision} "
-               f"by {actor}: {reason}", f"{settings.env}:approval-{decision}:{name}:v{version}", row)
+        if decision != APPROVED:
+            _alert(settings, f"approval_{decision}", f"{name} v{version} not promoted in {settings.env}: approval "
+                   f"{decision} by {actor}: {reason}", f"{settings.env}:approval-{decision}:{name}:v{version}", row)
         client.set_model_version_tag(name, str(version), "cd4ml.approval", json.dumps(row.approval, sort_keys=True))
         client.set_model_version_tag(name, str(version), f"cd4ml.release.{row.seq}",
                                      json.dumps(row.to_dict(), sort_keys=True, default=str))
+    outcome = "approved; promote moves it" if decision == APPROVED else "not promoted"
     return _result(settings, row, committed, decision, "",
-                   f"{name} v{version} not promoted ({decision} by {actor}: {reason}); champion stays v{champion}")
+                   f"{name} v{version} {outcome} ({decision} by {actor}: {reason}); champion stays v{champion}")
 
 
 # --------------------------------------------------------------------------- rollback
@@ -334,20 +434,23 @@ def previous_champion(rows: list[AuditRow], current: int, alias: str, skip: set[
     return None
 
 
-def rollback(settings: Settings, *, reason: str, to_version: int | None = None, actor: str | None = None,
+def rollback(settings: Settings, *, reason: str, actor: str, to_version: int | None = None,
              run_id: str = "") -> ReleaseResult:
     """Move ``champion`` back to the previous champion (or ``to_version``) in one step; data is untouched.
 
+    ``to_version`` must have held ``champion`` in this environment before (the ledger says so):
+    any other version has not earned it, and moving there is a promotion (``NotAFormerChampionError``).
     The demoted version is tagged ``cd4ml.rolled_back`` with the reason, so no automatic release
     ever promotes it again. Asking for the rollback that was just done is a no-op.
     """
     if not reason or not reason.strip():
         raise ReleaseError("a rollback needs a reason (it is recorded and sent to on-call)")
+    if not actor:
+        raise ReleaseError("a rollback needs the identity of who (or which run) asks for it")
     client = mlflow_client(settings)
     name, alias = settings.registry.model_name, settings.registry.champion_alias
     if to_version is not None:
         trained_on(get_model_version(client, name, to_version))  # a version nobody can trace is no place to roll back to
-    actor = actor or actor_default()
     reconcile(settings, client)
     rolled_back = {int(v.version) for v in client.search_model_versions(f"name = '{name}'")
                    if (v.tags or {}).get(TAG_ROLLED_BACK)}
@@ -364,7 +467,7 @@ def rollback(settings: Settings, *, reason: str, to_version: int | None = None, 
         if to_version is not None:
             if int(to_version) == current:
                 return None
-            target_version = int(to_version)
+            target_version = _former_champion(settings, rows, int(to_version))
         else:
             target_version = previous_champion(rows, current, alias, rolled_back)
             if target_version is None:
@@ -389,6 +492,19 @@ def rollback(settings: Settings, *, reason: str, to_version: int | None = None, 
                f"{row.actor}: {row.reason}", f"{settings.env}:rollback:{name}:{row.seq}", row)
     return _result(settings, row, committed, "rollback", alias,
                    f"{name}@{alias}: v{row.from_version} -> v{row.to_version} (rolled back: {row.reason})")
+
+
+def _former_champion(settings: Settings, rows: list[AuditRow], version: int) -> int:
+    """``version`` when this environment's ledger shows it holding champion before; else the promotion path."""
+    name, alias = settings.registry.model_name, settings.registry.champion_alias
+    if any(r.alias == alias and r.to_version == version for r in rows):
+        return version
+    approval = " and a person's approval" if settings.release.approval == "required" else ""
+    raise NotAFormerChampionError(
+        f"{name} v{version} never held {alias} in {settings.env}: moving {alias} to it is a promotion, not a rollback; "
+        f"it takes the promotion path (the gate{approval}): trigger cd4ml_promote with Param version={version} "
+        f"or run `cd4ml promote --env {settings.env} --version {version}`"
+    )
 
 
 # --------------------------------------------------------------------------- deploy model
@@ -446,7 +562,8 @@ def upstream_version(event_extras: Iterable[Mapping[str, Any] | None]) -> int | 
 
 
 __all__ = [
-    "APPROVED", "REJECTED", "TIMEOUT", "ApprovalRequiredError", "NoChampionError", "ReleaseError", "ReleaseResult",
-    "RolledBackError", "copy_from_upstream", "mark_challenger", "previous_champion", "promote", "reconcile",
-    "record_decision", "rollback", "upstream_version",
+    "APPROVED", "DECISIONS", "REJECTED", "TIMEOUT", "ApprovalRequiredError", "GateNotRecordedError", "NoChampionError",
+    "NotAFormerChampionError", "ReleaseError", "ReleaseResult", "RolledBackError", "copy_from_upstream",
+    "mark_challenger", "may_approve", "previous_champion", "promote", "reconcile", "record_decision",
+    "recorded_gate", "rollback", "upstream_version",
 ]

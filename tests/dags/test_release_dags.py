@@ -7,8 +7,9 @@ a real scheduler, DAG processor and API server on SQLite (tests/dags/airflow_ser
 the test answers as named users of Airflow's simple auth manager.
 
 Order matters and is the story: deploy model first (prod has no champion yet: reject, timeout,
-then approve), then deploy code (prod trains on all its data; the candidate is challenger while
-the copied champion still serves, and becomes champion only after the approval), then rollback.
+`approve` marked success by hand (promote refused), then approve), then deploy code (prod trains on all its data; the candidate is challenger while
+the copied champion still serves, and becomes champion only after the approval), then rollback
+from the command line through the API server as a signed-in user, whom the ledger names.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 
 from tests.dags.airflow_services import (
     answer_hitl,
+    q,
     start_airflow,
     trigger,
     wait_for_awaiting_input,
@@ -32,8 +34,9 @@ from tests.dags.conftest import DAGS, PLUGINS, edited_conf, run_airflow
 
 pytestmark = [pytest.mark.airflow, pytest.mark.stack]  # real scheduler + API server: make test-stack
 DATE = "2026-11-21"
-# Fewer epochs and a lower floor: these tests are about the release flow, not about accuracy.
-FAST = {"training": {"epochs": 5, "patience": 2}, "gate": {"min_value": 0.8}}
+# Fewer epochs, a lower floor and a latency limit that a loaded 2-core machine meets (prod's 150 ms p95 failed a
+# re-gate at 215 ms while other jobs ran): these tests are about the release flow, not about accuracy or speed.
+FAST = {"training": {"epochs": 5, "patience": 2}, "gate": {"min_value": 0.8, "max_latency_p95_ms": 2000}}
 
 
 def _conf(target: Path, prod: dict, uat: dict | None = None) -> Path:
@@ -128,7 +131,9 @@ def prod_services(world, request):
 
 def _await_approval(h, dag_id: str, run_id: str) -> None:
     try:
-        wait_for_awaiting_input(h, dag_id, run_id, "approve", timeout=600)
+        # 8 s, not 3: on a loaded machine an answer 3 s after the task parked still met 3.3.2's stale executor
+        # event ("Failed to report terminal task state"), the retry then timed out (docs/release.md#approval-prod).
+        wait_for_awaiting_input(h, dag_id, run_id, "approve", timeout=600, settle_s=8.0)
     except TimeoutError:
         raise AssertionError(f"{dag_id} {run_id} never waited for approval: {h.task_states(dag_id, run_id)}") from None
 
@@ -177,6 +182,19 @@ def test_deploy_model_sit_to_uat_to_prod_with_reject_timeout_and_approve(world, 
     assert h.task_states("cd4ml_promote", run)["promote"] == "skipped"
     assert "champion" not in _aliases(prod)
     assert (_audit(prod)[-1].action, _audit(prod)[-1].actor) == ("timeout", "timeout")
+
+    # 2b. `approve` marked success by hand (the UI's "Mark as success"): promote runs, finds no recorded
+    # decision, refuses and alerts; nothing moves.
+    from tasks.alerting.incidents import open_incidents
+
+    run = trigger(h, "cd4ml_promote")
+    _await_approval(h, "cd4ml_promote", run)
+    h.request("PATCH", f"/api/v2/dags/cd4ml_promote/dagRuns/{q(run)}/taskInstances/approve", {"new_state": "success"})
+    wait_for_run(h, "cd4ml_promote", run, 300)  # its state is its leaves': `finish` runs whatever happened
+    assert h.task_states("cd4ml_promote", run)["promote"] == "failed"
+    assert "champion" not in _aliases(prod)
+    assert not [r for r in _audit(prod) if r.airflow_run_id == run and r.action in ("approved", "promote")]
+    assert any(i.alert.kind == "release_refused" for i in open_incidents(prod))
 
     # 3. Approved: champion moves, the ledger names who approved and the gate report.
     run = trigger(h, "cd4ml_promote")
@@ -233,19 +251,27 @@ def test_deploy_code_prod_trains_on_all_data_and_waits_for_approval_then_rollbac
     sit_rows = lake.open_table(sit.sample_table, int(sit_tags["cd4ml.curated_version"])).count()
     assert sit_rows < 0.6 * lake.open_table(prod.curated_table, curated).count()
 
-    # Rollback through its DAG: the champion before this one serves again, and saying it twice changes nothing.
+    # Rollback from the command line: prod requires approval, so the command triggers cd4ml_rollback through
+    # the API server as the signed-in user (credentials from the environment), and the ledger names that user.
+    h.wait_for_dag("cd4ml_rollback")
+    h.unpause("cd4ml_rollback")
+    cli = {**env, "CD4ML_AIRFLOW_URL": h.base_url, "CD4ML_AIRFLOW_USERNAME": "other", "CD4ML_AIRFLOW_PASSWORD": "other-pw"}
+    command = ["rollback", "--env", "prod", "--reason", "latency regression seen in canary"]
+    typed = subprocess.run([str(Path(sys.executable).parent / "cd4ml"), *command, "--by", "ceo@example.com"], env=cli,
+                           capture_output=True, text=True, timeout=300)
+    assert typed.returncode == 1 and _aliases(prod)["champion"] == candidate  # a typed actor is refused
+    run = json.loads(_cd4ml(command, cli))["dag_run_id"]
     if before is None:  # this test alone: no earlier champion, so the rollback is a clear error, nothing moves
-        proc = run_airflow(["dags", "test", "cd4ml_rollback", DATE, "-c", json.dumps({"reason": "canary"})], env)
-        assert proc.returncode != 0 and "names no earlier champion" in proc.stdout + proc.stderr
+        assert wait_for_run(h, "cd4ml_rollback", run, 300) == "failed"
         assert _aliases(prod)["champion"] == candidate
         return
-    out = _dag_test("cd4ml_rollback", env, conf={"reason": "latency regression seen in canary"})
-    assert f"v{candidate} -> v{before}" in out
+    assert wait_for_run(h, "cd4ml_rollback", run, 300) == "success"
     assert _aliases(prod)["champion"] == before
-    out = _dag_test("cd4ml_rollback", env, conf={"reason": "latency regression seen in canary"})
-    assert "nothing to do" in out
+    again = json.loads(_cd4ml(command, cli))["dag_run_id"]  # saying it twice changes nothing
+    assert wait_for_run(h, "cd4ml_rollback", again, 300) == "success"
     rows = _audit(prod)
     assert [(r.action, r.from_version, r.to_version) for r in rows][-2:] == [("promote", before, candidate),
                                                                               ("rollback", candidate, before)]
+    assert (rows[-1].actor, rows[-1].airflow_run_id) == ("other", run)  # the signed-in user, as Airflow recorded it
     assert "latency regression" in client.get_model_version(prod.registry.model_name, str(candidate)).tags[
         "cd4ml.rolled_back"]

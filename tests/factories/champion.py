@@ -39,5 +39,5 @@ def champion_home(root: str, **training: Any) -> tuple[Any, Any]:
         gate = evaluate(s, version, s.curated_table, curated)
         assert gate.passed, gate.reasons
         mark_challenger(s, version, gate, run_id="champion")
-        promote(s, version, gate, run_id="champion")
+        promote(s, version, gate, run_id="champion", actor="tests")
         return s, serving_model(s)

@@ -33,8 +33,8 @@ def test_sample_data(cd4ml_home, tmp_path, capsys):
 def test_release_commands_answer_bad_requests_with_one_line_and_change_nothing(cd4ml_home, capsys):
     assert main(["rollback", "--env", "staging", "--reason", "x"]) == 1
     assert "not a known environment" in capsys.readouterr().err
-    assert main(["rollback", "--env", "prod", "--reason", "canary errors"]) == 1
-    assert "prod has no champion" in capsys.readouterr().err
+    assert main(["rollback", "--env", "sit", "--reason", "canary errors"]) == 1
+    assert "sit has no champion" in capsys.readouterr().err
     assert main(["audit", "--env", "prod"]) == 0
     assert "no release audit rows yet" in capsys.readouterr().out
     assert main(["lineage", "models:/digits-classifier-prod/7"]) == 1

@@ -74,7 +74,7 @@ def test_train_evaluate_and_register_with_a_postgresql_tracking_store(
         assert registered == 1
         gate = evaluate(settings, registered, settings.curated_table, version)
         assert gate.passed, gate.reasons
-        assert promote(settings, registered, gate, run_id="manual__pg").changed
+        assert promote(settings, registered, gate, run_id="manual__pg", actor="tests").changed
         info = champion_info(settings)
         assert info is not None and info.run_id == result.mlflow_run_id and info.curated_version == version
 

@@ -78,7 +78,7 @@ def _first_champion(models: Models, s: Any) -> int:
     gate = evaluate(s, v, s.curated_table, models.version)
     assert gate.passed, gate.reasons
     mark_challenger(s, v, gate, run_id="r1")
-    promote(s, v, gate, run_id="r1")
+    promote(s, v, gate, run_id="r1", actor="tests")
     return v
 
 
@@ -110,12 +110,12 @@ def test_first_candidate_becomes_challenger_then_champion_with_audit_rows(models
     result = promote(s, v, gate, run_id="r1", actor="ci")
     assert result.changed and (result.from_version, result.to_version) == (None, v)
     assert _alias(s, "champion") == v and _alias(s, "challenger") is None  # the challenger won
-    again = promote(s, v, gate, run_id="r1")  # a retried task: nothing new
+    again = promote(s, v, gate, run_id="r1", actor="ci")  # a retried task: nothing new
     assert not again.changed
     rerun = evaluate(s, v, s.curated_table, models.version)  # the whole release again (a re-run DAG)
     assert rerun.passed and rerun.champion_version is None  # the champion is not compared with itself
     assert not mark_challenger(s, v, rerun, run_id="r9").changed
-    assert not promote(s, v, rerun, run_id="r9").changed
+    assert not promote(s, v, rerun, run_id="r9", actor="ci").changed
     assert _alias(s, "challenger") is None and _alias(s, "champion") == v  # reconciling keeps it so
 
     rows = [r for r in audit.read(s) if r.model_name == s.registry.model_name]
@@ -142,7 +142,7 @@ def test_a_worse_candidate_is_never_promoted_and_an_equal_retrain_is(models: Mod
     with pytest.raises(ReleaseError, match="decided 'fail'"):
         mark_challenger(s, bad, gate)
     with pytest.raises(ReleaseError, match="decided 'fail'"):
-        promote(s, bad, gate)
+        promote(s, bad, gate, actor="tests")
     assert _alias(s, "champion") == champion
 
     from tasks.settings import load_settings
@@ -159,7 +159,7 @@ def test_a_worse_candidate_is_never_promoted_and_an_equal_retrain_is(models: Mod
     paired = report["details"]["paired"]
     assert paired["n"] == gate.test_images and len(paired["bootstrap_95"]) == 2
     assert set(report["details"]["per_class"]) == {str(d) for d in range(10)}
-    promote(s, same, gate, run_id="r2")
+    promote(s, same, gate, run_id="r2", actor="tests")
     assert _alias(s, "champion") == same
 
 
@@ -174,7 +174,7 @@ def test_too_small_a_test_set_leaves_the_gate_undecided(models: Models) -> None:
     assert gate.decision == "undecided"
     assert any("min_test_images 10000: no decision" in r for r in gate.reasons)
     with pytest.raises(ReleaseError, match="undecided"):
-        promote(s, v, gate)
+        promote(s, v, gate, actor="tests")
 
 
 def test_per_class_recall_floor_and_serving_limits_fail_the_gate(models: Models) -> None:
@@ -236,7 +236,7 @@ def test_two_promotions_racing_end_with_one_champion_and_a_truthful_ledger(model
     def race(v: int) -> None:
         barrier.wait()
         try:
-            outcomes[v] = promote(s, v, gates[v], run_id=f"race-{v}")
+            outcomes[v] = promote(s, v, gates[v], run_id=f"race-{v}", actor="tests")
         except StaleGateError as exc:
             outcomes[v] = exc
 
@@ -264,7 +264,7 @@ gate = json.load(open(sys.argv[2]))
 while not os.path.exists(sys.argv[3]):
     time.sleep(0.005)
 try:
-    print("WON", promote(settings, gate["candidate_version"], gate, run_id=sys.argv[4]).to_version)
+    print("WON", promote(settings, gate["candidate_version"], gate, run_id=sys.argv[4], actor="tests").to_version)
 except StaleGateError:
     print("STALE")
 """
@@ -315,7 +315,7 @@ def test_rollback_restores_the_previous_champion_and_is_a_no_op_when_repeated(mo
     first = _first_champion(models, s)
     second = register_candidate(s, models.equal.mlflow_run_id)
     gate = evaluate(s, second, s.curated_table, models.version)
-    promote(s, second, gate, run_id="r2")
+    promote(s, second, gate, run_id="r2", actor="tests")
     assert _alias(s, "champion") == second
 
     result = rollback(s, reason="bad predictions on the new camera", actor="oncall", run_id="rb1")
@@ -328,10 +328,10 @@ def test_rollback_restores_the_previous_champion_and_is_a_no_op_when_repeated(mo
     assert "bad predictions on the new camera" in tags["cd4ml.rolled_back"]
 
     assert not rollback(s, reason="bad predictions on the new camera", actor="oncall").changed  # same again
-    assert not rollback(s, reason="other", to_version=first).changed  # already there
+    assert not rollback(s, reason="other", to_version=first, actor="oncall").changed  # already there
     assert _alias(s, "champion") == first
     with pytest.raises(RolledBackError):
-        promote(s, second, evaluate(s, second, s.curated_table, models.version))
+        promote(s, second, evaluate(s, second, s.curated_table, models.version), actor="tests")
     gate = evaluate(s, second, s.curated_table, models.version)
     assert gate.decision == "fail" and not gate.checks[0].passed  # not_rolled_back
     rows = [r for r in audit.read(s) if r.model_name == s.registry.model_name]
@@ -349,14 +349,14 @@ def test_bad_release_requests_are_clear_errors_that_change_nothing(models: Model
 
     s = _model(models, "bad")
     with pytest.raises(NoChampionError, match="no champion"):
-        rollback(s, reason="x")
+        rollback(s, reason="x", actor="oncall")
     with pytest.raises(ReleaseError, match="needs a reason"):
-        rollback(s, reason=" ")
+        rollback(s, reason=" ", actor="oncall")
     v = register_candidate(s, models.base.mlflow_run_id)
     with pytest.raises(UnknownModelVersionError, match=f"has no version 99 \\(versions: \\[{v}\\]\\)"):
         evaluate(s, 99, s.curated_table, models.version)
     with pytest.raises(UnknownModelVersionError):
-        rollback(s, reason="x", to_version=99)
+        rollback(s, reason="x", to_version=99, actor="oncall")
     with pytest.raises(SettingsError, match="not a known environment"):
         load_settings("staging")
 
@@ -401,36 +401,147 @@ def test_deploy_model_with_no_upstream_champion_or_a_rolled_back_one_copies_noth
 
     first = _first_champion(models, sit)
     second = register_candidate(sit, models.equal.mlflow_run_id)
-    promote(sit, second, evaluate(sit, second, sit.curated_table, models.version), run_id="up2")
-    rollback(sit, reason="broken upstream")
+    promote(sit, second, evaluate(sit, second, sit.curated_table, models.version), run_id="up2", actor="tests")
+    rollback(sit, reason="broken upstream", actor="oncall")
     with pytest.raises(RolledBackError):
         copy_from_upstream(uat, source_version=second)
     assert copy_from_upstream(uat)["source"] == f"models:/{sit.registry.model_name}/{first}"
 
 
-def test_prod_needs_an_approval_and_a_rejection_is_recorded(models: Models) -> None:
+def _refusals(s: Any) -> list[Any]:
+    from tasks.alerting import incidents
+
+    return [i for i in incidents.open_incidents(s) if i.alert.kind == "release_refused"
+            and i.alert.versions.get("model_name") == s.registry.model_name]
+
+
+def test_prod_promotes_only_on_a_recorded_approval_by_an_allowed_approver(models: Models) -> None:
     from tasks.models.registry import mlflow_client, register_candidate
     from tasks.release.evaluate import evaluate
     from tasks.release.release import ApprovalRequiredError, audit, promote, record_decision
 
-    s = _model(models, "approval")
-    s = s.model_copy(update={"release": s.release.model_copy(update={"approval": "required"})})
+    s = _model(models, "approval", smoke_test=False)
+    s = s.model_copy(update={"release": s.release.model_copy(update={"approval": "required",
+                                                                     "approvers": ("alice", "bob")})})
     v = register_candidate(s, models.base.mlflow_run_id)
     gate = evaluate(s, v, s.curated_table, models.version)
+    # `approve` marked success by hand: the run goes on to promote, but nobody decided anything.
     with pytest.raises(ApprovalRequiredError):
-        promote(s, v, gate)
-    with pytest.raises(ApprovalRequiredError):
-        promote(s, v, gate, approval={"decision": "rejected", "by": "alice"})
-    record_decision(s, v, "rejected", actor="alice", reason="wait for the holiday freeze", run_id="p1")
+        promote(s, v, gate, actor="airflow-run", run_id="by-hand")
+    assert len(_refusals(s)) == 1  # on-call hears of it
+    with pytest.raises(ApprovalRequiredError):  # an answer with no responder is no answer
+        record_decision(s, v, "approved", actor="", reason="", gate_report=gate.report_path)
+    record_decision(s, v, "approved", actor="mallory", reason="lgtm", gate_report=gate.report_path, run_id="p0")
+    with pytest.raises(ApprovalRequiredError):  # not an approver
+        promote(s, v, gate, actor="airflow-run", run_id="p0")
+    record_decision(s, v, "rejected", actor="alice", reason="wait for the holiday freeze", gate_report=gate.report_path,
+                    run_id="p1")
+    with pytest.raises(ApprovalRequiredError):  # the last word was no
+        promote(s, v, gate, actor="airflow-run", run_id="p1")
     assert _alias(s, "champion") is None
     rows = [r for r in audit.read(s) if r.model_name == s.registry.model_name]
     assert rows[-1].action == "rejected" and rows[-1].actor == "alice" and rows[-1].reason == "wait for the holiday freeze"
     assert json.loads(mlflow_client(s).get_model_version(s.registry.model_name, str(v)).tags["cd4ml.approval"])[
         "decision"] == "rejected"
-    result = promote(s, v, gate, approval={"decision": "approved", "by": "bob", "at": "2026-11-23T10:00:00Z"}, run_id="p2")
+    record_decision(s, v, "approved", actor="bob", reason="canary clean", gate_report=gate.report_path, run_id="p2",
+                    extra={"at": "2026-11-23T10:00:00Z"})
+    result = promote(s, v, gate, actor="airflow-run", run_id="p2")
     assert result.changed and _alias(s, "champion") == v
     row = [r for r in audit.read(s) if r.model_name == s.registry.model_name][-1]
-    assert row.actor == "bob" and row.approval["by"] == "bob"
+    assert (row.action, row.actor, row.approval["by"], row.approval["at"]) == ("promote", "bob", "bob",
+                                                                              "2026-11-23T10:00:00Z")
+
+
+def test_an_approver_named_by_role_counts_only_as_checked_by_airflow() -> None:
+    from tasks.release.release import may_approve
+
+    approvers = ("role:Approver", "approver")
+    assert may_approve(approvers, "approver", {})
+    assert may_approve(approvers, "carol", {"assigned": list(approvers)})  # Airflow's auth manager resolved the role
+    assert not may_approve(approvers, "carol", {})
+    assert not may_approve(approvers, "carol", {"assigned": ["carol"]})
+    assert not may_approve(approvers, None, {"assigned": list(approvers)})
+    assert may_approve((), "anyone", {}) and not may_approve((), "", {})
+
+
+def test_champion_moves_forward_only_through_this_environments_gate(models: Models, tmp_path: Path) -> None:
+    from tasks.models.registry import StaleGateError, mlflow_client, register_candidate
+    from tasks.release.evaluate import evaluate
+    from tasks.release.release import GateNotRecordedError, NotAFormerChampionError, audit, promote, rollback
+
+    s = _model(models, "forward", smoke_test=False)
+    first = _first_champion(models, s)
+    second = register_candidate(s, models.equal.mlflow_run_id)
+    claimed = {"decision": "pass", "candidate_version": second, "champion_version": first, "report_path": ""}
+    with pytest.raises(NotAFormerChampionError):  # "rolling back" to a version that never served is a promotion
+        rollback(s, reason="roll forward", to_version=second, actor="oncall")
+    with pytest.raises(GateNotRecordedError):  # a gate result handed in is not a gate that ran
+        promote(s, second, claimed, actor="tests", run_id="claimed")
+    forged = tmp_path / "gate.json"
+    forged.write_text(json.dumps({**claimed, "env": s.env, "model_name": s.registry.model_name}))
+    client = mlflow_client(s)
+    client.set_model_version_tag(s.registry.model_name, str(second), "cd4ml.gate.report", str(forged))
+    client.set_model_version_tag(s.registry.model_name, str(second), "cd4ml.gate.decision", "pass")
+    with pytest.raises(GateNotRecordedError):  # a report outside this environment's gate folder
+        promote(s, second, actor="tests", run_id="planted")
+    assert _alias(s, "champion") == first and len(_refusals(s)) == 2
+
+    gate = evaluate(s, second, s.curated_table, models.version)  # the gate, for real
+    assert gate.passed and gate.champion_version == first
+    assert promote(s, second, actor="tests", run_id="fwd").changed and _alias(s, "champion") == second
+    with pytest.raises(StaleGateError):  # the first version's gate compared with no champion: stale now
+        promote(s, first, actor="tests")
+    assert rollback(s, reason="back to the first", to_version=first, actor="oncall").to_version == first
+    rows = [r for r in audit.read(s) if r.model_name == s.registry.model_name]
+    assert [(r.action, r.to_version) for r in rows][-2:] == [("promote", second), ("rollback", first)]
+
+
+def _cli_conf(tmp_path: Path, model_name: str) -> Path:
+    """The repository's settings with this test's private sit model name (the CLI loads settings itself)."""
+    import shutil
+
+    import yaml
+
+    from tasks.settings import REPO_ROOT
+
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO_ROOT / "conf", conf)
+    sit = yaml.safe_load((conf / "sit.yaml").read_text()) or {}
+    (conf / "sit.yaml").write_text(yaml.safe_dump({**sit, "registry": {"model_name": model_name}}))
+    return conf
+
+
+def test_the_cli_in_sit_acts_as_the_account_running_it_and_refuses_a_typed_actor(
+    models: Models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import os
+    import pwd
+
+    from tasks.cli import main
+    from tasks.models.registry import register_candidate
+    from tasks.release.evaluate import evaluate
+    from tasks.release.release import audit
+
+    s = _model(models, "cli", smoke_test=False)
+    monkeypatch.setenv("CD4ML_CONF_DIR", str(_cli_conf(tmp_path, s.registry.model_name)))
+    monkeypatch.setenv("USER", "ceo@example.com")  # $USER is typed too: never the actor
+    monkeypatch.delenv("CD4ML_ACTOR", raising=False)
+    first = _first_champion(models, s)
+    second = register_candidate(s, models.equal.mlflow_run_id)
+    evaluate(s, second, s.curated_table, models.version)
+    assert main(["promote", "--env", "sit", "--version", str(second)]) == 0
+    assert _alias(s, "champion") == second
+    assert main(["rollback", "--env", "sit", "--reason", "canary", "--by", "ceo@example.com"]) == 1
+    monkeypatch.setenv("CD4ML_ACTOR", "ceo@example.com")
+    assert main(["rollback", "--env", "sit", "--reason", "canary"]) == 1
+    assert _alias(s, "champion") == second
+    monkeypatch.delenv("CD4ML_ACTOR")
+    capsys.readouterr()
+    assert main(["rollback", "--env", "sit", "--reason", "canary"]) == 0, capsys.readouterr().err
+    assert _alias(s, "champion") == first
+    rows = [r for r in audit.read(s) if r.model_name == s.registry.model_name]
+    me = f"cli:{pwd.getpwuid(os.getuid()).pw_name}"
+    assert [(r.action, r.actor) for r in rows][-2:] == [("promote", me), ("rollback", me)]
 
 
 def test_deploy_model_copies_the_upstream_champion_with_its_lineage(models: Models) -> None:
