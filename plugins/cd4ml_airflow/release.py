@@ -13,7 +13,8 @@ within ``release.approval_timeout_hours`` takes the default, Reject, with no res
 is recorded (who, why) in the release ledger by the operator itself (a no is also alerted); ``promote``
 moves only on a recorded ``approved`` by an allowed approver. ``finish`` runs
 whatever happened before it and prints what the run changed, read back from the ledger;
-``inputs_failed`` fails the run when the candidate or the test data could not be produced. Logic
+``inputs_failed`` fails the run when the candidate or the test data could not be produced, and
+``release_failed`` when the gate or ``promote`` failed (a refused promotion fails its run). Logic
 lives in ``tasks.release.release`` and ``tasks.release.evaluate``; this module only wires.
 """
 
@@ -113,6 +114,16 @@ def inputs_failed() -> None:
     raise AirflowFailException("a step before the release failed (its log says why): nothing was evaluated or released")
 
 
+@task(trigger_rule="one_failed")
+def release_failed() -> None:
+    """Fails the run when the gate or ``promote`` failed: a promotion refused (no recorded gate, no recorded
+    approval by an allowed approver) is a failed release, although ``finish`` after it succeeds. A skipped
+    ``promote`` (a failed gate decision, a rejected or timed-out approval) is a decision, not a failure."""
+    from airflow.sdk.exceptions import AirflowFailException  # no retry: the refusal is recorded and alerted
+
+    raise AirflowFailException("the release did not complete: promote failed or was refused (its log and alert say why)")
+
+
 def release_flow(candidate, test_data) -> None:
     """Wire the shared release tail after ``candidate`` ({"version"}) and ``test_data`` (table, version)."""
     [candidate, test_data] >> inputs_failed()
@@ -135,4 +146,4 @@ def release_flow(candidate, test_data) -> None:
             notifiers=[ApprovalRequestNotifier()],
         )
         challenger >> request >> approve >> moved
-    moved >> finish(gate)
+    moved >> [finish(gate), release_failed()]

@@ -16,9 +16,10 @@ DAG_FILES = sorted(p for p in DAGS.glob("*.py") if not p.name.startswith("_"))
 RELEASE_TAIL = {
     "evaluate_gate": {"mark_challenger", "promote", "finish"},
     "mark_challenger": {"promote"},
-    "promote": {"finish"},
+    "promote": {"finish", "release_failed"},
     "finish": set(),
     "inputs_failed": set(),
+    "release_failed": set(),
 }
 EXPECTED = {
     "cd4ml_ingest": {"ingest": {"validate"}, "validate": set()},
@@ -48,9 +49,10 @@ APPROVAL_TAIL = {
     "mark_challenger": {"approval_request", "promote"},
     "approval_request": {"approve"},
     "approve": {"promote"},
-    "promote": {"finish"},
+    "promote": {"finish", "release_failed"},
     "finish": set(),
     "inputs_failed": set(),
+    "release_failed": set(),
 }
 
 

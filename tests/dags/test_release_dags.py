@@ -190,7 +190,7 @@ def test_deploy_model_sit_to_uat_to_prod_with_reject_timeout_and_approve(world, 
     run = trigger(h, "cd4ml_promote")
     _await_approval(h, "cd4ml_promote", run)
     h.request("PATCH", f"/api/v2/dags/cd4ml_promote/dagRuns/{q(run)}/taskInstances/approve", {"new_state": "success"})
-    wait_for_run(h, "cd4ml_promote", run, 300)  # its state is its leaves': `finish` runs whatever happened
+    assert wait_for_run(h, "cd4ml_promote", run, 300) == "failed"  # a refused promotion fails its run
     assert h.task_states("cd4ml_promote", run)["promote"] == "failed"
     assert "champion" not in _aliases(prod)
     assert not [r for r in _audit(prod) if r.airflow_run_id == run and r.action in ("approved", "promote")]
