@@ -610,13 +610,21 @@ def resolve_env(env: str | None = None) -> str:
     return name
 
 
-def _has_key(data: dict[str, Any], dotted: str) -> bool:
+ABSENT = object()  # a key a mapping does not set (unlike one it sets to null)
+
+
+def dotted_value(data: dict[str, Any], dotted: str) -> Any:
+    """``data["a"]["b"]`` for ``"a.b"``; ``ABSENT`` where the nested mappings do not have the key."""
     node: Any = data
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return False
+            return ABSENT
         node = node[part]
-    return True
+    return node
+
+
+def _has_key(data: dict[str, Any], dotted: str) -> bool:
+    return dotted_value(data, dotted) is not ABSENT
 
 
 def refuse_old_keys(data: dict[str, Any], source: str) -> None:

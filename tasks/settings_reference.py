@@ -21,11 +21,10 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from tasks.settings import ENVIRONMENTS, REPO_ROOT, Settings, read_yaml
+from tasks.settings import ABSENT, ENVIRONMENTS, REPO_ROOT, Settings, dotted_value, read_yaml
 
 REFERENCE = REPO_ROOT / "docs" / "configuration.md"
 _NO_DEFAULT = "(required)"
-_ABSENT = object()  # a key a file does not set (unlike one it sets to null)
 _BOUNDS = ((annotated_types.Gt, ">"), (annotated_types.Ge, ">="), (annotated_types.Lt, "<"), (annotated_types.Le, "<="))
 
 
@@ -91,17 +90,8 @@ def rows(model: type[BaseModel] = Settings, prefix: str = "") -> Iterator[Row]:
             yield from rows(values, f"{key}.<{'dag_id' if name == 'deadlines' else 'name'}>.")
 
 
-def _lookup(data: dict[str, Any], dotted: str) -> Any:
-    node: Any = data
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _ABSENT
-        node = node[part]
-    return node
-
-
 def _cell(value: Any) -> str:
-    if value is _ABSENT:
+    if value is ABSENT:
         return ""
     if value is None:
         return "`null`"
@@ -141,7 +131,7 @@ def _section_table(section: str, model: type[BaseModel], columns: dict[str, dict
     lines = [f"## `{section}`", "", model.__doc__.strip().splitlines()[0] if model.__doc__ else "", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows(model, f"{section}."):
-        sets = [_cell(_lookup(data, row.key)) for data in columns.values()]
+        sets = [_cell(dotted_value(data, row.key)) for data in columns.values()]
         cells = [f"`{row.key}`", row.kind, _cell(row.default), *sets, _escaped(row.description)]
         lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
