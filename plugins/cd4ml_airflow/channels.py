@@ -135,28 +135,29 @@ def _slack_client_logger() -> logging.Logger:
 
 
 @contextmanager
-def _failures_redacted(conn) -> Iterator[None]:
-    """Any failure leaves as ChannelError, its message without the connection's secrets, its cause cut."""
+def _failures_redacted() -> Iterator[None]:
+    """Any failure leaves as ChannelError, its message without any registered secret (plain or percent-encoded:
+    ``_connection`` registered this channel's), its cause cut."""
     try:
         yield
     except ChannelNotConfigured:
         raise
     except Exception as exc:  # noqa: BLE001 - every provider, HTTP and SMTP error alike
-        raise ChannelError(redact(f"{type(exc).__name__}: {exc}", _secrets(conn))[:500]) from None
+        raise ChannelError(redact(f"{type(exc).__name__}: {exc}", _log_secrets)[:500]) from None
 
 
 def slack(alert: Alert, settings: Settings, action: Action) -> None:
     from airflow.providers.slack.hooks.slack_webhook import SlackWebhookHook
     from airflow.providers.slack.notifications.slack_webhook import SlackWebhookNotifier
 
-    conn = _connection(settings.alerts.slack_conn_id)
+    _connection(settings.alerts.slack_conn_id)  # ChannelNotConfigured if missing; registers its secrets
     text = message(alert, settings, action).markdown()
     timeout = settings.alerts.retry.timeout_s
     notifier = SlackWebhookNotifier(slack_webhook_conn_id=settings.alerts.slack_conn_id, text=text, timeout=timeout)
     # The provider's hook hands slack_sdk its own logger; ours is a redacted standard one.
     notifier.__dict__["hook"] = SlackWebhookHook(slack_webhook_conn_id=settings.alerts.slack_conn_id,
                                                  timeout=timeout, logger=_slack_client_logger())
-    with _failures_redacted(conn):
+    with _failures_redacted():
         notifier.notify({})
 
 
@@ -176,7 +177,7 @@ def pagerduty(alert: Alert, settings: Settings, action: Action) -> None:
     # region, a proxy, a test peer) is honoured here, and the client's own retries are off
     # because tasks.alerting.delivery retries every channel alike.
     notifier.__dict__["hook"] = _events_hook(settings, conn)
-    with _failures_redacted(conn):
+    with _failures_redacted():
         notifier.notify({})
 
 
@@ -198,16 +199,16 @@ def _events_hook(settings: Settings, conn) -> Any:
             client.retry, client.max_network_attempts, client.timeout = {}, 0, timeout
             return client.send_event(**prepare_event_data(**event))
 
-    with _failures_redacted(conn):
+    with _failures_redacted():
         return EventsHook(pagerduty_events_conn_id=settings.alerts.pagerduty_conn_id)
 
 
 def email(alert: Alert, settings: Settings, action: Action) -> None:
     from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
-    conn = _connection(settings.alerts.smtp_conn_id)
+    _connection(settings.alerts.smtp_conn_id)  # ChannelNotConfigured if missing; registers its secrets
     msg = message(alert, settings, action)
-    with _failures_redacted(conn):
+    with _failures_redacted():
         SmtpNotifier(to=list(settings.alerts.email_to), smtp_conn_id=settings.alerts.smtp_conn_id,
                      subject=msg.title, html_content=msg.html()).notify({})
 

@@ -42,15 +42,16 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
 
-def _png(depth: int, colour: int, width: int = 5, height: int = 3) -> bytes:
-    """A valid PNG of any bit depth and colour type, written by hand (Pillow cannot write them all)."""
+def png(depth: int, colour: int, width: int = 5, height: int = 3, extra: bytes = b"") -> bytes:
+    """A valid PNG of any bit depth and colour type, written by hand (Pillow cannot write them all);
+    ``extra`` chunks go between the header and the pixels."""
     channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour]
     row = (width * channels * depth + 7) // 8
     raw = b"".join(b"\x00" + bytes(i % 256 for i in range(row)) for _ in range(height))
     body = _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0))
     if colour == 3:
         body += _chunk(b"PLTE", bytes(range(48)))
-    return b"\x89PNG\r\n\x1a\n" + body + _chunk(b"IDAT", zlib.compress(raw)) + _chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body + extra + _chunk(b"IDAT", zlib.compress(raw)) + _chunk(b"IEND", b"")
 
 
 def _saved(mode: str, fmt: str, **kw) -> bytes:
@@ -62,7 +63,7 @@ def _saved(mode: str, fmt: str, **kw) -> bytes:
 @lru_cache(maxsize=1)
 def image_seeds() -> tuple[bytes, ...]:
     """Valid images of every kind the header readers and Pillow's lazy open meet."""
-    seeds = [_png(depth, colour) for depth, colour in sorted(PNG_MODES)]
+    seeds = [png(depth, colour) for depth, colour in sorted(PNG_MODES)]
     frames = [Image.new("L", (9, 9), v) for v in (10, 200)]
     apng = io.BytesIO()
     frames[0].save(apng, format="PNG", save_all=True, append_images=frames[1:])

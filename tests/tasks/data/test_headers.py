@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ from PIL import Image
 
 from tasks.data.headers import PNG_MODES, fast_header
 from tasks.data.images import screen
+from tests.factories.fuzzing import png
 
 
 def _pillow(data: bytes) -> tuple[str, int, int, str, int]:
@@ -20,23 +19,9 @@ def _pillow(data: bytes) -> tuple[str, int, int, str, int]:
         return img.format, img.size[0], img.size[1], img.mode, frames
 
 
-def _png(depth: int, colour: int, width: int = 5, height: int = 3, extra: bytes = b"") -> bytes:
-    """A valid PNG of any bit depth and colour type, written by hand (Pillow cannot write them all)."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour]
-    row = (width * channels * depth + 7) // 8
-    raw = b"".join(b"\x00" + bytes(i % 256 for i in range(row)) for _ in range(height))
-    body = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0))
-    if colour == 3:
-        body += chunk(b"PLTE", bytes(range(48)))
-    return b"\x89PNG\r\n\x1a\n" + body + extra + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
-
-
 @pytest.mark.parametrize("depth,colour", sorted(PNG_MODES))
 def test_every_png_depth_and_colour_type_reads_as_pillow_does(depth, colour):
-    data = _png(depth, colour)
+    data = png(depth, colour)
     assert fast_header(data) == _pillow(data)
 
 
@@ -96,4 +81,4 @@ def test_doubt_goes_to_pillow_and_the_verdicts_stay_ingests():
     for name, data in CASES.items():  # ingest's verdicts: 34x21 is too large for max_side 30, CMYK unsupported
         expected = "unsupported_mode" if "CMYK" in name else "too_large"
         assert screen(data, **rules).code == expected, name
-    assert screen(_png(16, 2, 3000, 3000), min_side=8, max_side=4096, max_pixels=10**6).code == "too_many_pixels"
+    assert screen(png(16, 2, 3000, 3000), min_side=8, max_side=4096, max_pixels=10**6).code == "too_many_pixels"
