@@ -137,20 +137,20 @@ def _score(settings: Settings, params: Params) -> list[str]:
 def _monitor(settings: Settings, params: Params) -> list[str]:
     import fsspec
 
-    from tasks.data.inputs import InputRefusedError, check_scheme, confined
+    from tasks.data.inputs import InputRefusedError
+    from tasks.serving.feedback import FEEDBACK_SUFFIXES, check_feedback_file
 
     problems: list[str] = []
     for path in params.get("feedback_files") or []:
         try:  # before anything is opened: a Param must not fetch a URL or read outside the feedback folder
-            check_scheme(str(path), settings.serving.allowed_schemes, "serving.allowed_schemes", "a feedback file")
-            confined(str(path), settings.storage.feedback_uri, "the feedback file")
+            check_feedback_file(settings, str(path))
         except InputRefusedError as exc:
             problems.append(f"feedback_files: {exc}")
             continue
         fs, inner = fsspec.core.url_to_fs(str(path))
         if not fs.isfile(inner):
             problems.append(f"feedback_files: {path} is not a file")
-        elif not str(path).lower().endswith((".csv", ".jsonl")):
+        elif not str(path).lower().endswith(FEEDBACK_SUFFIXES):
             problems.append(f"feedback_files: {path} is neither .csv nor .jsonl")
     return problems
 

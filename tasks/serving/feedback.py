@@ -105,6 +105,16 @@ class FeedbackRow:
     code: str = "bad_row"
 
 
+FEEDBACK_SUFFIXES = (".csv", ".jsonl")
+
+
+def check_feedback_file(settings: Settings, path: str) -> None:
+    """A named feedback file: a scheme ``serving.allowed_schemes`` allows, under ``storage.feedback_uri``
+    (links and ``..`` resolved); else ``InputRefusedError``, before anything is opened."""
+    inputs.check_scheme(str(path), settings.serving.allowed_schemes, "serving.allowed_schemes", "a feedback file")
+    inputs.confined(str(path), settings.storage.feedback_uri, "the feedback file")
+
+
 def feedback_files(settings: Settings, files: Sequence[str] | None = None) -> list[str]:
     """The feedback files to load: the ones given, else every *.csv / *.jsonl under ``storage.feedback_uri``.
 
@@ -115,13 +125,12 @@ def feedback_files(settings: Settings, files: Sequence[str] | None = None) -> li
     inputs.check_scheme(root_uri, allowed, "serving.allowed_schemes", "storage.feedback_uri")
     if files:
         for f in files:
-            inputs.check_scheme(str(f), allowed, "serving.allowed_schemes", "a feedback file")
-            inputs.confined(str(f), root_uri, "the feedback file")
+            check_feedback_file(settings, str(f))
         return [str(f) for f in files]
     fs, root = url_to_fs(root_uri)
     if not fs.exists(root):
         return []
-    found = [p for p in fs.find(root) if p.lower().endswith((".csv", ".jsonl"))]
+    found = [p for p in fs.find(root) if p.lower().endswith(FEEDBACK_SUFFIXES)]
     return sorted(fs.unstrip_protocol(p) if "://" in settings.storage.feedback_uri else p for p in found)
 
 
