@@ -45,6 +45,15 @@ TAG_SAMPLE = "cd4ml.sample"  # the named sample version trained on (sit), e.g. s
 TAG_SOURCE = "cd4ml.source"  # runs:/<id> (trained here) or models:/<name>/<version> (copied from upstream)
 TAG_COPIED_FROM = "cd4ml.copied_from"
 TAG_ROLLED_BACK = "cd4ml.rolled_back"  # reason; such a version is never promoted automatically again
+# Provenance of a version imported from another environment's registry (tasks/release/model_import.py).
+TAG_IMPORT_REGISTRY = "cd4ml.import.source_registry"  # its tracking URI, without credentials
+TAG_IMPORT_ENV = "cd4ml.import.source_env"
+TAG_IMPORT_MODEL = "cd4ml.import.source_model"
+TAG_IMPORT_VERSION = "cd4ml.import.source_version"
+TAG_IMPORT_RUN = "cd4ml.import.source_run_id"
+TAG_IMPORT_GATE = "cd4ml.import.source_gate"  # JSON: the source's cd4ml.gate.* tags (decision, report, test, ...)
+TAG_IMPORT_RELEASE = "cd4ml.import.source_release"  # the source's last release-ledger row (JSON), as tagged upstream
+TAG_IMPORT_MANIFEST = "cd4ml.import.source_manifest_sha256"
 LINEAGE_RUN_TAGS = (
     TAG_ENV,
     TAG_CURATED_TABLE,
