@@ -68,7 +68,7 @@ from tasks.models.registry import (
     set_version_tags,
     trained_on,
 )
-from tasks.release.release import TAG_LAST_RELEASE, ReleaseError, RolledBackError
+from tasks.release.release import TAG_GATE_DECISION, TAG_LAST_RELEASE, ReleaseError, RolledBackError
 from tasks.settings import Settings, check_registry_uri, load_settings
 
 log = logging.getLogger(__name__)
@@ -387,8 +387,29 @@ def import_model(settings: Settings, source_version: int | None = None, *,
                         int(source.version), reused)
 
 
+def pending_import(settings: Settings, credentials: tuple[str, str] | None = None) -> int | None:
+    """The upstream champion's version while no version here imported from it has a recorded gate; else None.
+
+    The reconcile's question: a lost or never-delivered event leaves the upstream's champion
+    without a gated import here, and the reconcile then starts cd4ml_promote for it (the import
+    itself finds an earlier, ungated import of the same source and reuses it).
+    """
+    upstream = upstream_of(settings, credentials)
+    with reading(upstream) as up:
+        champion = alias_version(up, upstream.model_name, upstream.champion_alias)
+    if champion is None:
+        return None
+    wanted = {TAG_IMPORT_REGISTRY: upstream.public_uri, TAG_IMPORT_MODEL: upstream.model_name,
+              TAG_IMPORT_VERSION: str(champion)}
+    for version in mlflow_client(settings).search_model_versions(f"name = '{settings.registry.model_name}'"):
+        tags = version.tags or {}
+        if all(tags.get(k) == v for k, v in wanted.items()) and tags.get(TAG_GATE_DECISION):
+            return None
+    return champion
+
+
 __all__ = [
     "ImportResult", "ModelImportError", "UnverifiableSourceError", "Upstream", "UpstreamCredentialsError",
     "UpstreamNoChampionError", "UpstreamRegistryError", "UpstreamUnreachableError", "connection_credentials",
-    "import_model", "public_uri", "reading", "upstream_of",
+    "import_model", "pending_import", "public_uri", "reading", "upstream_of",
 ]

@@ -97,11 +97,12 @@ def test_the_upstream_champion_is_imported_verified_tagged_once_and_gated_downst
     from tasks.models.integrity import recorded_manifest, verify
     from tasks.release import audit
     from tasks.release.evaluate import evaluate
-    from tasks.release.model_import import import_model
+    from tasks.release.model_import import import_model, pending_import
     from tasks.release.release import mark_challenger, promote
 
     sit, model = upstream
     before = _snapshot(sit)
+    assert pending_import(uat) == model.version  # the reconcile's question: nothing imported yet
     imported = import_model(uat)
     assert (imported.version, imported.source_env, imported.source_version, imported.reused) == (1, "sit", model.version,
                                                                                                   False)
@@ -124,8 +125,10 @@ def test_the_upstream_champion_is_imported_verified_tagged_once_and_gated_downst
     assert version.run_id != source.run_id and down.get_run(version.run_id).info.status == "FINISHED"
 
     curated = write_curated_digits(uat.curated_table, raw_version=2)  # uat's own data
+    assert pending_import(uat) == model.version  # imported, not yet gated: a lost run is picked up again
     gate = evaluate(uat, 1, uat.curated_table, curated)
     assert gate.passed, gate.reasons
+    assert pending_import(uat) is None
     mark_challenger(uat, 1, gate, run_id="import-test")
     promote(uat, 1, gate, run_id="import-test", actor="tests")
     rows = audit.read(uat)
@@ -236,3 +239,26 @@ def test_the_connection_gives_the_account_in_airflows_uri_or_json_form_and_never
     assert "only-a-login" not in str(refused.value)
     assert public_uri("https://u:p@mlflow.example:8443/base?token=x#f") == "https://mlflow.example:8443/base"
     assert public_uri("sqlite:////srv/mlflow.db?mode=ro") == "sqlite:////srv/mlflow.db"
+
+
+def test_cd4ml_import_model_imports_from_the_command_line_and_says_what_is_pending(
+        upstream, cd4ml_home, tmp_path, monkeypatch, capsys) -> None:
+    import yaml
+
+    from tasks.cli import main
+
+    sit, model = upstream
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    for name in ("base", "sit", "prod"):
+        (conf / f"{name}.yaml").write_text("")
+    uat_conf = {"release": {"pattern": "deploy_model", "upstream": "sit", "upstream_registry": {"tracking_uri": sit.tracking_uri}}}
+    (conf / "uat.yaml").write_text(yaml.safe_dump(uat_conf))
+    monkeypatch.setenv("CD4ML_CONF_DIR", str(conf))
+    assert main(["import-model", "--env", "uat", "--check"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"pending": model.version}
+    assert main(["import-model", "--env", "uat"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["version"], out["source_env"], out["source_version"], out["reused"]) == (1, "sit", model.version, False)
+    assert main(["import-model", "--env", "uat", "--source-version", "99"]) == 1
+    assert "has no version 99" in capsys.readouterr().err
