@@ -370,6 +370,9 @@ class UpstreamRegistrySettings(_Section):
         "contacted (drop http where the upstream is reached over a network).")
     timeout_s: int = Field(30, gt=0, le=600, description="Seconds per request to the upstream registry.")
     attempts: int = Field(3, ge=1, le=10, description="Tries per request to the upstream registry before it counts as unreachable.")
+    reconcile_schedule: str | None = Field(
+        "@hourly", description="deploy_model: when cd4ml_reconcile compares the upstream champion with the last gated import "
+        "and starts cd4ml_promote when they differ (cron or preset); null = never.")
 
     @model_validator(mode="after")
     def _uri(self) -> "UpstreamRegistrySettings":
