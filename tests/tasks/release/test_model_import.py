@@ -97,6 +97,7 @@ def test_the_upstream_champion_is_imported_verified_tagged_once_and_gated_downst
     from tasks.models.integrity import recorded_manifest, verify
     from tasks.release import audit
     from tasks.release.evaluate import evaluate
+    from tasks.release.lineage import format_lineage, lineage
     from tasks.release.model_import import import_model, pending_import
     from tasks.release.release import mark_challenger, promote
 
@@ -123,6 +124,12 @@ def test_the_upstream_champion_is_imported_verified_tagged_once_and_gated_downst
     assert json.loads(tags["cd4ml.import.source_release"])["action"] == "promote"
     assert tags["cd4ml.curated_version"] == source.tags["cd4ml.curated_version"] and tags["cd4ml.env"] == "uat"
     assert version.run_id != source.run_id and down.get_run(version.run_id).info.status == "FINISHED"
+
+    info = lineage(f"models:/{uat.registry.model_name}/1", home=uat.home)  # the hop into sit's own registry
+    assert info["copied_from"]["registry"] == sit.tracking_uri and info["copied_from"]["aliases"] == ["champion"]
+    assert info["copied_from"]["run"]["run_id"] == source.run_id and info["copied_from"]["data"]["raw"]["version"] == 1
+    assert [r["action"] for r in info["copied_from"]["releases"]][-1] == "promote"  # sit's ledger rows, as tagged there
+    assert f"copied from registry {sit.tracking_uri}:" in format_lineage(info)
 
     curated = write_curated_digits(uat.curated_table, raw_version=2)  # uat's own data
     assert pending_import(uat) == model.version  # imported, not yet gated: a lost run is picked up again

@@ -136,6 +136,7 @@ def test_the_read_only_account_imports_and_can_write_nothing_upstream(server, si
     from mlflow.exceptions import MlflowException
 
     from tasks.models.integrity import verify
+    from tasks.release.lineage import format_lineage, lineage
     from tasks.release.model_import import import_model, reading, upstream_of
 
     name, run_id = sit_champion
@@ -150,6 +151,23 @@ def test_the_read_only_account_imports_and_can_write_nothing_upstream(server, si
     tags = MlflowClient(uat.tracking_uri, uat.tracking_uri).get_model_version(uat.registry.model_name, "1").tags
     assert tags["cd4ml.import.source_run_id"] == run_id and "reader" not in json.dumps(tags)
     assert _upstream_state(server, name) == before
+
+    # lineage from uat: the hop into sit's server is read with uat's upstream Connection, and without it is named
+    conf = cd4ml_home / "conf"
+    conf.mkdir()
+    for env in ("base", "sit", "prod"):
+        (conf / f"{env}.yaml").write_text("")
+    (conf / "uat.yaml").write_text(json.dumps({"release": {"pattern": "deploy_model", "upstream": "sit",
+                                                           "upstream_registry": {"tracking_uri": server["uri"]}}}))
+    monkeypatch.setenv("CD4ML_CONF_DIR", str(conf))
+    info = lineage(f"models:/{uat.registry.model_name}/1", home=uat.home)
+    assert info["copied_from"]["run"]["run_id"] == run_id and info["copied_from"]["aliases"] == ["champion"]
+    monkeypatch.delenv("AIRFLOW_CONN_CD4ML_UPSTREAM_REGISTRY")
+    info = lineage(f"models:/{uat.registry.model_name}/1", home=uat.home)
+    assert "HTTP 401" in info["copied_from"]["unreachable"] and info["copied_from"]["model_uri"] == f"models:/{name}/1"
+    assert f"models:/{name}/1 (sit): CANNOT REACH this hop" in format_lineage(info)
+    monkeypatch.setenv("AIRFLOW_CONN_CD4ML_UPSTREAM_REGISTRY",
+                       json.dumps({"conn_type": "http", "login": READER, "password": server["reader"]}))
 
     with reading(upstream_of(uat)) as client:  # the account the import reads with
         writes = {
