@@ -179,7 +179,7 @@ def get_model_version(client: MlflowClient, name: str, version: int | str) -> Mo
 def trained_on(version: ModelVersion) -> tuple[str, int]:
     """(curated table, version) a model version was trained on, from the version's own tags; else LineageError.
 
-    ``register_candidate`` and ``copy_from_upstream`` always write them; a version registered by
+    ``register_candidate`` and ``import_model`` always write them; a version registered by
     hand (MLflow UI, another tool) has none and is refused rather than guessed from a run.
     """
     tags = dict(version.tags or {})
