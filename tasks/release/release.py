@@ -519,17 +519,41 @@ def _former_champion(settings: Settings, rows: list[AuditRow], version: int) -> 
 # --------------------------------------------------------------------------- deploy model
 
 
+MAX_EVENT_CHARS = 4096  # a message-queue event's body, at most: the queue is written by another deployment
+
+
 def upstream_version(event_extras: Iterable[Mapping[str, Any] | None]) -> int | None:
     """The upstream version the triggering Asset events name: the last event that names one wins, else None.
 
     deploy_model runs on the upstream's champion Asset, whose events carry what that environment
-    published ({"model_name", "version", ...}); None leaves the choice to ``import_model``
-    (the upstream's champion now).
+    published ({"model_name", "version", ...}), or on a message-queue Asset (AssetWatcher) whose
+    event extra is {"from_trigger": true, "payload": {"data": "<the message: that JSON>", ...}}.
+    A message that is too long, not JSON or names no version is ignored, never echoed: None leaves
+    the choice to ``import_model`` (the upstream's champion now).
     """
     version = None
     for extra in event_extras:
-        version = (extra or {}).get("version", version)
+        named = _named_version(extra or {})
+        version = named if named is not None else version
     return version
+
+
+def _named_version(extra: Mapping[str, Any]) -> int | None:
+    payload = extra.get("payload") if extra.get("from_trigger") else None
+    if isinstance(payload, Mapping):
+        data = payload.get("data")
+        if not isinstance(data, str) or len(data) > MAX_EVENT_CHARS:
+            return None
+        try:
+            extra = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(extra, Mapping):
+            return None
+    value = extra.get("version")
+    if isinstance(value, str) and value.isdigit() and len(value) <= 9:
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 __all__ = [
