@@ -96,6 +96,7 @@ def test_the_reader_resolves_and_downloads_the_champion_and_every_write_is_refus
 
     from tasks.models.champion import serving_model
     from tasks.models.integrity import verify
+    from tasks.models.registry import mlflow_client
 
     uri, admin = mlflow_server["uri"], (ADMIN, mlflow_server["admin_password"])
     reader = (READER, mlflow_server["reader_password"])
@@ -106,7 +107,8 @@ def test_the_reader_resolves_and_downloads_the_champion_and_every_write_is_refus
     assert ensure_reader(uri, admin, reader) == "updated"  # the next `cd4ml up`: same account, password set again
     with pytest.raises(RegistryAccountError):
         ensure_reader(uri, admin, (ADMIN, "x"))  # never the admin under the reader's name
-    name, run_id = _registered_champion(settings, MlflowClient(uri, uri), tmp_path)
+    # the project's client: it also points MLflow's process-wide URIs here (an earlier test may have set others)
+    name, run_id = _registered_champion(settings, mlflow_client(settings), tmp_path)
 
     monkeypatch.setenv(identity.READER_USERNAME_VARIABLE, reader[0])
     monkeypatch.setenv(identity.READER_PASSWORD_VARIABLE, reader[1])
