@@ -372,7 +372,7 @@ class ReleaseSettings(_Section):
     challenger_alias: str = Field("challenger", description="Registry alias of a candidate waiting for approval.")
     airflow_api_url: str = Field(
         "http://localhost:8080", description="approval required: the Airflow API server the cd4ml command triggers "
-        "cd4ml_rollback and cd4ml_promote through, as the signed-in user; CD4ML_AIRFLOW_URL overrides.")
+        "cd4ml_rollback, cd4ml_promote and cd4ml_accept_class through, as the signed-in user; CD4ML_AIRFLOW_URL overrides.")
 
     @model_validator(mode="after")
     def _pattern(self) -> "ReleaseSettings":
