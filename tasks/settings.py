@@ -143,8 +143,8 @@ class OutlierSettings(_Section):
     relative_min_images: int = Field(
         50, ge=2, description="Images a mode family needs before any relative rule applies to it (fewer: the rules abstain).")
     min_blur: float | None = Field(
-        None, ge=0.0, description="Absolute override: normalised blur (Laplacian variance over image variance on the 64 px "
-        "grid, tasks/curation/image_stats.py) below which an image is blurry; null = the relative rule.")
+        None, ge=0.0, description="Absolute override: blur (variance of the Laplacian of the grey image resized to a 64 px "
+        "shorter side, tasks/curation/image_stats.py) below which an image is blurry; null = the relative rule.")
     min_mean: float | None = Field(
         None, ge=0.0, le=255.0, description="Absolute override: mean grey (0..255) below which an image is too dark; "
         "null = the relative rule.")
