@@ -161,12 +161,12 @@ def measure(name: str, seed: int, sigma_grid: list[float]) -> list[dict]:
 
 
 def table(results: list[dict]) -> str:
-    head = ("| family | held out | sigmas | good | constant in source | good flagged | share | " + " | ".join(f"recall {k}" for k in KINDS)
+    head = ("| family | held out | sigmas | good | constant in source | good flagged | share | planted per kind | " + " | ".join(f"recall {k}" for k in KINDS)
             + " | abstained |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         lines.append(f"| {r['family']} | {'yes' if r['held_out'] else 'no'} | {r['sigmas']:g} | {r['good']} | "
-                     f"{r['source_constant']} | {r['good_flagged']} | {r['good_flagged_share']:.2%} | "
+                     f"{r['source_constant']} | {r['good_flagged']} | {r['good_flagged_share']:.2%} | {r['planted_per_kind']} | "
                      + " | ".join(f"{r[f'recall_{k}']:.0%}" for k in KINDS)
                      + f" | {', '.join(r['abstained']) or '-'} |")
     return "\n".join(lines)
