@@ -39,12 +39,25 @@ class Rule:
     reason: str
     statistic: str  # "side" (shorter side), "mean", "contrast" or "blur"
     transform: Callable[[np.ndarray], np.ndarray]
+    inverse: Callable[[float], float]  # back to the statistic's units (for the limit a report shows)
     low_is_bad: bool
     min_sigma: float  # floor of the robust sigma (transformed units): a bulk of identical values is no licence
 
 
 def _log_side(x: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(x, 1.0))
+
+
+def _log1p(x: np.ndarray) -> np.ndarray:
+    return np.log(np.asarray(x, dtype=np.float64) + 1.0)
+
+
+def _expm1(t: float) -> float:
+    return math.exp(t) - 1.0
+
+
+def _brightness_inverse(t: float) -> float:
+    return 259.0 / (1.0 + math.exp(-t)) - 2.0
 
 
 def _brightness(x: np.ndarray) -> np.ndarray:
@@ -54,20 +67,12 @@ def _brightness(x: np.ndarray) -> np.ndarray:
     return np.log(p / (1.0 - p))
 
 
-def _log_contrast(x: np.ndarray) -> np.ndarray:
-    return np.log(np.asarray(x, dtype=np.float64) + 1.0)
-
-
-def _log_blur(x: np.ndarray) -> np.ndarray:
-    return np.log(np.asarray(x, dtype=np.float64) + 1.0)
-
-
 RULES: tuple[Rule, ...] = (
-    Rule("too_small", "side", _log_side, True, 0.05),
-    Rule("too_dark", "mean", _brightness, True, 0.05),
-    Rule("too_bright", "mean", _brightness, False, 0.05),
-    Rule("blurry", "blur", _log_blur, True, 0.05),
-    Rule("flat", "contrast", _log_contrast, True, 0.05),  # after blur: a blurred image loses contrast too
+    Rule("too_small", "side", _log_side, math.exp, True, 0.05),
+    Rule("too_dark", "mean", _brightness, _brightness_inverse, True, 0.05),
+    Rule("too_bright", "mean", _brightness, _brightness_inverse, False, 0.05),
+    Rule("blurry", "blur", _log1p, _expm1, True, 0.05),  # blur and contrast span decades: log, 0 stays finite
+    Rule("flat", "contrast", _log1p, _expm1, True, 0.05),  # after blur: a blurred image loses contrast too
 )
 
 
@@ -124,20 +129,7 @@ def _robust_z(rule: Rule, values: np.ndarray, sigmas: float) -> tuple[np.ndarray
     sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(t - centre))), rule.min_sigma)
     sign = 1.0 if rule.low_is_bad else -1.0
     z = sign * (t - centre) / sigma
-    edge = centre - sign * sigmas * sigma  # transformed units: invert on a grid of the statistic's values
-    return z, _untransform(rule, edge, values)
-
-
-def _untransform(rule: Rule, edge: float, values: np.ndarray) -> float:
-    """The statistic's value at a transformed limit (monotone transforms: bisection, no inverse to keep in step)."""
-    lo, hi = 0.0, max(float(values.max()), 1.0) * 4.0
-    for _ in range(60):
-        mid = (lo + hi) / 2.0
-        if float(rule.transform(np.array([mid]))[0]) < edge:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2.0
+    return z, rule.inverse(centre - sign * sigmas * sigma)
 
 
 def _beyond_gap(z: np.ndarray, candidates: list[int], gap: float) -> tuple[list[int], int]:

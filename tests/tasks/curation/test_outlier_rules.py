@@ -62,6 +62,19 @@ def test_no_real_digit_is_flagged_and_planted_black_white_blurred_and_dark_digit
     assert abstained == []
 
 
+def test_a_tiny_image_among_larger_digits_is_too_small_relative_to_them():
+    """The digits at 32 px (the 8 px floor is theirs natively) and one 8 px digit: far below the data's sizes."""
+    images = {f"d{i}": encode(digit(i).resize((32, 32), Image.BILINEAR), "PNG") for i in range(300)}
+    labels = {k: str(LABELS[int(k[1:])]) for k in images}
+    images["tiny"], labels["tiny"] = encode(digit(400), "PNG"), str(LABELS[400])
+    measured = {k: Measured(s.family, s.width, s.height, s.mean, s.contrast, s.blur)
+                for k, s in ((k, decode_stats(d)) for k, d in images.items())}
+    flagged, _ = relative_screen(measured, labels, OutlierSettings())
+    assert set(flagged) == {"tiny"}
+    reason, detail = flagged["tiny"]
+    assert reason == "too_small" and detail.startswith("shorter side 8 < limit") and "median 32" in detail
+
+
 def test_no_real_photo_tile_is_flagged():
     tiles = photo_tiles()
     images = {f"t{i}": encode(Image.fromarray(px, mode="RGB"), "JPEG", quality=90) for i, (_, _, px) in enumerate(tiles)}
@@ -89,6 +102,9 @@ def test_a_colour_dataset_of_48_to_150_px_photos_curates_with_no_threshold_edite
     assert len(out) == 305
     as_bad = {s: o["reason"] for s, o in out.items() if o["reason"] in BAD_REASONS}
     assert as_bad == bad
+    details = {d["sha256"]: d["detail"] for d in json.loads(Path(result.report_path).read_text())["dropped"]}
+    tiny = [details[s] for s, reason in bad.items() if reason == "too_small"]
+    assert all("robust sigmas from the median" in d and "colour images" in d for d in tiny), tiny
 
 
 def test_a_rule_abstains_when_the_flagged_images_are_the_bulks_own_tail():
