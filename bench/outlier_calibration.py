@@ -24,7 +24,7 @@ image that is itself one colour is counted apart: the constant rule drops it, ri
 each planted kind (a planted image counts when flagged by any rule), and the rules that abstained
 (rule/family/class, ``*`` = the whole family).
 
-Usage: python bench/outlier_calibration.py [--sigmas 4,5,6,7,8] [--seed 0] [--out PATH]
+Usage: python bench/outlier_calibration.py [--sigmas 4,5,6] [--seeds 0,1,2] [--gap 1] [--out PATH]
 (prints Markdown tables, writes bench/results/outlier_calibration.json)
 """
 
@@ -119,7 +119,7 @@ def encode(img: Image.Image, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def measure(name: str, seed: int, sigma_grid: list[float]) -> list[dict]:
+def measure(name: str, seed: int, sigma_grid: list[float], gap: float = 1.0) -> list[dict]:
     rng = np.random.default_rng(seed)
     good, fmt = family(name, rng)
     n_plant = max(1, round(PLANT_SHARE * len(good)))
@@ -137,7 +137,7 @@ def measure(name: str, seed: int, sigma_grid: list[float]) -> list[dict]:
     labels = {rid: label for rid, label, _, _ in rows}
     out = []
     for sigmas in sigma_grid:
-        limits = OutlierSettings(relative_sigmas=sigmas)
+        limits = OutlierSettings(relative_sigmas=sigmas, relative_gap=gap)
         # as curation does: the absolute rules first (constant images), the relative ones on the rest
         flagged = {rid: bad for rid, m in measured.items() if (bad := outlier_reason(m, limits)) is not None}
         relative, abstained = relative_screen({r: m for r, m in measured.items() if r not in flagged}, labels, limits)
@@ -147,7 +147,8 @@ def measure(name: str, seed: int, sigma_grid: list[float]) -> list[dict]:
         constant = {r for r, m in measured.items() if r.startswith("g") and m.contrast < CONSTANT_STD}
         good_flagged = sorted(r for r in flagged if r.startswith("g") and r not in constant)
         n_good = len(good) - len(constant)
-        result = {"family": name, "held_out": name in HELD_OUT, "sigmas": sigmas, "good": n_good,
+        result = {"family": name, "held_out": name in HELD_OUT, "sigmas": sigmas, "gap": gap, "seed": seed,
+                  "good": n_good,
                   "source_constant": len(constant),
                   "good_flagged": len(good_flagged), "good_flagged_share": len(good_flagged) / n_good,
                   "good_flagged_reasons": sorted({flagged[r][0] for r in good_flagged}),
@@ -172,16 +173,36 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pooled(results: list[dict]) -> str:
+    """One row per family and sigmas over every seed: good images flagged and planted recall, pooled."""
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["family"], r["sigmas"]), []).append(r)
+    head = ("| family | held out | sigmas | gap | seeds | good flagged | share | "
+            + " | ".join(f"recall {k}" for k in KINDS) + " |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for (family, sigmas), rows in groups.items():
+        flagged, good = sum(r["good_flagged"] for r in rows), sum(r["good"] for r in rows)
+        planted = sum(r["planted_per_kind"] for r in rows)
+        recall = [sum(r[f"recall_{k}"] * r["planted_per_kind"] for r in rows) / planted for k in KINDS]
+        lines.append(f"| {family} | {'yes' if rows[0]['held_out'] else 'no'} | {sigmas:g} | {rows[0]['gap']:g} | "
+                     f"{len(rows)} | {flagged} of {good} | {flagged / good:.2%} | "
+                     + " | ".join(f"{x:.0%}" for x in recall) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sigmas", default="4,5,6,7,8")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sigmas", default="4,5,6")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated; more than one prints the pooled table")
+    parser.add_argument("--gap", type=float, default=1.0, help="curation.outliers.relative_gap")
     parser.add_argument("--families", default=",".join(CALIBRATION + HELD_OUT))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "outlier_calibration.json"))
     args = parser.parse_args()
     grid = [float(s) for s in args.sigmas.split(",")]
-    results = [r for name in args.families.split(",") for r in measure(name, args.seed, grid)]
-    print(table(results))
+    seeds = [int(x) for x in args.seeds.split(",")]
+    results = [r for seed in seeds for name in args.families.split(",") for r in measure(name, seed, grid, args.gap)]
+    print(table(results) if len(seeds) == 1 else pooled(results))
     Path(args.out).write_text(json.dumps(results, indent=1))
 
 
