@@ -73,7 +73,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     stored, fresh = _features(settings, by_sha, run_id, work)
     features: Features = merge_features(stored, fresh)
     record, record_version = read_assignments(settings)
-    eligible, dropped, outliers = screen(by_sha, features, record, cfg.outliers)
+    eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     graph = _group(settings, eligible, record, features, by_sha)
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), record, features, by_sha, graph.scores, cfg, raw_version, run_id)
@@ -82,7 +82,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
 
     kept_rows.sort(key=lambda r: r["sha256"])
     dropped.sort(key=lambda d: (d["component"], d["sha256"]))
-    outliers.sort(key=lambda o: (o[1], o[3].blur if o[1] == "blurry" else o[3].mean or 0.0, o[0]))
+    outliers.sort(key=lambda o: (o[1], (o[3].blur if o[1] == "blurry" else o[3].mean) or 0.0, o[0]))
     info = {
         "features": {"config": feature_config(cfg), "method": cfg.embedding, "computed": fresh.num_rows,
                      "stored_before": len(stored.by_sha)},
@@ -96,6 +96,8 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         "assignments": {"table": settings.table_uri(COMPONENTS_TABLE), "read_version": record_version,
                         "recorded_before": len(record), "new": new_images, "merged_keys": len(renamed)},
     }
+    # Rules that could not show they separate on this data: they dropped nothing, and say why.
+    info.setdefault("decisions", {}).setdefault("abstained", []).extend(abstained)
     return Plan(
         pair_rows=graph.scores.fresh_rows(run_id),
         curated=pa.Table.from_pylist(kept_rows, schema=CURATED_SCHEMA),

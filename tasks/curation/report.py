@@ -115,7 +115,7 @@ def report_body(
         "run_id": metadata.get("run_id"),
         "logical_date": metadata.get("logical_date"),
         "rules": {
-            "order": "no features > bad image (too_small, too_dark, too_bright, blurry) > split_bridge > "
+            "order": "no features > bad image (too_small, too_dark, too_bright, flat, blurry) > split_bridge > "
                      "label_conflict > duplicate",
             "representative": "the member first assigned to the component (lowest first_raw_version), "
                               "then the smallest sha256",

@@ -54,3 +54,26 @@ def outcome(settings, result) -> dict[str, dict]:
         out[d["sha256"]] = {"kept": False, "component": d["component"], "split": None, "reason": d["reason"],
                             "kept_sha256": d["kept_sha256"]}
     return out
+
+
+def photo_crops(per_class: int = 150, seed: int = 0) -> list[tuple[str, Image.Image]]:
+    """(class, RGB image): a team's colour photos of 48-150 px in 2 classes (``china``, ``flower``).
+
+    Square crops of random sides 48-150 px at random places of scikit-learn's two real photos at
+    scales 1, 0.75 and 0.5; crops may overlap (another framing and size: not copies).
+    """
+    import numpy as np
+    from sklearn.datasets import load_sample_image
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for label in ("china", "flower"):
+        photo = Image.fromarray(load_sample_image(f"{label}.jpg"))
+        scaled = [photo.resize((round(photo.width * s), round(photo.height * s)), Image.BILINEAR) for s in (1, 0.75, 0.5)]
+        while sum(1 for c, _ in out if c == label) < per_class:
+            src = scaled[int(rng.integers(len(scaled)))]
+            side = int(rng.integers(48, 151))
+            if side <= min(src.size):
+                x, y = int(rng.integers(src.width - side + 1)), int(rng.integers(src.height - side + 1))
+                out.append((label, src.crop((x, y, x + side, y + side))))
+    return out
