@@ -6,13 +6,15 @@ detection; class = the label a team would give them:
 * calibration families (``copy_similarity`` and ``copy_min_separation`` were set on these):
   ``digits 8px`` (scikit-learn's digits, native), ``digits 32px`` (upscaled bilinear),
   ``photos 32-64px`` (tiles of china, flower and astronaut; class = photo);
-* held out: ``strokes 28px`` (the digits upscaled to 28 px, thresholded at a random level per
-  image so strokes are thin and of varied width, softened by a 0.6 px blur: single thin strokes
-  on a uniform background), ``glyphs 28px`` (the digits 0-9 rendered with Pillow's bundled font
-  at random sizes, offsets, slants and stroke widths), ``textures 32/64px`` (non-overlapping
+* held out: ``strokes 28px`` (pen strokes drawn at 4x and reduced to 28 px: class 1 one straight
+  stroke, class 7 a bar and a slanted stroke, class 0 an ellipse outline, each with its own width
+  (0.75-2.5 px), slant, length and place: thin single strokes by different "writers" on a uniform
+  background, the complaint's case), ``glyphs 28px`` (the digits 0-9 rendered with Pillow's bundled
+  font at random sizes, offsets, slants and stroke widths), ``textures 32/64px`` (non-overlapping
   tiles of scikit-image's brick, grass and gravel; class = texture), ``faces 25px``
-  (scikit-image's ``lfw_subset``: 100 faces and 100 non-faces), ``photos 96-150px`` (tiles of
-  coffee, chelsea and rocket at 96, 128 and 150 px, one size per tile).
+  (scikit-image's ``lfw_subset``: 100 faces and 100 non-faces), ``photos 48-150px`` (a team's
+  colour photos: 2 classes, warm = coffee, chelsea, astronaut and cool = rocket, china, flower,
+  tiles of 48, 96 and 150 px).
 
 Each family: a pool of distinct images (tiles never overlap; no image is planted twice) lands,
 is ingested into a fresh home and curated (raw v1, as ``cd4ml_curate`` does); then one planted
@@ -20,17 +22,20 @@ copy of ``COPY_SHARE`` of the pool images (the transformation cycles through res
 jpeg, brightness, shift, crop: ``bench.dedup_calibration.make_copy``) lands and the raw version
 holding both is curated (raw v2). Counted from the second curation's report rows and JSON:
 distinct images dropped as ``near_duplicate`` (of the family and of its worst class), recall of
-planted copies (dropped as a duplicate of their own original), classes where the rule abstained
-and why. Bad-image rules are off (``min_blur`` 0, ``min_mean`` 0, ``max_mean`` 255): this measures
-duplicates. ``max_class_drop_share`` is 1 here, so the numbers are the separation rule's alone;
+planted copies (dropped as a duplicate of their own original) in the classes where the rule did
+not abstain, classes where it abstained and why; and the same family with the pair threshold alone
+(``copy_min_separation`` off: the rule before), in the same run, as the baseline. Bad-image rules
+are off (``min_blur`` 0, ``min_mean`` 0, ``max_mean`` 255): this measures duplicates. ``max_class_drop_share`` is 1 here, so the numbers are the separation rule's alone;
 planted copies are 12% of each class, far above the default guard's 2%, and the column
 "guard 2%" says which classes the default guard would have abstained in on top (it can only
 keep more). A last row curates the full 1,797 demo digits with the default settings (what
 ``make demo`` curates).
 
 Usage: PYTHONPATH=.:plugins nice -n 10 python bench/curation_families.py [--quick] [--seed 0]
-(prints a Markdown table, writes bench/results/curation_families.json). --quick: pools of
-~150 images a family instead of ~420, no demo-digits row.
+(prints a Markdown table, writes bench/results/curation_families.json). Affordable on 2 shared
+cores: pools are subsampled (420 images a family; photo tiles capped per photo and size; the 200
+faces), ~4 min in all. --quick: pools of ~150 images, no demo-digits row (~1.5 min; most classes
+then have fewer than copy_min_class_images and abstain).
 """
 
 from __future__ import annotations
