@@ -176,6 +176,17 @@ class CurationSettings(_Section):
         0.9974, gt=0.0, le=1.0, description="Copy score to a kept image at or above which an image is dropped as its copy "
         "(calibrated by bench/dedup_calibration.py).")
     copy_candidates: int = Field(8, ge=1, le=256, description="Nearest neighbours of each new image given a copy score.")
+    copy_min_separation: float = Field(
+        3.0, ge=0.0, description="Robust z of copy_similarity above a class's bulk (each image's -log(1 - copy score) to its "
+        "nearest scored image of the class: (threshold - median) / lower spread) below which curation drops no near_duplicate "
+        "in that class and lists them as possible copies (tasks/curation/separation.py).")
+    copy_min_class_images: int = Field(
+        30, ge=3, description="Images of a class with a scored neighbour needed to show that copies stand out from its bulk; "
+        "a smaller class drops no near_duplicate.")
+    max_class_drop_share: float = Field(
+        0.02, ge=0.0, le=1.0, description="One curation drops at most floor(share x images of the class) of any class as "
+        "near_duplicate plus bad images; beyond that it keeps them and lists them (tasks/curation/class_guard.py). "
+        "Exact duplicates (identical decoded pixels) are outside this budget.")
     split_ratios: dict[Literal["train", "val", "test"], float] = Field(
         default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15},
         description="Fractions of new components per split: train, val and test, each >= 0, summing to 1.")

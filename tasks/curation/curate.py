@@ -29,7 +29,11 @@ What happens to each image of the raw version, in order (the first rule that app
    ``copy_similarity``: ``near_duplicate``, the detail giving that score), never through a
    chain A~B~C. A member that is a copy of a member with another label is quarantined with
    it (``label_conflict``): nobody can tell which label is right. Everything else is kept,
-   in the component's split. ``copy_similarity`` (0.9974) is calibrated on planted copies
+   in the component's split. Precision first: a ``near_duplicate`` is dropped only in a class
+   whose copies stand out from its bulk (``tasks.curation.separation``) and within the class's
+   budget (``tasks.curation.class_guard``: at most ``max_class_drop_share`` of a class as
+   near-duplicates plus bad images); otherwise the class abstains, keeps them and lists them as
+   possible copies in the report's ``decisions``. ``copy_similarity`` (0.9974) is calibrated on planted copies
    against the most similar distinct images of the same class (``bench/dedup_calibration.py``)
    and measured end to end on curations of planted copies (``bench/curation_quality.py``).
 

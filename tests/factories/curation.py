@@ -15,6 +15,17 @@ from tasks.data.sample_data import digits_arrays
 IMAGES, LABELS = digits_arrays()
 
 
+def pair_rule_only(settings):
+    """Settings whose curation drops by the pair rules alone: no separation test, no class guard.
+
+    For tests of what the pair rules decide (copies, chains, conflicts, bad images, splits) on
+    samples too small for the class tests, which would abstain there (tests/tasks/curation/test_abstention.py).
+    """
+    cur = settings.curation.model_copy(update={"copy_min_separation": 0.0, "copy_min_class_images": 3,
+                                                "max_class_drop_share": 1.0})
+    return settings.model_copy(update={"curation": cur})
+
+
 def encode(img: Image.Image, fmt: str, **kw) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format=fmt, **kw)

@@ -25,7 +25,7 @@ from tasks.data import lake
 from tasks.data.ingest import RAW_SCHEMA, ingest_landing
 from tasks.data.sample_data import write_digits
 from tasks.settings import OutlierSettings
-from tests.factories.curation import LABELS, components, digit, encode, outcome, plant, sha
+from tests.factories.curation import LABELS, components, digit, encode, outcome, pair_rule_only, plant, sha
 
 BAD_REASONS = {"too_small", "too_dark", "too_bright", "flat", "blurry"}
 
@@ -63,6 +63,7 @@ def versions(settings) -> dict[str, int | None]:
 
 
 def test_planted_duplicates_conflicts_and_bad_images(settings, tmp_path):
+    settings = pair_rule_only(settings)  # ~21 digits a class: the class tests would abstain (test_abstention.py)
     landing = tmp_path / "landing"
     write_digits(landing, limit=200)
     cfg = settings.curation
@@ -298,6 +299,7 @@ def test_a_bad_image_rule_that_fires_on_a_large_share_stops_curation_instead_of_
         curate(strict, raw, run_id="c1", logical_date="2026-11-21")
     assert lake.current_version(photos.curated_table) is None  # nothing written
     allowed = strict.model_copy(update={"curation": strict.curation.model_copy(
-        update={"outliers": strict.curation.outliers.model_copy(update={"max_share": 1.0})})})
+        update={"outliers": strict.curation.outliers.model_copy(update={"max_share": 1.0}),
+                "max_class_drop_share": 1.0})})
     result = curate(allowed, raw, run_id="c2", logical_date="2026-11-21")
     assert result.dropped_by_reason.get("blurry", 0) > 0.05 * 160  # the person asked for it: dropped, each with a row
