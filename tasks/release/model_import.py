@@ -45,6 +45,7 @@ from mlflow.exceptions import MlflowException
 
 from tasks.models import integrity
 from tasks.models.champion import NoChampionError
+from tasks.models.identity import PASSWORD_VARIABLE, TOKEN_VARIABLE, USERNAME_VARIABLE
 from tasks.models.registry import (
     EXTRA_LINEAGE_TAGS,
     LINEAGE_RUN_TAGS,
@@ -73,8 +74,6 @@ from tasks.settings import Settings, check_registry_uri, load_settings
 
 log = logging.getLogger(__name__)
 
-USERNAME_VARIABLE, PASSWORD_VARIABLE, TOKEN_VARIABLE = (
-    "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 _URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")  # MLflow's setters export them; put back after
 _BOUNDS = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
 _SAME_SOURCE = (TAG_IMPORT_REGISTRY, TAG_IMPORT_MODEL, TAG_IMPORT_VERSION)
