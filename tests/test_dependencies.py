@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import re
+import sysconfig
 from pathlib import Path
 
 from packaging.markers import default_environment
@@ -30,7 +31,9 @@ PINNED_FILES = ("requirements.txt", "requirements-dev.txt", "requirements-alibi-
 
 
 def installed() -> dict[str, md.Distribution]:
-    return {canonicalize_name(d.metadata["Name"]): d for d in md.distributions()}
+    """The environment's own distributions: site-packages only (setuptools puts its vendored copies on sys.path)."""
+    paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    return {canonicalize_name(d.metadata["Name"]): d for d in md.distributions(path=paths)}
 
 
 def unmet(dists: dict[str, md.Distribution]) -> set[tuple[str, str]]:
