@@ -97,7 +97,7 @@ browser-deps:
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium chromium-driver; }
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not airflow"
+	$(BIN)/python -m pytest -q -m "not airflow and not server"
 
 ## Airflow's real services on the embedded defaults (SQLite, LocalExecutor sized to this machine); Ctrl-C stops all.
 up: $(STAMP)

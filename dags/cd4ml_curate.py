@@ -2,8 +2,8 @@
 ### cd4ml_curate: validated raw version -> curated, de-duplicated, split Delta version
 
 Triggered by the `raw_images` Asset (or by hand with an explicit `raw_version`).
-Bad images (too small, too dark, too bright, blurry: fastdup's image statistics) are
-dropped; exact and near-duplicates (fastdup) are grouped into components; one image per
+Bad images (constant frames; too small, too dark, too bright, flat or blurry against the
+version's own images: the project's statistics, docs/curation.md) are dropped; exact and near-duplicates (fastdup) are grouped into components; one image per
 component is kept, components with conflicting labels are quarantined. Splits follow the
 component and never change once recorded, so near-duplicates never straddle splits and new
 data never moves a test image into train. Every drop is a row in `curation_report`; the

@@ -75,17 +75,22 @@ def _cmd_tag(args: argparse.Namespace) -> int:
 @_data_plane_errors
 def _cmd_classes(args: argparse.Namespace) -> int:
     from tasks.data import classes
+    from tasks.data.labels import check_labels
 
     settings = load_settings()
     if args.accept:
         from tasks.release import actors
 
+        actors.refuse_typed_actor(settings, None)  # CD4ML_ACTOR: who accepted is never typed
         if not classes.discovering(settings):
-            raise ValueError("ingest.allowed_labels is a list in this environment's settings: add the class there")
-        if actors.route(settings) == actors.AIRFLOW:  # no DAG accepts a class: the command cannot name a signed-in user
-            raise ValueError(f"{settings.env} requires approval: a new class is accepted through a reviewed change of "
-                             "ingest.allowed_labels in its settings, not from the command line")
-        classes.record(settings, args.accept, None, actors.cli_actor(), "accepted")  # run_id: who ran it
+            raise classes.NotDiscoveringError("ingest.allowed_labels is a list in this environment's settings: "
+                                              "add the class there")
+        labels = check_labels(args.accept)  # before anything is asked of Airflow or written
+        if actors.route(settings) == actors.AIRFLOW:  # the DAG run records the signed-in user, whom the row names
+            print(json.dumps(actors.trigger(settings, "cd4ml_accept_class", {"labels": labels}), indent=2,
+                             sort_keys=True))
+            return 0
+        classes.accept(settings, labels, "cli", actors.cli_actor())
     print(json.dumps({"env": settings.env, "discover": classes.discovering(settings),
                       "classes": classes.known(settings) if classes.discovering(settings)
                       else list(settings.ingest.allowed_labels)}, sort_keys=True))
@@ -366,7 +371,8 @@ def _add_overview(sub: argparse._SubParsersAction) -> None:
                    help="instead: unlabelled digit scans into storage.scoring_uri and their later labels into "
                    "storage.feedback_uri (the serving demo)")
     p.set_defaults(func=_cmd_sample_data)
-    p = sub.add_parser("classes", help="the class names (allowed_labels: discover records them; --accept adds one)")
+    p = sub.add_parser("classes", help="the class names (allowed_labels: discover records them; --accept adds one; "
+                       "where approval is required through the cd4ml_accept_class DAG as the signed-in Airflow user)")
     p.add_argument("--accept", action="append", metavar="LABEL", help="accept a new class found by validation (repeatable)")
     p.set_defaults(func=_cmd_classes)
 

@@ -130,21 +130,37 @@ class RetentionSettings(_Section):
 
 
 class OutlierSettings(_Section):
-    """Bad-image thresholds on fastdup's image statistics (see tasks/curation/curate.py for the tuning)."""
+    """Bad-image rules on the project's own image statistics (tasks/curation/image_stats.py; rules: docs/curation.md)."""
 
-    min_blur: float = Field(50.0, ge=0.0, description="Variance of the Laplacian of the exported copy below which an image is dropped as blurry; 0 = off.")
-    min_mean: float = Field(10.0, ge=0.0, le=255.0, description="Mean grey level (0..255) below which an image is dropped as too dark; below max_mean.")
-    max_mean: float = Field(245.0, ge=0.0, le=255.0, description="Mean grey level (0..255) above which an image is dropped as too bright.")
+    # Relative by default: each statistic is judged against this raw version's own images of the
+    # same mode family (tasks/curation/bulk_limits.py); the numbers come from bench/outlier_calibration.py.
+    relative_sigmas: float = Field(
+        5.0, gt=0.0, description="Robust sigmas (1.4826 x MAD of the transformed statistic) beyond the family's median "
+        "at which an image becomes a candidate outlier (calibrated by bench/outlier_calibration.py).")
+    relative_gap: float = Field(
+        1.0, ge=0.0, description="Robust sigmas of empty space the candidates must have between them and the bulk; "
+        "candidates before the first such gap are kept as the bulk's tail, and no gap at all makes the rule abstain.")
+    relative_min_images: int = Field(
+        50, ge=2, description="Images a mode family needs before any relative rule applies to it (fewer: the rules abstain).")
+    min_blur: float | None = Field(
+        None, ge=0.0, description="Absolute override: blur (variance of the Laplacian of the grey image resized to a 64 px "
+        "shorter side, tasks/curation/image_stats.py) below which an image is blurry; null = the relative rule.")
+    min_mean: float | None = Field(
+        None, ge=0.0, le=255.0, description="Absolute override: mean grey (0..255) below which an image is too dark; "
+        "null = the relative rule.")
+    max_mean: float | None = Field(
+        None, ge=0.0, le=255.0, description="Absolute override: mean grey (0..255) above which an image is too bright; "
+        "null = the relative rule.")
     min_training_side: int = Field(
         8, gt=0, description="Pixels: an image whose decoded width or height is below is dropped from the curated data (too_small); "
-        "ingest.min_side already rejects below its own floor, so only a larger value has an effect.")
+        "absolute, the model's input floor; ingest.min_side already rejects below its own floor, so only a larger value has an effect.")
     max_share: float = Field(
-        0.05, gt=0.0, le=1.0, description="A rule that flags more than this fraction of the images (and at least 10) stops curation "
-        "with the numbers instead of dropping them quietly; 1 = never stop.")
+        0.05, gt=0.0, le=1.0, description="A relative rule that would drop more than this share of one class's images abstains; "
+        "an absolute override that flags more than this share of all images (and at least 10) stops curation with the numbers.")
 
     @model_validator(mode="after")
     def _means(self) -> "OutlierSettings":
-        if self.min_mean >= self.max_mean:
+        if self.min_mean is not None and self.max_mean is not None and self.min_mean >= self.max_mean:
             raise ValueError(f"min_mean {self.min_mean} must be below max_mean {self.max_mean}")
         return self
 
@@ -160,6 +176,17 @@ class CurationSettings(_Section):
         0.9974, gt=0.0, le=1.0, description="Copy score to a kept image at or above which an image is dropped as its copy "
         "(calibrated by bench/dedup_calibration.py).")
     copy_candidates: int = Field(8, ge=1, le=256, description="Nearest neighbours of each new image given a copy score.")
+    copy_min_separation: float = Field(
+        3.0, ge=0.0, description="Robust z of copy_similarity above a class's bulk (each image's -log(1 - copy score) to its "
+        "nearest scored image of the class: (threshold - median) / lower spread) below which curation drops no near_duplicate "
+        "in that class and lists them as possible copies (tasks/curation/separation.py).")
+    copy_min_class_images: int = Field(
+        30, ge=3, description="Images of a class with a scored neighbour needed to show that copies stand out from its bulk; "
+        "a smaller class drops no near_duplicate.")
+    max_class_drop_share: float = Field(
+        0.02, ge=0.0, le=1.0, description="One curation drops at most floor(share x images of the class) of any class as "
+        "near_duplicate plus bad images; beyond that it keeps them and lists them (tasks/curation/class_guard.py). "
+        "Exact duplicates (identical decoded pixels) are outside this budget.")
     split_ratios: dict[Literal["train", "val", "test"], float] = Field(
         default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15},
         description="Fractions of new components per split: train, val and test, each >= 0, summing to 1.")
@@ -168,7 +195,7 @@ class CurationSettings(_Section):
         "pixels", description="pixels: grey-pixel embedding (tiny digits) | fastdup: fastdup's model (photos; "
         "needs fastdup installed, requirements-fastdup.txt: refused before any work otherwise).")
     feature_size: int = Field(8, gt=0, description="Pixels: side of the grey-pixel embedding (embedding: pixels).")
-    outliers: OutlierSettings = Field(default_factory=OutlierSettings, description="Bad-image thresholds.")
+    outliers: OutlierSettings = Field(default_factory=OutlierSettings, description="Bad-image rules.")
 
     @field_validator("split_ratios")
     @classmethod
@@ -373,7 +400,7 @@ class ReleaseSettings(_Section):
     challenger_alias: str = Field("challenger", description="Registry alias of a candidate waiting for approval.")
     airflow_api_url: str = Field(
         "http://localhost:8080", description="approval required: the Airflow API server the cd4ml command triggers "
-        "cd4ml_rollback and cd4ml_promote through, as the signed-in user; CD4ML_AIRFLOW_URL overrides.")
+        "cd4ml_rollback, cd4ml_promote and cd4ml_accept_class through, as the signed-in user; CD4ML_AIRFLOW_URL overrides.")
 
     @model_validator(mode="after")
     def _pattern(self) -> "ReleaseSettings":

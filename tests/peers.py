@@ -13,6 +13,7 @@ import socket
 import ssl
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from email import message_from_bytes
 from email.message import Message
@@ -242,3 +243,34 @@ def body_text(msg: Message) -> str:
     parts = msg.walk() if msg.is_multipart() else [msg]
     return "".join(p.get_payload(decode=True).decode(errors="replace") for p in parts
                    if p.get_content_maintype() == "text")
+
+
+FAILURE_KINDS = ("connection refused", "timeout", "server error", "untrusted TLS")
+
+
+def failing_connections(kind: str, tls: Path, stack: ExitStack) -> dict[str, str]:
+    """Every channel broken the same way; returns the AIRFLOW_CONN_* environment pointing at it.
+
+    Refused: nothing listens. Timeout: the peer accepts and answers after the client gave up (SMTP:
+    never greets). Server error: HTTP 500 (SMTP: 554 for the message). Untrusted TLS: an HTTPS or
+    SMTP-over-TLS peer whose self-signed certificate the client was not given.
+    """
+    def started(peer):
+        stack.callback(peer.stop)
+        return peer.start()
+
+    if kind == "connection refused":
+        return connection_env(HttpRecorder(), HttpRecorder(tls_dir=tls / "pd"), free_port(), pd_trusted=False)
+    if kind == "timeout":
+        slack = started(HttpRecorder(fail={"/slack": "hang"}))
+        pd = started(HttpRecorder(tls_dir=tls / "pd", fail={"/v2/enqueue": "hang"}))
+        return connection_env(slack, pd, started(SilentPeer()).port, smtp_timeout=1)
+    if kind == "server error":
+        slack = started(HttpRecorder(fail={"/slack": 500}))
+        pd = started(HttpRecorder(tls_dir=tls / "pd", fail={"/v2/enqueue": 500}))
+        return connection_env(slack, pd, started(SmtpPeer(fail_data=True)).port)
+    if kind == "untrusted TLS":
+        slack, pd = started(HttpRecorder(tls_dir=tls / "slack")), started(HttpRecorder(tls_dir=tls / "pd"))
+        smtp = started(HttpRecorder(tls_dir=tls / "smtp"))  # the handshake fails before any SMTP
+        return connection_env(slack, pd, smtp.port, pd_trusted=False, smtp_ssl=True)
+    raise AssertionError(kind)

@@ -4,11 +4,13 @@ What happens to each image of the raw version, in order (the first rule that app
 
 1. No features: it does not decode (``undecodable``) or fastdup refuses the exported copy
    (``fastdup_invalid``).
-2. Bad image, from fastdup's image statistics and ``curation.outliers`` (``outlier_reason``):
-   ``too_small`` (decoded width or height below ``min_training_side``), ``too_dark`` (mean below
-   ``min_mean``), ``too_bright`` (mean above ``max_mean``), ``blurry`` (variance of the
-   Laplacian below ``min_blur``). Bad images are left out of the duplicate graph: a black
-   frame is "similar" to every other black frame whatever its label.
+2. Bad image, from the project's own image statistics (``tasks.curation.image_stats``) and
+   ``curation.outliers`` (``tasks.curation.outliers``): ``too_small`` (a side below
+   ``min_training_side``, or far below the data's own sizes), constant images (``too_dark``,
+   ``too_bright``, ``flat``), then brightness, contrast and blur far outside this raw version's
+   own bulk (``tasks.curation.bulk_limits``; absolute overrides replace them when set). Bad
+   images are left out of the duplicate graph: a black frame is "similar" to every other
+   black frame whatever its label.
 3. Components (grouping, generous): exact duplicates (same decoded pixels, ``pixel_digest``),
    near-duplicates (cosine of the embeddings at or above ``near_duplicate_threshold``) and copies
    (below) are edges; connected components are built with union-find. A component decides a
@@ -27,7 +29,11 @@ What happens to each image of the raw version, in order (the first rule that app
    ``copy_similarity``: ``near_duplicate``, the detail giving that score), never through a
    chain A~B~C. A member that is a copy of a member with another label is quarantined with
    it (``label_conflict``): nobody can tell which label is right. Everything else is kept,
-   in the component's split. ``copy_similarity`` (0.9974) is calibrated on planted copies
+   in the component's split. Precision first: a ``near_duplicate`` is dropped only in a class
+   whose copies stand out from its bulk (``tasks.curation.separation``) and within the class's
+   budget (``tasks.curation.class_guard``: at most ``max_class_drop_share`` of a class as
+   near-duplicates plus bad images); otherwise the class abstains, keeps them and lists them as
+   possible copies in the report's ``decisions``. ``copy_similarity`` (0.9974) is calibrated on planted copies
    against the most similar distinct images of the same class (``bench/dedup_calibration.py``)
    and measured end to end on curations of planted copies (``bench/curation_quality.py``).
 
@@ -67,12 +73,8 @@ correlation, which ignores brightness/contrast shifts and survives JPEG re-encod
 ~0.996+), give no cross-label pair at 0.97 on the digits. ``embedding: fastdup`` uses fastdup's
 model for real photos.
 
-Outlier defaults, tuned on the exported copies of the 1,797 digits (8x8 upscaled bilinear to
-32x32): their blur is >= 90 (median 247), a Gaussian blur of 0.8 px already gives ~33 and of 1 px
-~15, and a flat image 0, so ``min_blur`` is 50; their mean grey is 54..108, so 10 and 245 only
-catch frames that are (nearly) black or white; ``min_training_side`` is 8, ingest's own floor, because 8x8
-is simply the size of this dataset (for photos, raise it). The size test uses the decoded size,
-not fastdup's, because fastdup only ever sees the upscaled copy.
+Bad-image rules are relative to the data by default (docs/curation.md#bad-image-rules, calibrated by
+bench/outlier_calibration.py); the size test uses the decoded size.
 
 Idempotent: the commit carries the raw version and the curation config hash; a re-run with
 both unchanged returns the existing version and commits nothing anywhere.

@@ -8,19 +8,21 @@ A feature row is everything curation needs to know about one image's pixels:
   L2-normalised (cosine = pixel correlation; area averaging maps a copy upscaled by an integer
   factor back to the same numbers, where bilinear drops it to ~0.97); ``fastdup`` = fastdup's
   own model (576 floats) on the exported copy;
-* ``blur``, ``mean``, ``min``, ``max``: fastdup's image statistics of the exported copy;
+* ``blur``, ``mean``, ``min``, ``max``, ``contrast``, ``family``: the project's own image
+  statistics of the decoded image (``tasks.curation.image_stats``; Pillow and numpy);
 * ``error``: why an image has no features (it did not decode, or fastdup refused it).
 
 Rows are keyed by (``sha256``, ``config``): ``config`` names the method and every parameter
-that changes the numbers (feature size, export size, fastdup's version), so changing one of
+that changes the numbers (feature size, the statistics' version, and for ``embedding: fastdup``
+its export size and fastdup's version), so changing one of
 them re-embeds everything under the new name and an old row is never misread. The table is a
 content-addressed cache, not a dataset version: it is read at its newest version and only
 ever grows (MERGE of unseen keys).
 
-The exported copy is what fastdup reads: the original bytes when they are a PNG or JPEG whose
-shorter side is at least ``EXPORT_MIN_SIDE``, else the upright L/RGB pixels upscaled (bilinear)
-to that shorter side and saved as PNG. fastdup skips images under 10x10 px, and the sample
-digits are 8x8; the outlier thresholds in ``curation.outliers`` are tuned on this copy.
+The exported copy is what fastdup reads (only for ``embedding: fastdup`` and the galleries): the
+original bytes when they are a PNG or JPEG whose shorter side is at least ``EXPORT_MIN_SIDE``,
+else the upright L/RGB pixels upscaled (bilinear) to that shorter side and saved as PNG (fastdup
+skips images under 10x10 px, and the sample digits are 8x8).
 
 Similarity is an exact, blocked cosine product of the new images against all eligible ones,
 in numpy. Measured here on 10,000 images (2 shared cores): fastdup's exact ``Flat`` k-NN over
@@ -31,7 +33,7 @@ where a k-NN graph stops at k neighbours.
 
 Every fastdup run costs at least one second whatever its size: its engine calls ``sleep(1)``
 (seen with gdb: ``sleep`` from ``do_main`` in ``libfastdup_shared.so``; 10, 100 and 1,000
-images all took 1.04 s for statistics only). So the features of a batch come from one call.
+images all took 1.04 s for statistics only). So its embeddings for a batch come from one call.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import pyarrow as pa
 from PIL import Image, ImageOps
 
 from tasks.curation.fastdup_optional import fastdup_installed, import_fastdup
+from tasks.curation.image_stats import NORM_MAX_SIDE, NORM_SIDE, ImageStats, image_stats
 from tasks.data import lake
 from tasks.settings import CurationSettings
 
@@ -74,6 +77,9 @@ FEATURES_SCHEMA = pa.schema(
         pa.field("max", pa.float64(), nullable=True),
         pa.field("error", pa.string(), nullable=True),
         pa.field("run_id", pa.string(), nullable=False),
+        # Added with the project's own statistics (stats=v2); appended, so older tables merge their schema.
+        pa.field("contrast", pa.float64(), nullable=True),
+        pa.field("family", pa.string(), nullable=True),
     ]
 )
 
@@ -88,6 +94,8 @@ class ImageFeatures:
     min: float | None
     max: float | None
     error: str | None
+    contrast: float | None = None  # grey standard deviation
+    family: str | None = None  # "grey" | "colour" (tasks.curation.image_stats)
 
 
 @dataclass(frozen=True)
@@ -99,19 +107,33 @@ class Features:
     matrix: np.ndarray  # float32, L2-normalised rows
 
 
+STATS_CONFIG = f"stats=v2,norm_side={NORM_SIDE},norm_max_side={NORM_MAX_SIDE}"  # tasks.curation.image_stats
+
+
 def feature_config(cfg: CurationSettings) -> str:
-    """The name of everything that changes a feature row's numbers."""
-    fastdup_version = package_version("fastdup")
+    """The name of everything that changes a feature row's numbers (fastdup's version only where its model runs)."""
     if cfg.embedding == "pixels":
-        return f"pixels;feature_size={cfg.feature_size};export_min_side={EXPORT_MIN_SIDE};fastdup={fastdup_version}"
-    return f"fastdup;model=default;export_min_side={EXPORT_MIN_SIDE};fastdup={fastdup_version}"
+        return f"pixels;feature_size={cfg.feature_size};{STATS_CONFIG}"
+    return (f"fastdup;model=default;export_min_side={EXPORT_MIN_SIDE};fastdup={package_version('fastdup')};"
+            f"{STATS_CONFIG}")
 
 
 # ---------------------------------------------------------------- decoding
 
 
-def _decode(data: bytes, feature_size: int | None) -> tuple[str, np.ndarray | None, bytes, str]:
-    """One decode gives the pixel digest, the pixel embedding (if asked) and the exported copy."""
+@dataclass(frozen=True)
+class _Decoded:
+    """What one decode of an image gives: its pixel digest, embedding, statistics and exported copy."""
+
+    digest: str
+    vector: np.ndarray | None
+    stats: ImageStats
+    exported: bytes | None
+    ext: str
+
+
+def _decode(data: bytes, feature_size: int | None, export: bool = True) -> _Decoded:
+    """One decode gives the pixel digest, the pixel embedding (if asked), the statistics and the exported copy."""
     with Image.open(io.BytesIO(data)) as src:
         fmt = src.format
         src.load()
@@ -131,39 +153,56 @@ def _decode(data: bytes, feature_size: int | None) -> tuple[str, np.ndarray | No
             flat = upright
         else:
             flat = upright.convert("RGB")
-        vector = None
-        if feature_size is not None:
-            gray = flat.convert("L")
-            if gray.size != (feature_size, feature_size):
-                gray = gray.resize((feature_size, feature_size), Image.BOX)
-            x = np.asarray(gray, dtype=np.float64).ravel()
-            x = x - x.mean()
-            norm = float(np.linalg.norm(x))
-            # A flat image has no correlation to speak of: it is similar to other flat images only.
-            vector = (x / norm if norm else np.full(x.shape, 1.0 / np.sqrt(x.size))).astype(np.float32)
-        w, h_ = flat.size
-        if fmt in ("PNG", "JPEG") and min(w, h_) >= EXPORT_MIN_SIDE and mode in ("L", "RGB") and not rotated:
-            return digest, vector, data, ".png" if fmt == "PNG" else ".jpg"
-        if min(w, h_) < EXPORT_MIN_SIDE:
-            scale = EXPORT_MIN_SIDE / min(w, h_)
-            flat = flat.resize((max(EXPORT_MIN_SIDE, round(w * scale)), max(EXPORT_MIN_SIDE, round(h_ * scale))),
-                               Image.BILINEAR)
-        buf = io.BytesIO()
-        flat.save(buf, format="PNG", compress_level=1)
-        return digest, vector, buf.getvalue(), ".png"
+        vector = None if feature_size is None else _pixel_vector(flat, feature_size)
+        stats = image_stats(flat)
+        if not export:
+            return _Decoded(digest, vector, stats, None, "")
+        exported, ext = _exported(flat, data, fmt, mode, rotated)
+        return _Decoded(digest, vector, stats, exported, ext)
+
+
+def _pixel_vector(flat: Image.Image, feature_size: int) -> np.ndarray:
+    gray = flat.convert("L")
+    if gray.size != (feature_size, feature_size):
+        gray = gray.resize((feature_size, feature_size), Image.BOX)
+    x = np.asarray(gray, dtype=np.float64).ravel()
+    x = x - x.mean()
+    norm = float(np.linalg.norm(x))
+    # A flat image has no correlation to speak of: it is similar to other flat images only.
+    return (x / norm if norm else np.full(x.shape, 1.0 / np.sqrt(x.size))).astype(np.float32)
+
+
+def _exported(flat: Image.Image, data: bytes, fmt: str | None, mode: str, rotated: bool) -> tuple[bytes, str]:
+    """The copy fastdup and the galleries read: the original bytes when they will do, else an upscaled PNG."""
+    w, h_ = flat.size
+    if fmt in ("PNG", "JPEG") and min(w, h_) >= EXPORT_MIN_SIDE and mode in ("L", "RGB") and not rotated:
+        return data, ".png" if fmt == "PNG" else ".jpg"
+    if min(w, h_) < EXPORT_MIN_SIDE:
+        scale = EXPORT_MIN_SIDE / min(w, h_)
+        flat = flat.resize((max(EXPORT_MIN_SIDE, round(w * scale)), max(EXPORT_MIN_SIDE, round(h_ * scale))),
+                           Image.BILINEAR)
+    buf = io.BytesIO()
+    flat.save(buf, format="PNG", compress_level=1)
+    return buf.getvalue(), ".png"
 
 
 def pixel_embedding(data: bytes, size: int) -> np.ndarray:
     """The ``pixels`` embedding of one image (unit length, ``size * size`` floats)."""
-    vector = _decode(data, size)[1]
+    vector = _decode(data, size, export=False).vector
     assert vector is not None
     return vector
 
 
+def decode_stats(data: bytes) -> ImageStats:
+    """The bad-image statistics of one encoded image (``tasks.curation.image_stats``), as curation computes them."""
+    return _decode(data, None, export=False).stats
+
+
 def export_copy(data: bytes) -> tuple[bytes, str]:
     """The bytes fastdup (and a gallery) reads for one image, and their file extension."""
-    _, _, exported, ext = _decode(data, None)
-    return exported, ext
+    decoded = _decode(data, None)
+    assert decoded.exported is not None
+    return decoded.exported, decoded.ext
 
 
 # ---------------------------------------------------------------- computing and storing
@@ -172,59 +211,56 @@ def export_copy(data: bytes) -> tuple[bytes, str]:
 def compute_features(
     images: list[tuple[str, bytes]], cfg: CurationSettings, work_dir: Path, run_id: str
 ) -> pa.Table:
-    """Feature rows for ``images`` ((sha256, bytes) pairs): one decode each, one fastdup run for all.
+    """Feature rows for ``images`` ((sha256, bytes) pairs): one decode each; fastdup only for its model.
 
-    ``pixels`` runs fastdup for its statistics only (``run_stats_only``); ``fastdup`` runs its
-    model and statistics in one pass (``run_mode=1``: features, no k-NN). ``work_dir`` holds the
-    exported copies and fastdup's files; the caller removes it.
+    Every statistic is the project's own (``tasks.curation.image_stats``). ``embedding: fastdup``
+    adds one fastdup run over the exported copies for its model's embeddings (``run_mode=1``:
+    features, no k-NN); ``work_dir`` holds those copies and fastdup's files; the caller removes it.
     """
     config = feature_config(cfg)
     rows: dict[str, dict[str, Any]] = {}
     files: dict[str, str] = {}  # exported file -> sha256
+    with_model = cfg.embedding == "fastdup"
     image_dir = work_dir / "images"
-    image_dir.mkdir(parents=True, exist_ok=True)
-    pixel_size = cfg.feature_size if cfg.embedding == "pixels" else None
+    if with_model:
+        image_dir.mkdir(parents=True, exist_ok=True)
     for sha, data in images:
         row: dict[str, Any] = {"sha256": sha, "config": config, "method": cfg.embedding, "pixel_digest": None,
                                "embedding": None, "blur": None, "mean": None, "min": None, "max": None,
-                               "error": None, "run_id": run_id}
+                               "error": None, "run_id": run_id, "contrast": None, "family": None}
         rows[sha] = row
         try:
-            digest, vector, exported, ext = _decode(data, pixel_size)
+            decoded = _decode(data, None if with_model else cfg.feature_size, export=with_model)
         except Exception as exc:  # ingest decoded it once; a failure now is recorded, never fatal
             row["error"] = f"undecodable: {exc}"
             continue
-        row["pixel_digest"] = digest
-        if vector is not None:
-            row["embedding"] = vector
-        path = image_dir / f"{sha}{ext}"
-        path.write_bytes(exported)
-        files[str(path)] = sha
+        st = decoded.stats
+        row.update(pixel_digest=decoded.digest, embedding=decoded.vector, blur=st.blur, mean=st.mean, min=st.min,
+                   max=st.max, contrast=st.contrast, family=st.family)
+        if with_model and decoded.exported is not None:
+            path = image_dir / f"{sha}{decoded.ext}"
+            path.write_bytes(decoded.exported)
+            files[str(path)] = sha
     if files:
-        stats, vectors, invalid = _run_fastdup(sorted(files), work_dir / "fastdup", cfg.embedding == "fastdup")
-        for name, sha in files.items():
-            row = rows[sha]
-            if name in invalid:
-                row["error"] = f"fastdup: {invalid[name]}"
-                row["embedding"] = None
-                continue
-            s = stats.get(name)
-            if s is None:
-                row["error"] = "fastdup: no image statistics"
-                row["embedding"] = None
-                continue
-            row.update(blur=s["blur"], mean=s["mean"], min=s["min"], max=s["max"])
-            if cfg.embedding == "fastdup":
-                vec = vectors.get(name)
-                if vec is None:
-                    row["error"] = "fastdup: no embedding"
-                else:
-                    row["embedding"] = vec
+        _add_model_embeddings(rows, files, work_dir)
     out = [rows[sha] for sha in sorted(rows)]
     column = [None if r["embedding"] is None else np.asarray(r["embedding"], dtype=np.float32).ravel() for r in out]
     table = pa.Table.from_pylist([{**r, "embedding": None} for r in out], schema=FEATURES_SCHEMA)
     return table.set_column(table.schema.get_field_index("embedding"), FEATURES_SCHEMA.field("embedding"),
                             _list_column(column))
+
+
+def _add_model_embeddings(rows: dict[str, dict[str, Any]], files: dict[str, str], work_dir: Path) -> None:
+    """fastdup's model embedding into each row; an image fastdup refuses gets an error and no features."""
+    vectors, invalid = _run_fastdup(sorted(files), work_dir / "fastdup")
+    for name, sha in files.items():
+        row = rows[sha]
+        if name in invalid:
+            row.update(error=f"fastdup: {invalid[name]}", embedding=None)
+        elif name not in vectors:
+            row.update(error="fastdup: no embedding", embedding=None)
+        else:
+            row["embedding"] = vectors[name]
 
 
 def _list_column(vectors: list[np.ndarray | None]) -> pa.Array:
@@ -237,33 +273,22 @@ def _list_column(vectors: list[np.ndarray | None]) -> pa.Array:
                                     mask=pa.array([v is None for v in vectors]))
 
 
-def _run_fastdup(
-    files: list[str], work_dir: Path, with_model: bool
-) -> tuple[dict[str, dict[str, float]], dict[str, np.ndarray], dict[str, str]]:
-    """One fastdup pass over ``files``: (statistics by file, model embeddings by file, invalid file -> code)."""
+def _run_fastdup(files: list[str], work_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """One fastdup pass over ``files``: (model embeddings by file, invalid file -> code)."""
     import fastdup
     import pandas as pd
 
     if work_dir.exists():
         shutil.rmtree(work_dir)  # a crashed earlier attempt must not leak into this one
     fd = fastdup.create(work_dir=str(work_dir), input_dir=str(Path(files[0]).parent))
-    annotations = pd.DataFrame({"filename": files})
-    if with_model:
-        fd.run(annotations=annotations, run_mode=1, overwrite=True, verbose=False)
-    else:
-        fd.run(annotations=annotations, run_stats_only=True, overwrite=True, verbose=False)
+    fd.run(annotations=pd.DataFrame({"filename": files}), run_mode=1, overwrite=True, verbose=False)
     invalid_df = fd.invalid_instances()
     invalid = {} if invalid_df is None else dict(zip(invalid_df["filename"], invalid_df["error_code"].astype(str)))
-    stats: dict[str, dict[str, float]] = {}
-    if len(invalid) < len(files):
-        table = fd.img_stats()
-        for rec in table[["filename", "blur", "mean", "min", "max"]].to_dict("records"):
-            stats[str(rec["filename"])] = {k: float(rec[k]) for k in ("blur", "mean", "min", "max")}
     vectors: dict[str, np.ndarray] = {}
-    if with_model and len(invalid) < len(files):
+    if len(invalid) < len(files):
         names, matrix = fd.embeddings()
         vectors = {str(n): matrix[i] for i, n in enumerate(names)}
-    return stats, vectors, invalid
+    return vectors, invalid
 
 
 def load_features(uri: str, config: str, shas: set[str]) -> Features:
@@ -279,12 +304,10 @@ def load_features(uri: str, config: str, shas: set[str]) -> Features:
 
 def _as_features(table: pa.Table) -> Features:
     shas = table.column("sha256").to_pylist()
-    cols = {c: table.column(c).to_pylist() for c in ("pixel_digest", "blur", "mean", "min", "max", "error")}
-    by_sha = {
-        sha: ImageFeatures(cols["pixel_digest"][i], cols["blur"][i], cols["mean"][i], cols["min"][i], cols["max"][i],
-                           cols["error"][i])
-        for i, sha in enumerate(shas)
-    }
+    names = ("pixel_digest", "blur", "mean", "min", "max", "error", "contrast", "family")
+    # A table written before the columns were added has no such column: None (its rows are another config).
+    cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * len(shas) for c in names}
+    by_sha = {sha: ImageFeatures(*(cols[c][i] for c in names)) for i, sha in enumerate(shas)}
     emb = table.column("embedding")
     valid = [i for i, (sha, ok) in enumerate(zip(shas, emb.is_valid().to_pylist())) if ok and by_sha[sha].error is None]
     if not valid:
@@ -313,7 +336,7 @@ def merge_features(stored: Features, new_rows: pa.Table) -> Features:
 def store_features(uri: str, rows: pa.Table, metadata: dict[str, Any]) -> int | None:
     """Add rows whose (sha256, config) is new; a re-run adds nothing and commits nothing."""
     version, _ = lake.merge_new_rows(uri, rows, ["sha256", "config"], metadata,
-                                     configuration=lake.stats_columns_config(FEATURES_SCHEMA))
+                                     configuration=lake.stats_columns_config(FEATURES_SCHEMA), merge_schema=True)
     return version
 
 
@@ -451,7 +474,7 @@ def _galleries(
                                           get_label_func=names, work_dir=str(target))
         made("duplicates", target)
     order = {"blurry": ("blur", False), "too_dark": ("mean", False), "too_bright": ("mean", True),
-             "too_small": ("blur", False)}
+             "too_small": ("blur", False), "flat": ("blur", False)}
     for reason, (metric, descending) in order.items():
         picked = [(s, d, f) for s, r, d, f in outliers if r == reason][: GALLERY_IMAGES * 5]
         if not picked:

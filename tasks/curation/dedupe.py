@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from tasks.curation.copy_pairs import CopyScores
@@ -54,7 +54,9 @@ def recorded_original(sha: str, recorded: list[str], features: Features, by_sha:
 
 
 def dedupe_component(order: list[str], features: Features, labels: dict[str, str], scores: CopyScores,
-                     threshold: float) -> tuple[list[str], list[tuple[str, str, str | None, str]]]:
+                     threshold: float, abstain: Collection[str] = (),
+                     possible: list[tuple[str, str, float]] | None = None,
+                     ) -> tuple[list[str], list[tuple[str, str, str | None, str]]]:
     """Which members of one component are kept: drop precisely, never through a chain.
 
     ``order`` is the component's members, first assigned first. Two members are copies when
@@ -68,6 +70,9 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
     scores only). A member that is a known copy of a member with another label is quarantined
     (``label_conflict``) with that member: nobody can tell which label is right. Members only
     linked through the component (grouped generously for split assignment) are all kept.
+    In a class of ``abstain`` (``tasks.curation.separation``, ``tasks.curation.class_guard``) a
+    scored copy is kept too and appended to ``possible`` as (image, kept image, score); same
+    pixels are still dropped.
 
     Returns (kept shas, [(sha, reason, kept sha or None, detail)]).
     """
@@ -104,7 +109,12 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
             kept_set.add(i)
             continue
         original, how = _strongest(sha, originals, scores, index)
-        if how == "same pixels":
+        if how != "same pixels" and label[i] in abstain:
+            if possible is not None:
+                possible.append((sha, original, scores.get(sha, original) or 0.0))
+            kept.append(i)
+            kept_set.add(i)
+        elif how == "same pixels":
             removed.append((sha, "exact_duplicate", original, "same decoded pixels as the kept image"))
         else:
             removed.append((sha, "near_duplicate", original, f"{how} to the kept image (drop at >= {threshold})"))

@@ -8,7 +8,9 @@ assigned (``tasks.curation.assignments``) and each component deduplicated
 
 from __future__ import annotations
 
+import logging
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.curation.assignments import Assignment, assign, read_assignments
+from tasks.curation.class_guard import guard_outliers, over_budget
 from tasks.curation.copy_pairs import (
     PAIRS_TABLE,
     CopyScores,
@@ -43,8 +46,11 @@ from tasks.curation.curation_features import (
 from tasks.curation.dedupe import dedupe_component, pixel_key
 from tasks.curation.fastdup_optional import require_embedding
 from tasks.curation.outliers import screen
+from tasks.curation.separation import separation_by_class
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
 from tasks.settings import Settings
+
+log = logging.getLogger("tasks.curation.curate")  # one logger for the whole curation
 
 
 @dataclass
@@ -74,16 +80,18 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     stored, fresh = _features(settings, by_sha, run_id, work)
     features: Features = merge_features(stored, fresh)
     record, record_version = read_assignments(settings)
-    eligible, dropped, outliers = screen(by_sha, features, record, cfg.outliers)
+    eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
+    eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
     graph = _group(settings, eligible, record, features, by_sha)
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), record, features, by_sha, graph.scores, cfg, raw_version, run_id)
     dropped.extend(bridges)
-    kept_rows = _dedupe(groups, assignments, features, by_sha, graph.scores, cfg.copy_similarity, dropped)
+    kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, features, by_sha, graph, dropped)
+    decisions = _decisions(decisions, kept_bad, by_sha)
 
     kept_rows.sort(key=lambda r: r["sha256"])
     dropped.sort(key=lambda d: (d["component"], d["sha256"]))
-    outliers.sort(key=lambda o: (o[1], o[3].blur if o[1] == "blurry" else o[3].mean or 0.0, o[0]))
+    outliers.sort(key=lambda o: (o[1], (o[3].blur if o[1] == "blurry" else o[3].mean) or 0.0, o[0]))
     info = {
         "features": {"config": feature_config(cfg), "method": cfg.embedding, "computed": fresh.num_rows,
                      "stored_before": len(stored.by_sha)},
@@ -96,7 +104,10 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
                    "threshold": cfg.copy_similarity},
         "assignments": {"table": settings.table_uri(COMPONENTS_TABLE), "read_version": record_version,
                         "recorded_before": len(record), "new": new_images, "merged_keys": len(renamed)},
+        "decisions": decisions,
     }
+    # Rules that could not show they separate on this data: they dropped nothing, and say why.
+    info.setdefault("decisions", {}).setdefault("abstained", []).extend(abstained)
     return Plan(
         pair_rows=graph.scores.fresh_rows(run_id),
         curated=pa.Table.from_pylist(kept_rows, schema=CURATED_SCHEMA),
@@ -167,14 +178,65 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
                   candidates, copy_edges)
 
 
+def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],
+                       features: Features, by_sha: dict[str, dict[str, Any]], graph: "_Graph",
+                       dropped: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Kept rows, with drops added to ``dropped``, after the class tests: separation first, then the class guard.
+
+    A class whose copies do not stand out from its bulk (``tasks.curation.separation``) abstains;
+    a class that would still lose more than its share (``tasks.curation.class_guard``) abstains
+    too, and the components are deduplicated again with it (scores are cached: nothing is re-scored).
+    """
+    seps = separation_by_class(graph.eligible, lambda s: by_sha[s]["label"], lambda s: pixel_key(features, s),
+                               graph.scores, cfg.copy_similarity, cfg.copy_min_separation, cfg.copy_min_class_images)
+    abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
+    while True:
+        possible: list[tuple[str, str, float]] = []
+        removed: list[dict[str, Any]] = []
+        kept_rows = _dedupe(groups, assignments, features, by_sha, graph.scores, cfg.copy_similarity, removed,
+                            abstain, possible)
+        over = {k: v for k, v in over_budget(by_sha, dropped + removed, cfg.max_class_drop_share).items()
+                if k not in abstain}
+        if not over:
+            break
+        abstain.update(over)
+    dropped.extend(removed)
+    return kept_rows, {"abstain": abstain, "possible": possible,
+                       "separation": {label: sep.to_dict() for label, sep in seps.items()},
+                       "max_class_drop_share": cfg.max_class_drop_share}
+
+
+def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict[str, dict[str, Any]]
+               ) -> dict[str, Any]:
+    """The report's ``decisions``: where the rules abstained and why, and what was kept because of it."""
+    possible = [{"sha256": s, "partner": p, "score": round(v, 6), "label": by_sha[s]["label"]}
+                for s, p, v in sorted(dup["possible"])]
+    count: dict[str, int] = {}
+    for p in possible:
+        count[p["label"]] = count.get(p["label"], 0) + 1
+    abstained = [{"rule": "near_duplicate", "label": label,
+                  "why": f"{why}; kept {count.get(label, 0)} possible copies"}
+                 for label, why in sorted(dup["abstain"].items())]
+    abstained += [{k: d[k] for k in ("rule", "label", "why")} for d in kept_bad]
+    outliers = [{**o, "label": d["label"]} for d in kept_bad for o in d["kept"]]
+    if abstained:
+        log.warning("curate: abstained in %d class(es) (%s): kept %d possible copies and %d possible bad images "
+                    "instead of dropping them; see decisions in the report", len(abstained),
+                    ", ".join(sorted({a["label"] for a in abstained})), len(possible), len(outliers))
+    return {"abstained": abstained, "possible_copies": possible, "possible_outliers": outliers,
+            "separation": dup["separation"], "max_class_drop_share": dup["max_class_drop_share"]}
+
+
 def _dedupe(groups: dict[str, list[str]], assignments: dict[str, Assignment], features: Features,
             by_sha: dict[str, dict[str, Any]], scores: CopyScores, threshold: float,
-            dropped: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            dropped: list[dict[str, Any]], abstain: Collection[str] = (),
+            possible: list[tuple[str, str, float]] | None = None) -> list[dict[str, Any]]:
     """The kept rows of every component, first assigned first; the removed members are added to ``dropped``."""
     kept_rows: list[dict[str, Any]] = []
     for key in sorted(groups):
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
-        kept, removed = dedupe_component(order, features, {s: by_sha[s]["label"] for s in order}, scores, threshold)
+        kept, removed = dedupe_component(order, features, {s: by_sha[s]["label"] for s in order}, scores, threshold,
+                                         abstain, possible)
         dropped.extend(drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
         for sha in kept:
             r = by_sha[sha]

@@ -116,7 +116,7 @@ def report_body(
         "run_id": metadata.get("run_id"),
         "logical_date": metadata.get("logical_date"),
         "rules": {
-            "order": "no features > bad image (too_small, too_dark, too_bright, blurry) > split_bridge > "
+            "order": "no features > bad image (too_small, too_dark, too_bright, flat, blurry) > split_bridge > "
                      "label_conflict > duplicate",
             "representative": "the member first assigned to the component (lowest first_raw_version), "
                               "then the smallest sha256",
@@ -124,7 +124,11 @@ def report_body(
             "label_conflict": "a copy (same pixels or copy score >= copy_similarity) of an image with another label: "
                               "both are quarantined",
             "duplicate": f"a copy of an image already KEPT with its label: same decoded pixels (exact_duplicate) or "
-                         f"copy score >= {settings.curation.copy_similarity} (near_duplicate); never through a chain",
+                         f"copy score >= {settings.curation.copy_similarity} (near_duplicate); never through a chain; "
+                         f"near_duplicate only where the class's copies stand out from its bulk (z >= "
+                         f"{settings.curation.copy_min_separation}) and within max_class_drop_share "
+                         f"{settings.curation.max_class_drop_share} of the class with its bad images, else kept and "
+                         f"listed (decisions)",
             "split": "recorded split of the component; a new component: sha256(f'{split_salt}:{key}') as a "
                      "fraction of 2**256, cut by split_ratios",
             "split_bridge": "a new image that would join recorded components of different splits is quarantined "

@@ -3,8 +3,8 @@
 It needs no fastdup (whose galleries are optional): counts kept and dropped per class and per
 reason, every dropped image with its reason, detail and a thumbnail of it and of the image kept
 in its place, then the decisions the rules did not take (``decisions.abstained``: a rule that
-abstained for a class and why; ``decisions.possible_copies``: pairs kept although they may be
-copies), "none" when the report has no such entry.
+abstained for a class and why; ``decisions.possible_copies`` and ``decisions.possible_outliers``:
+images kept although they may be copies or bad images), "none" when the report has no such entry.
 
 Labels and details are user data: every string is HTML-escaped and no file name is built from
 one (thumbnails are named by sha256, checked to be 64 hex digits). What the page shows is
@@ -76,6 +76,8 @@ def render(body: dict[str, Any], thumbs: dict[str, str], report_link: str, galle
                                 ("rule", "label", "why")),
              _decisions_section((body.get("decisions") or {}).get("possible_copies"),
                                 "Possible copies (kept, not dropped)", ("sha256", "partner", "score", "label")),
+             _decisions_section((body.get("decisions") or {}).get("possible_outliers"),
+                                "Possible bad images (kept, not dropped)", ("sha256", "reason", "detail", "label")),
              f"<h2>fastdup galleries</h2><ul>{links}</ul>" if links else "",
              "</body></html>"]
     return "\n".join(parts)

@@ -283,11 +283,13 @@ def merge_new_rows(
     key: str | list[str],
     metadata: dict[str, Any],
     configuration: dict[str, str] | None = None,
+    merge_schema: bool = False,
 ) -> tuple[int | None, int]:
     """Insert the rows whose key is not in the table yet (MERGE ... WHEN NOT MATCHED INSERT).
 
     Returns (version, inserted). A batch with nothing new commits nothing and returns
-    (None, 0), so re-runs leave the table's version history untouched.
+    (None, 0), so re-runs leave the table's version history untouched. ``merge_schema``: columns
+    the table lacks are added (nullable), for a schema that grew a column.
     """
     keys = [key] if isinstance(key, str) else list(key)
     if rows.num_rows == 0:
@@ -305,7 +307,8 @@ def merge_new_rows(
                 # Another writer created the table between our check and our write: merge instead.
         result = (
             DeltaTable(uri)
-            .merge(rows, predicate=predicate, source_alias="s", target_alias="t", commit_properties=_props(metadata))
+            .merge(rows, predicate=predicate, source_alias="s", target_alias="t", commit_properties=_props(metadata),
+                   merge_schema=merge_schema)
             .when_not_matched_insert_all()
             .execute()
         )

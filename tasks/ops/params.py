@@ -124,6 +124,19 @@ def _rollback(settings: Settings, params: Params) -> list[str]:
     return [] if version is None else [_model_version_problem(settings, version, "to_version")]
 
 
+def _accept_class(settings: Settings, params: Params) -> list[str]:
+    from tasks.data.classes import discovering
+    from tasks.data.labels import LabelRefusedError, check_labels
+
+    if not discovering(settings):
+        return ["ingest.allowed_labels is a list in this environment's settings: add the class there"]
+    try:
+        check_labels(params.get("labels"))
+    except LabelRefusedError as exc:
+        return [f"labels: {exc}"]
+    return []
+
+
 def _score(settings: Settings, params: Params) -> list[str]:
     from tasks.data.inputs import InputRefusedError
     from tasks.data.sources import SourceError, open_source
@@ -165,6 +178,7 @@ CHECKS: dict[str, Callable[[Settings, Params], list[str | None]]] = {
     "cd4ml_train": _train,
     "cd4ml_promote": _promote,
     "cd4ml_rollback": _rollback,
+    "cd4ml_accept_class": _accept_class,
     "cd4ml_score": _score,
     "cd4ml_monitor": _monitor,
 }

@@ -52,7 +52,7 @@ MAX_RESTARTS = 5
 RESTART_WINDOW_S = 600.0
 SECRET_NAMES = ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY", "AIRFLOW__CORE__FERNET_KEY",
                 "CD4ML_ADMIN_PASSWORD", "CD4ML_APPROVER_PASSWORD", "MLFLOW_TRACKING_PASSWORD",
-                "MLFLOW_FLASK_SERVER_SECRET_KEY")
+                "MLFLOW_FLASK_SERVER_SECRET_KEY", "CD4ML_MLFLOW_READER_PASSWORD")
 
 
 class StackError(DataError, RuntimeError):
@@ -188,6 +188,7 @@ def plan(mode: str | None = None, *, home: str | None = None, port: int = 8080, 
         env["MLFLOW_TRACKING_PASSWORD"] = secret_values["MLFLOW_TRACKING_PASSWORD"]
         env["MLFLOW_AUTH_ADMIN_PASSWORD"] = secret_values["MLFLOW_TRACKING_PASSWORD"]
         env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = secret_values["MLFLOW_FLASK_SERVER_SECRET_KEY"]  # CSRF
+        env["CD4ML_MLFLOW_READER_PASSWORD"] = secret_values["CD4ML_MLFLOW_READER_PASSWORD"]  # scoring, serving
         for n in range(1, sizing.workers + 1):
             commands[f"worker-{n}"] = [airflow, "celery", "worker", "--concurrency", "1",
                                        "--celery-hostname", f"worker-{n}@%h", "--skip-serve-logs"]
@@ -246,14 +247,19 @@ def _run(stack: Stack, args: list[str], what: str, check: bool = True) -> subpro
     return proc
 
 
+def mlflow_auth_ini(database_uri: str) -> str:
+    """The basic-auth app's ini for a user store; no password in it."""
+    return ("[mlflow]\n"
+            "default_permission = READ\n"  # signed-in users read (the reader account no more); owners and admins edit
+            f"database_uri = {database_uri}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+
+
 def write_mlflow_auth_config(stack: Stack) -> Path:
     """The basic-auth app's ini: user store on PostgreSQL; the admin's name and password come from the environment."""
     path = Path(stack.env["MLFLOW_AUTH_CONFIG_PATH"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("[mlflow]\n"
-                    "default_permission = READ\n"  # signed-in users read; only owners and admins edit
-                    f"database_uri = {stack.env['CD4ML_MLFLOW_AUTH_DB_URI']}\n"
-                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    path.write_text(mlflow_auth_ini(stack.env["CD4ML_MLFLOW_AUTH_DB_URI"]))
     return path
 
 
@@ -384,6 +390,22 @@ def wait_healthy(stack: Stack, sup: Supervisor, timeout: float = 300.0) -> None:
         time.sleep(1)
 
 
+def ensure_registry_reader(stack: Stack, say: Callable[[str], None] = print) -> None:
+    """The MLflow account scoring and serving sign in as: read-only (tasks/ops/registry_accounts.py)."""
+    from tasks.models.identity import reader_credentials
+    from tasks.ops.registry_accounts import RegistryAccountError, ensure_reader
+
+    reader = reader_credentials(dict(stack.env))
+    if reader is None:
+        raise StackError("scale-out needs the registry's read-only account: CD4ML_MLFLOW_READER_USERNAME/PASSWORD")
+    try:
+        outcome = ensure_reader(stack.env["MLFLOW_TRACKING_URI"],
+                                (stack.env["MLFLOW_TRACKING_USERNAME"], stack.env["MLFLOW_TRACKING_PASSWORD"]), reader)
+    except RegistryAccountError as exc:
+        raise StackError(f"MLflow read-only account: {exc}") from None
+    say(f"MLflow read-only account {reader[0]} (scoring, serving): {outcome}")
+
+
 def up(stack: Stack, *, until: Callable[[], bool] | None = None, say: Callable[[str], None] = print) -> int:
     """Bootstrap, start every component, report where to go, supervise until a signal (or ``until()``)."""
     stack.state_dir.mkdir(parents=True, exist_ok=True)
@@ -399,6 +421,8 @@ def up(stack: Stack, *, until: Callable[[], bool] | None = None, say: Callable[[
         for name in stack.commands:
             sup.start(name)
         wait_healthy(stack, sup)
+        if stack.mode == "scaleout":
+            ensure_registry_reader(stack, say)
         say(banner(stack))
         while stop["signal"] is None and not (until and until()):
             sup.check(say)

@@ -7,7 +7,7 @@ One rule, read from ``release.approval`` (never from the environment's name):
 * ``required`` (prod): the command acts only through Airflow's REST API as the signed-in user:
   it gets a token from ``/auth/token`` with credentials from ``CD4ML_AIRFLOW_USERNAME`` /
   ``CD4ML_AIRFLOW_PASSWORD`` or a prompt (never from the command line, where ``ps`` shows them),
-  and triggers ``cd4ml_rollback`` or ``cd4ml_promote``. Airflow's auth manager decides whether that
+  and triggers ``cd4ml_rollback``, ``cd4ml_promote`` or ``cd4ml_accept_class``. Airflow's auth manager decides whether that
   user may, and the DAG run records the user, which the ledger then names.
 
 A typed identity (``--by``, ``CD4ML_ACTOR``) is refused on both routes: nobody can claim to be

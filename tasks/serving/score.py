@@ -369,7 +369,15 @@ def _commit_chunk(settings: Settings, source: Source, predictor: Any, model: Ser
 
 
 def score(settings: Settings, source: str, *, run_id: str, logical_date: str | datetime) -> ScoreResult:
-    """Score every image under ``source`` with the environment's champion (module doc)."""
+    """Score every image under ``source`` with the environment's champion (module doc), reading the
+    registry as its read-only account where one is configured (``tasks.models.identity``)."""
+    from tasks.models.identity import as_reader
+
+    with as_reader():
+        return _score(settings, source, run_id=run_id, logical_date=logical_date)
+
+
+def _score(settings: Settings, source: str, *, run_id: str, logical_date: str | datetime) -> ScoreResult:
     from tasks.models.loading import opened_predictor
 
     started = time.monotonic()

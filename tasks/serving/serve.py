@@ -67,15 +67,17 @@ def server_command(settings: Settings, host: str = DEFAULT_HOST, port: int | Non
 
 def server_env(settings: Settings, base: dict[str, str] | None = None,
                model_folder: str | os.PathLike[str] | None = None) -> dict[str, str]:
-    """The server's environment: this environment's MLflow store, the verified model folder and the request limits,
-    and this interpreter's scripts first on PATH.
+    """The server's environment: this environment's MLflow store (as the read-only account where one is
+    configured), the verified model folder and the request limits, and this interpreter's scripts first on PATH.
 
     Only the child gets ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI`` (see
     ``tasks.models.registry.client_for`` for why they must not be set in this process). The
     interpreter's bin folder comes first: whatever the server starts runs in this environment,
     and ``.venv/bin/cd4ml serve`` works without an activated venv.
     """
-    env = dict(os.environ if base is None else base)
+    from tasks.models.identity import as_reader_env
+
+    env = as_reader_env(dict(os.environ if base is None else base))  # the writing account's password stays here
     env["MLFLOW_TRACKING_URI"] = settings.tracking_uri
     env["MLFLOW_REGISTRY_URI"] = settings.tracking_uri
     if model_folder is not None:
@@ -109,11 +111,17 @@ def request_body(images: Sequence[bytes]) -> dict[str, Any]:
 
 
 def serve(settings: Settings, host: str = DEFAULT_HOST, port: int | None = None, workers: int = DEFAULT_WORKERS) -> int:
-    """Serve the champion until stopped; ``NoChampionError`` before anything starts when there is none."""
-    model = serving_model(settings)
+    """Serve the champion until stopped; ``NoChampionError`` before anything starts when there is none.
+
+    The registry is read as its read-only account where one is configured (``tasks.models.identity``),
+    and the server itself gets no other: it serves a checked local copy and never needs to write."""
+    from tasks.models.identity import as_reader
+
     port = settings.serving.port if port is None else port
-    _check_listen(port, workers)  # refused before any download
-    folder, verified = verified_copy(settings, model)
+    with as_reader():
+        model = serving_model(settings)
+        _check_listen(port, workers)  # refused before any download
+        folder, verified = verified_copy(settings, model)
     command = server_command(settings, host, port, workers)
     env = server_env(settings, model_folder=folder)
     print(

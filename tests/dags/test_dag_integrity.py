@@ -39,6 +39,7 @@ EXPECTED = {
     "cd4ml_promote": {"copy_candidate": {"evaluate_gate", "inputs_failed"}, "test_data": {"evaluate_gate", "inputs_failed"},
                       **RELEASE_TAIL},
     "cd4ml_rollback": {"rollback": set()},
+    "cd4ml_accept_class": {"accept_class": set()},
     "cd4ml_score": {"score": set()},
     "cd4ml_monitor": {"load_feedback": {"monitor"}, "monitor": {"retrain_gate", "request_retrain"},
                       "retrain_gate": {"request_retrain"}, "request_retrain": set()},

@@ -15,6 +15,17 @@ from tasks.data.sample_data import digits_arrays
 IMAGES, LABELS = digits_arrays()
 
 
+def pair_rule_only(settings):
+    """Settings whose curation drops by the pair rules alone: no separation test, no class guard.
+
+    For tests of what the pair rules decide (copies, chains, conflicts, bad images, splits) on
+    samples too small for the class tests, which would abstain there (tests/tasks/curation/test_abstention.py).
+    """
+    cur = settings.curation.model_copy(update={"copy_min_separation": 0.0, "copy_min_class_images": 3,
+                                                "max_class_drop_share": 1.0})
+    return settings.model_copy(update={"curation": cur})
+
+
 def encode(img: Image.Image, fmt: str, **kw) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format=fmt, **kw)
@@ -53,4 +64,27 @@ def outcome(settings, result) -> dict[str, dict]:
         assert d["sha256"] not in out, d
         out[d["sha256"]] = {"kept": False, "component": d["component"], "split": None, "reason": d["reason"],
                             "kept_sha256": d["kept_sha256"]}
+    return out
+
+
+def photo_crops(per_class: int = 150, seed: int = 0) -> list[tuple[str, Image.Image]]:
+    """(class, RGB image): a team's colour photos of 48-150 px in 2 classes (``china``, ``flower``).
+
+    Square crops of random sides 48-150 px at random places of scikit-learn's two real photos at
+    scales 1, 0.75 and 0.5; crops may overlap (another framing and size: not copies).
+    """
+    import numpy as np
+    from sklearn.datasets import load_sample_image
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for label in ("china", "flower"):
+        photo = Image.fromarray(load_sample_image(f"{label}.jpg"))
+        scaled = [photo.resize((round(photo.width * s), round(photo.height * s)), Image.BILINEAR) for s in (1, 0.75, 0.5)]
+        while sum(1 for c, _ in out if c == label) < per_class:
+            src = scaled[int(rng.integers(len(scaled)))]
+            side = int(rng.integers(48, 151))
+            if side <= min(src.size):
+                x, y = int(rng.integers(src.width - side + 1)), int(rng.integers(src.height - side + 1))
+                out.append((label, src.crop((x, y, x + side, y + side))))
     return out

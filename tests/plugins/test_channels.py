@@ -18,17 +18,17 @@ from cd4ml_airflow.channels import install
 from tasks.alerting.alert import Alert
 from tasks.alerting.delivery import resolve, send
 from tests.peers import (
+    FAILURE_KINDS,
     PD_ROUTING_KEY,
     SECRETS,
     SLACK_TOKEN,
     SMTP_PASSWORD,
     SMTP_USER,
     HttpRecorder,
-    SilentPeer,
     SmtpPeer,
     body_text,
     connection_env,
-    free_port,
+    failing_connections,
 )
 
 
@@ -277,44 +277,13 @@ def _record_text(records: list[logging.LogRecord]) -> str:
     return "\n".join(formatter.format(r) + " " + (r.stack_info or "") for r in records)
 
 
-FAILURE_KINDS = ("connection refused", "timeout", "server error", "untrusted TLS")
-
-
-def _failing_peers(kind: str, tls: Path, stack: ExitStack) -> dict[str, str]:
-    """Every channel broken the same way; returns the AIRFLOW_CONN_* environment pointing at it.
-
-    Refused: nothing listens. Timeout: the peer accepts and answers after the client gave up (SMTP:
-    never greets). Server error: HTTP 500 (SMTP: 554 for the message). Untrusted TLS: an HTTPS or
-    SMTP-over-TLS peer whose self-signed certificate the client was not given.
-    """
-    def started(peer):
-        stack.callback(peer.stop)
-        return peer.start()
-
-    if kind == "connection refused":
-        return connection_env(HttpRecorder(), HttpRecorder(tls_dir=tls / "pd"), free_port(), pd_trusted=False)
-    if kind == "timeout":
-        slack = started(HttpRecorder(fail={"/slack": "hang"}))
-        pd = started(HttpRecorder(tls_dir=tls / "pd", fail={"/v2/enqueue": "hang"}))
-        return connection_env(slack, pd, started(SilentPeer()).port, smtp_timeout=1)
-    if kind == "server error":
-        slack = started(HttpRecorder(fail={"/slack": 500}))
-        pd = started(HttpRecorder(tls_dir=tls / "pd", fail={"/v2/enqueue": 500}))
-        return connection_env(slack, pd, started(SmtpPeer(fail_data=True)).port)
-    if kind == "untrusted TLS":
-        slack, pd = started(HttpRecorder(tls_dir=tls / "slack")), started(HttpRecorder(tls_dir=tls / "pd"))
-        smtp = started(HttpRecorder(tls_dir=tls / "smtp"))  # the handshake fails before any SMTP
-        return connection_env(slack, pd, smtp.port, pd_trusted=False, smtp_ssl=True)
-    raise AssertionError(kind)
-
-
 @pytest.mark.parametrize("kind", FAILURE_KINDS)
 def test_planted_secrets_appear_in_no_record_output_or_file_under_each_failure_kind(
         cd4ml_home, tmp_path, monkeypatch, capfd, kind):
     """The issue's finding: slack_sdk logged the whole webhook URL (token included) on a refused port."""
     settings = _settings("prod")
     with ExitStack() as stack:
-        for key, value in _failing_peers(kind, tmp_path / "tls", stack).items():
+        for key, value in failing_connections(kind, tmp_path / "tls", stack).items():
             monkeypatch.setenv(key, value)
         with _every_record() as records:
             delivered = _by_channel(send(_alert(), settings))

@@ -17,6 +17,12 @@ resource "random_password" "mlflow_admin" {
   special = false
 }
 
+# The account scoring and serving sign in as: MLflow lets it read only (tasks/models/identity.py).
+resource "random_password" "mlflow_reader" {
+  length  = 32
+  special = false
+}
+
 resource "kubernetes_secret" "airflow" {
   metadata {
     name      = "cd4ml-airflow"
@@ -27,6 +33,7 @@ resource "kubernetes_secret" "airflow" {
     broker-url               = var.broker_url
     api-secret-key           = random_password.webserver_secret.result
     mlflow-tracking-password = random_password.mlflow_admin.result
+    mlflow-reader-password   = random_password.mlflow_reader.result
     optuna-storage           = var.database_uris["optuna"]
     mlflow-backend-store-uri = var.database_uris["mlflow"]
     mlflow-auth-database-uri = var.database_uris["mlflow_auth"]
@@ -40,6 +47,7 @@ locals {
     { name = "CD4ML_HOME", value = "/data/cd4ml" },
     { name = "MLFLOW_TRACKING_URI", value = "http://mlflow.${var.namespace}.svc:5000" },
     { name = "MLFLOW_TRACKING_USERNAME", value = "admin" },
+    { name = "CD4ML_MLFLOW_READER_USERNAME", value = "cd4ml-reader" },
     { name = "AIRFLOW__CORE__AUTH_MANAGER", value = "cd4ml_airflow.auth.Cd4mlFabAuthManager" },
     { name = "AIRFLOW__CORE__HOSTNAME_CALLABLE", value = "cd4ml_airflow.hosts.worker_hostname" },
     { name = "AIRFLOW__CELERY__POOL", value = "solo" },
@@ -49,6 +57,7 @@ locals {
   ]
   cd4ml_secret_env = [
     { name = "MLFLOW_TRACKING_PASSWORD", secretName = kubernetes_secret.airflow.metadata[0].name, secretKey = "mlflow-tracking-password" },
+    { name = "CD4ML_MLFLOW_READER_PASSWORD", secretName = kubernetes_secret.airflow.metadata[0].name, secretKey = "mlflow-reader-password" },
     { name = "CD4ML_OPTUNA_STORAGE", secretName = kubernetes_secret.airflow.metadata[0].name, secretKey = "optuna-storage" },
   ]
 }
@@ -159,4 +168,51 @@ resource "kubernetes_service" "mlflow" {
       target_port = 5000
     }
   }
+}
+
+# The read-only account scoring and serving sign in as, created (or its password set) by the MLflow
+# admin once the server answers: python -m tasks.ops.registry_accounts, credentials from the Secret.
+resource "kubernetes_job" "mlflow_reader" {
+  metadata {
+    name      = "cd4ml-mlflow-reader"
+    namespace = kubernetes_namespace.this.metadata[0].name
+  }
+  spec {
+    backoff_limit = 6
+    template {
+      metadata {}
+      spec {
+        restart_policy = "OnFailure"
+        container {
+          name    = "registry-accounts"
+          image   = "${var.image_repository}:${var.image_tag}"
+          command = ["python", "-m", "tasks.ops.registry_accounts"]
+          dynamic "env" {
+            for_each = { for e in local.cd4ml_env : e.name => e.value if can(regex("^(MLFLOW_|CD4ML_MLFLOW_)", e.name)) }
+            content {
+              name  = env.key
+              value = env.value
+            }
+          }
+          dynamic "env" {
+            for_each = {
+              MLFLOW_TRACKING_PASSWORD     = "mlflow-tracking-password"
+              CD4ML_MLFLOW_READER_PASSWORD = "mlflow-reader-password"
+            }
+            content {
+              name = env.key
+              value_from {
+                secret_key_ref {
+                  name = kubernetes_secret.airflow.metadata[0].name
+                  key  = env.value
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  wait_for_completion = true
+  depends_on          = [kubernetes_deployment.mlflow, kubernetes_service.mlflow]
 }

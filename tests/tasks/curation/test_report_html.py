@@ -62,8 +62,9 @@ def test_each_curation_writes_its_page_with_every_drop_and_thumbnails(settings, 
         with Image.open(page.parent / src) as thumb:
             assert max(thumb.size) == report_html.THUMB_SIDE
     decisions = body.get("decisions") or {}
-    for key, title in (("abstained", "Abstained (rule did not act)"), ("possible_copies",
-                                                                      "Possible copies (kept, not dropped)")):
+    for key, title in (("abstained", "Abstained (rule did not act)"),
+                       ("possible_copies", "Possible copies (kept, not dropped)"),
+                       ("possible_outliers", "Possible bad images (kept, not dropped)")):
         section = text.split(f"<h2>{title}</h2>")[1].split("<h2>")[0]
         entries = decisions.get(key) or []
         assert (section.startswith("<p>none</p>") if not entries
@@ -94,7 +95,9 @@ def test_labels_and_details_are_escaped_and_the_decisions_are_shown(tmp_path):
                     {"sha256": "../../outside", "kept_sha256": None, "reason": HOSTILE, "detail": None,
                      "label": HOSTILE, "component": "x"}],
         "decisions": {"abstained": [{"rule": "near_duplicate", "label": HOSTILE, "why": "threshold inside the bulk"}],
-                      "possible_copies": [{"sha256": a, "partner": b, "score": 0.998713, "label": HOSTILE}]},
+                      "possible_copies": [{"sha256": a, "partner": b, "score": 0.998713, "label": HOSTILE}],
+                      "possible_outliers": [{"sha256": b, "reason": "blurry", "detail": "blur 3.1 < limit 9.5",
+                                             "label": HOSTILE}]},
     }
     images = {a: _png(10), b: _png(200), "../../outside": _png(50)}
     page = write_page(tmp_path / "run", body, images, tmp_path / "report.json")
@@ -105,8 +108,8 @@ def test_labels_and_details_are_escaped_and_the_decisions_are_shown(tmp_path):
     assert not any(t == "script" for t, _ in found)
     assert [a_["src"] for t, a_ in found if t == "img"] == [f"thumbs/{a}.png", f"thumbs/{b}.png"]
     assert all(set(attrs) <= {"src", "alt", "href", "charset", "class"} for _, attrs in found)
-    assert text.count(html.escape(HOSTILE)) >= 5  # class row, detail, the unsafe row, abstained, possible copy
-    assert "threshold inside the bulk" in text and "0.9987" in text
+    assert text.count(html.escape(HOSTILE)) >= 6  # class row, detail, the unsafe row and the three decisions
+    assert "threshold inside the bulk" in text and "0.9987" in text and "blur 3.1 &lt; limit 9.5" in text
     assert sorted(p.name for p in (tmp_path / "run" / "thumbs").iterdir()) == sorted([f"{a}.png", f"{b}.png"])
     assert not (tmp_path / "outside.png").exists()
     assert "<a href='../report.json'>" in text

@@ -28,8 +28,8 @@ from tasks.ops.params import ParamsError, check_params
 from tests.factories.curation import LABELS, digit, encode, outcome, plant
 
 REPO = Path(__file__).resolve().parents[3]
-# Where ``import fastdup`` may appear (always inside a function): the one lazy import for its model and
-# galleries, and fastdup's statistics run, which the project's own statistics replace.
+# Where ``import fastdup`` may appear (always inside a function): the one lazy import for its galleries, and
+# the run of its model (``embedding: fastdup``, refused before any work where fastdup is missing).
 ALLOWED_IMPORTS = {("tasks/curation/fastdup_optional.py", "import_fastdup"),
                    ("tasks/curation/curation_features.py", "_run_fastdup")}
 
@@ -94,9 +94,6 @@ print(json.dumps({"outcome": outcome(settings, result), "galleries": result.gall
 """
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="curation's image statistics are fastdup's until the project's own replace them "
-                          "(compute_features); remove this mark when they do")
 def test_one_curation_without_fastdup_decides_as_with_it(settings, tmp_path):
     raw_version = _ingested(settings, tmp_path, 60)
     home = Path(os.environ["CD4ML_HOME"])

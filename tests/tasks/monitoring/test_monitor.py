@@ -8,8 +8,6 @@ request is raised, and a healthy window afterwards resolves the incident.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -17,29 +15,7 @@ import pytest
 from PIL import Image
 
 from tests.factories.digits import split_rows
-
-
-def _write_batch(folder: Path, rows: list[dict], flip_every: int = 0) -> dict[str, str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    truth = {}
-    for i, row in enumerate(rows):
-        img = Image.open(io.BytesIO(row["image"]))
-        if flip_every and i % flip_every == 0:
-            img = img.rotate(180)
-        path = folder / f"{row['sha256'][:16]}_{i}.png"
-        img.save(path)
-        truth[str(path)] = row["label"]
-    return truth
-
-
-def _feedback_csv(path: Path, truth: dict[str, str], extra: list[tuple[str, str]] = ()) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)  # feedback files lie under storage.feedback_uri
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["path", "label"])
-        for image, label in [*truth.items(), *extra]:
-            writer.writerow([image, label])
-    return path
+from tests.factories.monitoring import feedback_csv, write_batch
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +40,9 @@ def test_feedback_joins_labels_and_rejects_unknown_images_and_classes(monitored)
 
     settings, _, root = monitored
     rows = split_rows("test")
-    truth = _write_batch(root / "day1", rows[:150])
+    truth = write_batch(root / "day1", rows[:150])
     score(settings, str(root / "day1"), run_id="score-day1", logical_date="2026-11-10")
-    csv_path = _feedback_csv(root / "feedback" / "day1.csv", truth, extra=[(str(root / "nowhere.png"), "3"),
+    csv_path = feedback_csv(root / "feedback" / "day1.csv", truth, extra=[(str(root / "nowhere.png"), "3"),
                                                                (next(iter(truth)), "cat")])
     jsonl = root / "feedback" / "more.jsonl"
     first, label = next(iter(truth.items()))
@@ -104,9 +80,9 @@ def test_a_planted_accuracy_drop_breaches_alerts_once_and_a_healthy_window_resol
     assert metrics["accuracy"]["value"] > 0.8
 
     rows = split_rows("test")
-    truth = _write_batch(root / "day3", rows[100:250], flip_every=2)  # half of the digits upside down
+    truth = write_batch(root / "day3", rows[100:250], flip_every=2)  # half of the digits upside down
     score(settings, str(root / "day3"), run_id="score-day3", logical_date="2026-11-12")
-    load_feedback(settings, [str(_feedback_csv(root / "feedback" / "day3.csv", truth))], run_id="fb-day3",
+    load_feedback(settings, [str(feedback_csv(root / "feedback" / "day3.csv", truth))], run_id="fb-day3",
                   logical_date="2026-11-12")
     dropped = monitor(settings, run_id="mon-day3", logical_date="2026-11-12")
     metrics = {m["name"]: m for m in dropped.metrics}

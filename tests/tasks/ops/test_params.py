@@ -91,3 +91,13 @@ def test_feedback_and_source_params_outside_settings_are_refused_unfetched(setti
         assert len(problems) == 2 and all("feedback_files" in p for p in problems)
         assert len(_problems("cd4ml_score", settings, source=f"{base}/inbox")) == 1
     assert requests == []
+
+
+def test_accept_class_labels_are_checked_by_the_label_rules(settings, monkeypatch):
+    assert _problems("cd4ml_accept_class", settings, labels=["zebra"]) == [
+        "ingest.allowed_labels is a list in this environment's settings: add the class there"]
+    monkeypatch.setenv("CD4ML_DATASET", "photos")
+    photos = load_settings()
+    check_params("cd4ml_accept_class", photos, {"labels": ["zebra"]})
+    problems = _problems("cd4ml_accept_class", photos, labels=["zebra", "x" * 500])
+    assert problems == ["labels: label 2: a label holds at most 128 characters (this one 500)"]

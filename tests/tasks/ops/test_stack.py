@@ -65,6 +65,10 @@ def test_plans_for_both_modes_carry_no_secret_from_the_repository(tmp_path):
     assert scale.databases == ("p1_airflow", "p1_mlflow", "p1_mlflow_auth", "p1_optuna")
     assert "--app-name" in scale.commands["mlflow"] and "basic-auth" in scale.commands["mlflow"]
     secrets = st.stack_secrets(tmp_path / "stack", {})
+    # scoring and serving sign in as the read-only account; its password is a generated secret like the others
+    assert scale.env["CD4ML_MLFLOW_READER_USERNAME"] == "cd4ml-reader" != scale.env["MLFLOW_TRACKING_USERNAME"]
+    assert scale.env["CD4ML_MLFLOW_READER_PASSWORD"] == secrets["CD4ML_MLFLOW_READER_PASSWORD"]
+    assert "CD4ML_MLFLOW_READER_PASSWORD" not in embedded.env
     for path in (st.STACK_DIR / "embedded.env", st.STACK_DIR / "scaleout.env"):
         text = path.read_text()
         assert not any(value in text for value in secrets.values())

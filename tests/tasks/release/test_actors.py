@@ -101,3 +101,46 @@ def test_prod_release_commands_need_a_sign_in_that_airflow_accepts(airflow_api, 
     assert [c["path"] for c in airflow_api] == ["/auth/token"]
     with pytest.raises(actors.TypedActorError):
         actors.refuse_typed_actor(prod, "ceo@example.com")
+
+
+def test_prod_class_acceptance_triggers_the_dag_as_the_signed_in_user(airflow_api, monkeypatch, capsys) -> None:
+    """Before: refused outright in prod (no route); now the accept_class DAG, triggered as the signed-in user."""
+    from tasks.cli import main
+
+    monkeypatch.setenv("CD4ML_DATASET", "photos")  # allowed_labels: discover
+    monkeypatch.setenv("CD4ML_ENV", "prod")
+    monkeypatch.setenv("CD4ML_AIRFLOW_USERNAME", "approver")
+    monkeypatch.setenv("CD4ML_AIRFLOW_PASSWORD", "approver-pw")
+    monkeypatch.setenv("CD4ML_ACTOR", "ceo@example.com")
+    assert main(["classes", "--accept", "zebra"]) == 1
+    monkeypatch.delenv("CD4ML_ACTOR")
+    assert main(["classes", "--accept", "zebra", "--accept", "evil\x1b[2J\nlabel"]) == 1
+    err = capsys.readouterr().err
+    assert "label 2: " in err and "evil" not in err  # the rule is named, the label never echoed
+    assert airflow_api == []  # refused before anything was asked of Airflow
+
+    assert main(["classes", "--accept", "zebra", "--accept", "okapi"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["route"], out["dag_id"], out["triggered_by"]) == ("airflow", "cd4ml_accept_class", "approver")
+    token, run = airflow_api
+    assert token["path"] == "/auth/token"
+    assert run["path"] == "/api/v2/dags/cd4ml_accept_class/dagRuns" and run["auth"] == "Bearer token-of-approver"
+    assert run["body"]["conf"] == {"labels": ["zebra", "okapi"]}
+    from tasks.data import classes
+    from tasks.settings import load_settings
+
+    assert classes.known(load_settings()) is None  # nothing written by the command itself: the DAG run writes
+
+
+def test_sit_class_acceptance_acts_directly_as_the_account(cd4ml_home, monkeypatch, capsys) -> None:
+    from tasks.cli import main
+    from tasks.data import classes, lake
+    from tasks.release.actors import cli_actor
+    from tasks.settings import load_settings
+
+    monkeypatch.setenv("CD4ML_DATASET", "photos")
+    monkeypatch.delenv("CD4ML_ACTOR", raising=False)
+    assert main(["classes", "--accept", "zebra"]) == 0
+    assert json.loads(capsys.readouterr().out)["classes"] == ["zebra"]
+    uri = load_settings().table_uri(classes.CLASSES_TABLE)
+    assert lake.read(uri, lake.current_version(uri)).to_pylist()[0]["actor"] == cli_actor()
