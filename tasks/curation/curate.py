@@ -108,7 +108,7 @@ from tasks.curation.report import (
     run_dir,
     write_report_rows,
 )
-from tasks.curation.report_html import MAX_ROWS, write_page
+from tasks.curation.report_html import pictured, write_page
 from tasks.curation.reuse import reuse_prior
 from tasks.curation.tables import (
     COMPONENTS_TABLE,
@@ -170,7 +170,7 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     body = report_body(settings, raw_version, config_hash, version, plan.curated, plan.dropped, metadata,
                        {**plan.info, "galleries": galleries, "components_version": components_version})
     write_json(report, body)
-    page = write_page(run_dir(settings, raw_version, config_hash), body, _shown_images(raw, plan.dropped), report)
+    page = write_page(run_dir(settings, raw_version, config_hash), body, _shown_images(raw, pictured(body)), report)
     by_split, by_label = count_by_split(plan.curated)
     result = CurateResult(
         curated_table=settings.curated_table, curated_version=version, raw_table=settings.raw_table,
@@ -200,9 +200,8 @@ def _record_assignments(settings: Settings, plan: Plan, base_meta: dict[str, Any
     )
 
 
-def _shown_images(raw: pa.Table, dropped: list[dict[str, Any]]) -> dict[str, bytes]:
-    """The stored bytes of the images the page shows: each dropped image and the one kept in its place."""
-    wanted = sorted({s for d in dropped[:MAX_ROWS] for s in (d["sha256"], d.get("kept_sha256")) if s})
+def _shown_images(raw: pa.Table, wanted: list[str]) -> dict[str, bytes]:
+    """The stored bytes of the images the page shows (``report_html.pictured``)."""
     shown = raw.filter(pc.is_in(raw.column("sha256"), value_set=pa.array(wanted, pa.string())))
     return dict(zip(shown.column("sha256").to_pylist(), shown.column("image").to_pylist()))
 

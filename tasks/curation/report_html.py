@@ -3,8 +3,9 @@
 It needs no fastdup (whose galleries are optional): counts kept and dropped per class and per
 reason, every dropped image with its reason, detail and a thumbnail of it and of the image kept
 in its place, then the decisions the rules did not take (``decisions.abstained``: a rule that
-abstained for a class and why; ``decisions.possible_copies`` and ``decisions.possible_outliers``:
-images kept although they may be copies or bad images), "none" when the report has no such entry.
+abstained for a class and why; ``decisions.possible_copies`` (with thumbnails of both images) and
+``decisions.possible_outliers``: images kept although they may be copies or bad images), "none"
+when the report has no such entry.
 
 Labels and details are user data: every string is HTML-escaped and no file name is built from
 one (thumbnails are named by sha256, checked to be 64 hex digits). What the page shows is
@@ -34,6 +35,7 @@ THUMB_SIDE = 64  # px, longer side; tiny images (8x8 digits) are enlarged withou
 MAX_THUMBNAILS = 400  # thumbnail files per page (dropped images and their kept representatives)
 MAX_ROWS = 1000  # dropped images, abstentions and possible copies listed, each
 _SHA = re.compile(r"^[0-9a-f]{64}$")
+IMAGE_COLUMNS = ("sha256", "partner")  # entry fields that name an image (possible copies)
 
 STYLE = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1.5em}"
          "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:middle}"
@@ -49,7 +51,7 @@ def write_page(folder: Path, body: dict[str, Any], images: dict[str, bytes] | No
     folder.mkdir(parents=True, exist_ok=True)
     thumbs = folder / THUMBS
     shutil.rmtree(thumbs, ignore_errors=True)
-    shown = _thumbnails(thumbs, body.get("dropped") or [], images or {})
+    shown = _thumbnails(thumbs, pictured(body), images or {})
     page = folder / PAGE
     tmp = page.with_suffix(".html.tmp")
     tmp.write_text(render(body, shown, os.path.relpath(report_path, folder), _gallery_links(body, folder)),
@@ -75,7 +77,8 @@ def render(body: dict[str, Any], thumbs: dict[str, str], report_link: str, galle
              _decisions_section((body.get("decisions") or {}).get("abstained"), "Abstained (rule did not act)",
                                 ("rule", "label", "why")),
              _decisions_section((body.get("decisions") or {}).get("possible_copies"),
-                                "Possible copies (kept, not dropped)", ("sha256", "partner", "score", "label")),
+                                "Possible copies (kept, not dropped)", ("sha256", "partner", "score", "label"),
+                                thumbs),
              _decisions_section((body.get("decisions") or {}).get("possible_outliers"),
                                 "Possible bad images (kept, not dropped)", ("sha256", "reason", "detail", "label")),
              f"<h2>fastdup galleries</h2><ul>{links}</ul>" if links else "",
@@ -128,12 +131,20 @@ def _dropped_section(dropped: list[dict[str, Any]], thumbs: dict[str, str]) -> s
             f"<th>sha256</th><th>kept instead</th><th>its sha256</th></tr>{''.join(rows)}</table>{more}")
 
 
-def _decisions_section(entries: Any, title: str, columns: tuple[str, ...]) -> str:
+def _decisions_section(entries: Any, title: str, columns: tuple[str, ...], thumbs: dict[str, str] | None = None) -> str:
+    """A table of report entries; with ``thumbs``, the image columns (sha256, partner) show the image too."""
     if not entries or not isinstance(entries, list):
         return f"<h2>{_esc(title)}</h2><p>none</p>"
     listed = entries[:MAX_ROWS]
     header = "".join(f"<th>{_esc(c)}</th>" for c in columns)
-    rows = "".join("<tr>" + "".join(f"<td>{_esc(_cell(e, c))}</td>" for c in columns) + "</tr>" for e in listed)
+
+    def cell(entry: Any, column: str) -> str:
+        text = _esc(_cell(entry, column))
+        if thumbs is None or column not in IMAGE_COLUMNS:
+            return f"<td>{text}</td>"
+        return f"<td>{_thumb(_cell(entry, column), thumbs)} <code>{text[:12]}</code></td>"
+
+    rows = "".join("<tr>" + "".join(cell(e, c) for c in columns) + "</tr>" for e in listed)
     more = f"<p class='muted'>{len(entries) - len(listed)} more in the JSON report</p>" if len(entries) > len(listed) else ""
     return f"<h2>{_esc(title)}</h2><table><tr>{header}</tr>{rows}</table>{more}"
 
@@ -148,15 +159,24 @@ def _thumb(sha: Any, thumbs: dict[str, str]) -> str:
     return f"<img src='{_esc(path)}' alt='thumbnail'>" if path else "<span class='muted'>no thumbnail</span>"
 
 
-def _thumbnails(folder: Path, dropped: list[dict[str, Any]], images: dict[str, bytes]) -> dict[str, str]:
-    """Thumbnail files of the first dropped images and their representatives: sha256 -> relative path."""
-    wanted: list[str] = []
-    for d in dropped[:MAX_ROWS]:
-        for sha in (d.get("sha256"), d.get("kept_sha256")):
-            if isinstance(sha, str) and _SHA.match(sha) and sha in images and sha not in wanted:
-                wanted.append(sha)
+def pictured(body: dict[str, Any]) -> list[str]:
+    """The images the page shows, in page order and at most ``MAX_THUMBNAILS``: each listed drop and the image
+    kept in its place, then each listed possible copy and its partner (sha256s; anything else is ignored)."""
+    pairs = [(d.get("sha256"), d.get("kept_sha256")) for d in (body.get("dropped") or [])[:MAX_ROWS]]
+    copies = (body.get("decisions") or {}).get("possible_copies")
+    if isinstance(copies, list):
+        pairs += [(c.get("sha256"), c.get("partner")) for c in copies[:MAX_ROWS] if isinstance(c, dict)]
+    wanted: dict[str, None] = {}
+    for sha in (s for pair in pairs for s in pair):
+        if isinstance(sha, str) and _SHA.match(sha):
+            wanted.setdefault(sha)
+    return list(wanted)[:MAX_THUMBNAILS]
+
+
+def _thumbnails(folder: Path, wanted: list[str], images: dict[str, bytes]) -> dict[str, str]:
+    """Thumbnail files of ``wanted`` images that are in ``images``: sha256 -> relative path."""
     out: dict[str, str] = {}
-    for sha in wanted[:MAX_THUMBNAILS]:
+    for sha in (s for s in wanted if s in images):
         data = _thumbnail_png(images[sha])
         if data is None:
             continue
