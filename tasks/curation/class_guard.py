@@ -16,7 +16,8 @@ loses none of them this way. Beyond its budget a class abstains instead of dropp
   plus the bad images it still drops exceed its budget abstains for duplicates; the plan
   deduplicates again keeping its near-copies and lists them as possible copies.
 
-Outside the budget: ``exact_duplicate`` (identical decoded pixels: the kept image carries every
+Outside the budget: constant images (``outliers.is_constant``: one colour, no information in any
+amount), ``exact_duplicate`` (identical decoded pixels: the kept image carries every
 bit of it, nothing is lost), ``undecodable``/``fastdup_invalid`` (no image to keep), and the
 quarantines ``label_conflict`` and ``split_bridge`` (they protect labels and split stability and
 are decided as before).
@@ -26,9 +27,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
-BAD_IMAGE_REASONS = ("too_small", "too_dark", "too_bright", "blurry")
+from tasks.curation.outliers import is_constant
+
+BAD_IMAGE_REASONS = ("too_small", "too_dark", "too_bright", "blurry", "flat")
 
 
 def budget(images: int, share: float) -> int:
@@ -50,6 +54,8 @@ def guard_outliers(by_sha: dict[str, dict[str, Any]], eligible: list[str], dropp
     sizes = class_sizes(by_sha)
     per_class: dict[str, list[tuple[str, str, str, Any]]] = {}
     for o in outliers:
+        if is_constant(o[3]):
+            continue
         per_class.setdefault(by_sha[o[0]]["label"], []).append(o)
     keep: set[str] = set()
     decisions = []
@@ -70,12 +76,12 @@ def guard_outliers(by_sha: dict[str, dict[str, Any]], eligible: list[str], dropp
             [o for o in outliers if o[0] not in keep], decisions)
 
 
-def over_budget(by_sha: dict[str, dict[str, Any]], dropped: list[dict[str, Any]], share: float
-                ) -> dict[str, str]:
-    """label -> why, for each class whose near-duplicate plus bad-image drops exceed its budget."""
+def over_budget(by_sha: dict[str, dict[str, Any]], dropped: list[dict[str, Any]], share: float,
+                exempt: Collection[str] = ()) -> dict[str, str]:
+    """label -> why, for each class whose near-duplicate plus bad-image drops (but ``exempt``) exceed its budget."""
     sizes = class_sizes(by_sha)
     near = Counter(d["label"] for d in dropped if d["reason"] == "near_duplicate")
-    bad = Counter(d["label"] for d in dropped if d["reason"] in BAD_IMAGE_REASONS)
+    bad = Counter(d["label"] for d in dropped if d["reason"] in BAD_IMAGE_REASONS and d["sha256"] not in exempt)
     out = {}
     for label in sorted(near):
         allowed = budget(sizes[label], share)

@@ -57,6 +57,11 @@ def measured(width: int, height: int, f: ImageFeatures) -> Measured:
                     float(f.blur or 0.0))
 
 
+def is_constant(f: ImageFeatures | None) -> bool:
+    """One colour up to encoding noise: no information whatever the data (a drop that loses nothing)."""
+    return f is not None and f.error is None and f.contrast is not None and f.contrast < CONSTANT_STD
+
+
 def outlier_reason(m: Measured, limits: OutlierSettings) -> tuple[str, str] | None:
     """(reason, detail) from the absolute rules (the input floor, constant images, overrides set), else None."""
     if min(m.width, m.height) < limits.min_training_side:
@@ -152,8 +157,8 @@ def _check_override_share(decided: dict[str, tuple[str, str]], features: Feature
                           limits: OutlierSettings) -> None:
     """Stop before dropping when an absolute limit flags a large share: the threshold does not fit this data."""
     counts: dict[str, int] = {}
-    for reason, detail in decided.values():
-        if not detail.startswith("constant image"):  # a constant image is bad in any amount
+    for sha, (reason, _) in decided.items():
+        if not is_constant(features.by_sha[sha]):  # a constant image is bad in any amount
             counts[reason] = counts.get(reason, 0) + 1
     for reason, n in sorted(counts.items()):
         if n < 10 or n / max(total, 1) <= limits.max_share:

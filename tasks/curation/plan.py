@@ -45,7 +45,7 @@ from tasks.curation.curation_features import (
 )
 from tasks.curation.dedupe import dedupe_component, pixel_key
 from tasks.curation.fastdup_optional import require_embedding
-from tasks.curation.outliers import screen
+from tasks.curation.outliers import is_constant, screen
 from tasks.curation.separation import separation_by_class
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
 from tasks.settings import Settings
@@ -190,12 +190,13 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
     seps = separation_by_class(graph.eligible, lambda s: by_sha[s]["label"], lambda s: pixel_key(features, s),
                                graph.scores, cfg.copy_similarity, cfg.copy_min_separation, cfg.copy_min_class_images)
     abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
+    constant = {s for s in by_sha if is_constant(features.by_sha[s])}
     while True:
         possible: list[tuple[str, str, float]] = []
         removed: list[dict[str, Any]] = []
         kept_rows = _dedupe(groups, assignments, features, by_sha, graph.scores, cfg.copy_similarity, removed,
                             abstain, possible)
-        over = {k: v for k, v in over_budget(by_sha, dropped + removed, cfg.max_class_drop_share).items()
+        over = {k: v for k, v in over_budget(by_sha, dropped + removed, cfg.max_class_drop_share, constant).items()
                 if k not in abstain}
         if not over:
             break
