@@ -3,8 +3,12 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-REQ_HASH := $(shell cat requirements.txt requirements-dev.txt constraints.txt pyproject.toml | sha256sum | cut -c1-12)
-STAMP := $(VENV)/.installed-$(REQ_HASH)
+# fastdup (CC BY-NC-ND 4.0, non-commercial; README "Licences") is installed unless WITH_FASTDUP=0:
+# curation then runs on the project's own code, without fastdup's model and galleries.
+WITH_FASTDUP ?= 1
+REQ_FILES := requirements.txt requirements-dev.txt requirements-alibi-detect.txt requirements-fastdup.txt constraints.txt pyproject.toml
+REQ_HASH := $(shell cat $(REQ_FILES) | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(REQ_HASH)-fastdup$(WITH_FASTDUP)
 
 # Embedded defaults: everything under .cd4ml/, SQLite for Airflow and MLflow, no server.
 export CD4ML_ENV ?= sit
@@ -21,14 +25,23 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEMO_DATE ?= 2026-11-21
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv demo demo-photos demo-serving test test-stack test-all test-fast browser-deps up up-scaleout down ui bench lock clean
+.PHONY: venv demo demo-photos demo-serving test test-nofastdup test-stack test-all test-fast browser-deps up up-scaleout down ui bench lock clean
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
+# alibi-detect and fastdup go in with --no-deps: their metadata pins Pillow below requirements.txt's
+# (docs/data.md, "Pillow"); their other requirements are pinned in the files, and
+# tests/test_dependencies.py fails on anything unmet but those two Pillow pins.
+$(STAMP): $(REQ_FILES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps -r requirements-alibi-detect.txt
+ifeq ($(WITH_FASTDUP),0)
+	$(BIN)/pip uninstall --quiet --yes fastdup 2>/dev/null || true
+else
+	$(BIN)/pip install --quiet --no-deps -r requirements-fastdup.txt
+endif
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	@rm -f $(VENV)/.installed-* && touch $@
 
@@ -63,6 +76,13 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -m "not stack and not browser"
 
+## The install without fastdup (WITH_FASTDUP=0, its own .venv-nofastdup): the curation tests, the dependency
+## check and the fastdup-free tests run there (README "Licences"; the time it adds: bench/README.md).
+test-nofastdup:
+	$(MAKE) venv VENV=.venv-nofastdup WITH_FASTDUP=0
+	.venv-nofastdup/bin/python -m pytest -q -p no:cacheprovider --durations=5 -m "not stack and not browser" \
+	  tests/tasks/curation tests/test_dependencies.py
+
 ## The running stacks: `cd4ml up` in scale-out mode (PostgreSQL, Redis, Celery workers, MLflow server) with a
 ## worker killed mid-task and auth refusals, the Airflow UI in headless Chromium (installed from Debian if missing),
 ## and the release and deadline DAGs under a real scheduler and API server (approvals, timeouts, rollback).
@@ -96,9 +116,13 @@ ui: up
 bench: $(STAMP)
 	$(BIN)/python bench/dag_parse.py
 
-## Re-pin constraints.txt from the current environment (after changing requirements.txt).
+## Re-pin constraints.txt from the current environment (after changing a requirements file). The lock is
+## taken from the full install (with fastdup), so WITH_FASTDUP=0 installs a subset of it; setuptools is
+## pinned too (fastdup and torch require it), pip is not.
 lock:
-	$(BIN)/pip freeze --exclude-editable | grep -v '^cd4ml' | sed 's/^torch==2.13.0+cpu$$/torch==2.13.0/' > constraints.txt
+	@$(BIN)/python -c "import importlib.metadata as m; m.version('fastdup')" 2>/dev/null \
+	  || { echo "make lock needs the full install: make venv WITH_FASTDUP=1"; exit 1; }
+	$(BIN)/pip freeze --all --exclude-editable | grep -v -E '^(cd4ml|pip)==' | sed 's/^torch==2.13.0+cpu$$/torch==2.13.0/' > constraints.txt
 
 clean:
 	rm -rf $(CD4ML_HOME) $(CURDIR)/.cd4ml-photos

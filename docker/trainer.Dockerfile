@@ -23,8 +23,11 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /opt/cd4ml
 COPY requirements.txt constraints.txt ./
-# The pinned training stack, not the orchestration and curation one; torch 2.13.0 from the CUDA index.
-RUN grep -v -E '^(apache-airflow|fastdup|great-expectations|alibi-detect|asyncpg|celery)' requirements.txt \
+# The pinned training stack, not the orchestration, curation and drift one (fastdup and alibi-detect
+# have their own files, alibi-detect's requirements are requirements.txt's last block); torch 2.13.0
+# from the CUDA index.
+RUN sed -e '/^# alibi-detect 0.13.0.s requirements/,$d' \
+        -e '/^\(apache-airflow\|great-expectations\|asyncpg\|celery\)/d' requirements.txt \
       > requirements-trainer.txt \
  && pip install --no-cache-dir --extra-index-url "${TORCH_INDEX}" -r requirements-trainer.txt
 

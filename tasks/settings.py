@@ -192,7 +192,8 @@ class CurationSettings(_Section):
         description="Fractions of new components per split: train, val and test, each >= 0, summing to 1.")
     split_salt: str = Field("cd4ml-v1", description="Salt of the split hash; changing it reshuffles every split.")
     embedding: Literal["pixels", "fastdup"] = Field(
-        "pixels", description="pixels: grey-pixel embedding (tiny digits) | fastdup: fastdup's model (photos).")
+        "pixels", description="pixels: grey-pixel embedding (tiny digits) | fastdup: fastdup's model (photos; "
+        "needs fastdup installed, requirements-fastdup.txt: refused before any work otherwise).")
     feature_size: int = Field(8, gt=0, description="Pixels: side of the grey-pixel embedding (embedding: pixels).")
     outliers: OutlierSettings = Field(default_factory=OutlierSettings, description="Bad-image rules.")
 

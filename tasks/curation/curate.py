@@ -108,6 +108,7 @@ from tasks.curation.report import (
     run_dir,
     write_report_rows,
 )
+from tasks.curation.report_html import pictured, write_page
 from tasks.curation.reuse import reuse_prior
 from tasks.curation.tables import (
     COMPONENTS_TABLE,
@@ -166,8 +167,10 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     write_report_rows(settings, raw_version, config_hash, version, plan.dropped, run_id, logical)
     galleries = _galleries(settings, raw, plan, raw_version, config_hash)
     report = report_path_for(settings, raw_version, config_hash)
-    write_json(report, report_body(settings, raw_version, config_hash, version, plan.curated, plan.dropped, metadata,
-                                   {**plan.info, "galleries": galleries, "components_version": components_version}))
+    body = report_body(settings, raw_version, config_hash, version, plan.curated, plan.dropped, metadata,
+                       {**plan.info, "galleries": galleries, "components_version": components_version})
+    write_json(report, body)
+    page = write_page(run_dir(settings, raw_version, config_hash), body, _shown_images(raw, pictured(body)), report)
     by_split, by_label = count_by_split(plan.curated)
     result = CurateResult(
         curated_table=settings.curated_table, curated_version=version, raw_table=settings.raw_table,
@@ -176,7 +179,7 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
         run_id=run_id, logical_date=logical, galleries=galleries, report_table=settings.table_uri(REPORT_TABLE),
         components_table=settings.table_uri(COMPONENTS_TABLE), components_version=components_version,
         embeddings_table=settings.table_uri(EMBEDDINGS_TABLE), new_images=plan.new_images,
-        embedded=plan.feature_rows.num_rows,
+        embedded=plan.feature_rows.num_rows, report_html=str(page),
     )
     log_result(result)
     return result
@@ -195,6 +198,12 @@ def _record_assignments(settings: Settings, plan: Plan, base_meta: dict[str, Any
         {**base_meta, "step": "curate_components", "split_salt": settings.curation.split_salt,
          "new_images": plan.new_images},
     )
+
+
+def _shown_images(raw: pa.Table, wanted: list[str]) -> dict[str, bytes]:
+    """The stored bytes of the images the page shows (``report_html.pictured``)."""
+    shown = raw.filter(pc.is_in(raw.column("sha256"), value_set=pa.array(wanted, pa.string())))
+    return dict(zip(shown.column("sha256").to_pylist(), shown.column("image").to_pylist()))
 
 
 def _galleries(settings: Settings, raw: pa.Table, plan: Plan, raw_version: int, config_hash: str) -> dict[str, str]:

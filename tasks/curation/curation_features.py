@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image, ImageOps
 
+from tasks.curation.fastdup_optional import fastdup_installed, import_fastdup
 from tasks.curation.image_stats import NORM_MAX_SIDE, NORM_SIDE, ImageStats, image_stats
 from tasks.data import lake
 from tasks.settings import CurationSettings
@@ -417,6 +418,10 @@ def write_galleries(
     """
     if not duplicates and not outliers:
         return {}
+    if not fastdup_installed():  # an install without fastdup (its licence): the curation page shows the same
+        log.info("curate: fastdup galleries skipped: fastdup is not installed (the curation page index.html "
+                 "lists every drop)")
+        return {}
     out: dict[str, str] = {}
     try:
         with warnings.catch_warnings():  # fastdup's own pandas code warns about chained assignment
@@ -435,8 +440,9 @@ def _galleries(
     labels: dict[str, str],
     out: dict[str, str],
 ) -> None:
-    import fastdup
     import pandas as pd
+
+    fastdup = import_fastdup("fastdup's galleries")
 
     if folder.exists():
         shutil.rmtree(folder)

@@ -44,6 +44,7 @@ from tasks.curation.curation_features import (
     store_features,
 )
 from tasks.curation.dedupe import dedupe_component, pixel_key
+from tasks.curation.fastdup_optional import require_embedding
 from tasks.curation.outliers import is_constant, screen
 from tasks.curation.separation import separation_by_class
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
@@ -280,7 +281,11 @@ def store_caches(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> No
 
 
 def plan_in_workdir(settings: Settings, raw: pa.Table, raw_version: int, run_id: str) -> Plan:
-    """Plan with fastdup's exported copies in a private folder that never outlives the call."""
+    """Plan with fastdup's exported copies in a private folder that never outlives the call.
+
+    Refused before any work when ``curation.embedding`` needs fastdup and it is not installed.
+    """
+    require_embedding(settings.curation)
     parent = settings.reports_path / "curation"
     parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=parent))

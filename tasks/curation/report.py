@@ -32,7 +32,8 @@ class CurateResult:
     report_path: str
     run_id: str
     logical_date: str
-    galleries: dict[str, str] = field(default_factory=dict)  # name -> fastdup HTML gallery
+    galleries: dict[str, str] = field(default_factory=dict)  # name -> fastdup HTML gallery (when installed)
+    report_html: str = ""  # the curation's own page (tasks.curation.report_html), with or without fastdup
     report_table: str = ""
     components_table: str = ""
     components_version: int | None = None  # the assignment record this version was curated with
@@ -150,5 +151,7 @@ def log_result(result: CurateResult) -> None:
     log.info("curate: %s v%d kept %d %s, dropped %s", result.curated_table, result.curated_version, result.kept,
              result.counts_by_split, result.dropped_by_reason)
     log.info("curate: report %s (table %s)", result.report_path, result.report_table)
+    if result.report_html:
+        log.info("curate: page %s", result.report_html)
     for name, path in result.galleries.items():
         log.info("curate: fastdup gallery %s: %s", name, path)

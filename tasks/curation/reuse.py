@@ -14,9 +14,11 @@ from tasks.curation.report import (
     log_result,
     report_body,
     report_path_for,
+    run_dir,
     stored_report_rows,
     write_report_rows,
 )
+from tasks.curation.report_html import existing_page, write_page
 from tasks.curation.tables import COMPONENTS_TABLE, EMBEDDINGS_TABLE, REPORT_TABLE, read_raw
 from tasks.data import lake
 from tasks.files import write_json
@@ -45,6 +47,9 @@ def reuse_prior(
     if not report.exists():  # reports folder wiped: the Delta report is the record, the JSON its copy
         write_json(report, report_body(settings, raw_version, config_hash, prior.version, table, dropped,
                                        prior.metadata, {"galleries": galleries, "rebuilt_from": REPORT_TABLE}))
+    folder = run_dir(settings, raw_version, config_hash)
+    # A missing page is rebuilt without thumbnails: answering a finished curation reads no image.
+    page = existing_page(folder) or str(write_page(folder, json.loads(report.read_text()), None, report))
     by_split, by_label = count_by_split(table)
     reasons = json.loads(prior.metadata.get("dropped_by_reason", "null") or "null") or count_reasons(dropped)
     components_version = prior.metadata.get("components_version")
@@ -57,6 +62,7 @@ def reuse_prior(
         components_version=int(components_version) if components_version not in (None, "None") else None,
         embeddings_table=settings.table_uri(EMBEDDINGS_TABLE),
         new_images=int(prior.metadata.get("new_images", "0")), embedded=int(prior.metadata.get("embedded", "0")),
+        report_html=page,
     )
     log.info("curate: reusing %s version %d for raw version %d", curated_uri, prior.version, raw_version)
     log_result(result)

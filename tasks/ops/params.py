@@ -84,8 +84,12 @@ def _train(settings: Settings, params: Params) -> list[str]:
 
 
 def _curate(settings: Settings, params: Params) -> list[str]:
+    from tasks.curation.fastdup_optional import embedding_problem
+
     version = params.get("raw_version")
-    return [] if version is None else [_table_version_problem(settings.raw_table, version, "raw_version")]
+    problems = [] if version is None else [_table_version_problem(settings.raw_table, version, "raw_version")]
+    embedding = embedding_problem(settings.curation)
+    return problems + ([embedding] if embedding else [])
 
 
 def _ingest(settings: Settings, params: Params) -> list[str]:

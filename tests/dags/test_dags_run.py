@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,9 @@ def test_pipeline_end_to_end_and_idempotent(private_env):
     env = private_env
     _cd4ml(["sample-data", "--with-bad-files"], env)
     _dag_test("cd4ml_ingest", env, conf={"dataset_version_name": "digits-1"})
-    _dag_test("cd4ml_curate", env)
+    out = _dag_test("cd4ml_curate", env)
+    page = re.search(r"curation page: (\S+index\.html)", out)  # the task log links the curation's own page
+    assert page and Path(page.group(1)).is_file(), out[-2000:]
     out = _dag_test("cd4ml_train", env)
     assert "drift: skipped" in out  # first run: no champion to compare against
 

@@ -165,3 +165,19 @@ def test_the_mlflow_entrypoint_writes_its_config_without_a_password(tmp_path):
     missing = subprocess.run(["bash", str(DOCKER / "mlflow-entrypoint.sh")], capture_output=True, text=True,
                              env={"PATH": os.environ["PATH"]})
     assert missing.returncode != 0 and "set MLFLOW_BACKEND_STORE_URI" in missing.stderr
+
+
+def test_images_install_alibi_detect_and_fastdup_as_make_venv_does():
+    """--no-deps for the two whose metadata pins Pillow; fastdup optional; the trainer drops alibi-detect's block."""
+    airflow = (DOCKER / "Dockerfile").read_text()
+    assert "ARG WITH_FASTDUP=1" in airflow
+    assert "pip install --no-cache-dir --no-deps -r requirements-alibi-detect.txt" in airflow
+    assert re.search(r'if \[ "\$\{WITH_FASTDUP\}" != "0" \]; then pip install --no-cache-dir --no-deps '
+                     r"-r requirements-fastdup.txt; fi", airflow)
+    trainer = (DOCKER / "trainer.Dockerfile").read_text()
+    script = re.search(r"RUN (sed .*?requirements\.txt)\s*\\\n\s*> requirements-trainer\.txt", trainer, re.S).group(1)
+    kept = subprocess.run(["bash", "-c", script.replace("\\\n", " ")], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout
+    names = {line.split("==")[0] for line in kept.splitlines() if "==" in line}
+    assert {"torch", "mlflow", "pillow", "deltalake"} <= names
+    assert not names & {"apache-airflow", "great-expectations", "celery", "transformers", "numba", "opencv-python"}

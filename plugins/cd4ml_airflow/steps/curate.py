@@ -11,6 +11,8 @@ from cd4ml_airflow.steps.shape import step
 
 def _said(result) -> str:
     lines = [f"curation report: {result.report_path}  (every drop with its reason: {result.report_table})"]
+    if result.report_html:
+        lines.append(f"curation page: {result.report_html}")
     lines += [f"fastdup gallery {name}: {path}" for name, path in result.galleries.items()]
     return "\n".join(lines)
 
@@ -28,6 +30,7 @@ def _curated_event(result) -> dict:
         "report_table": result.report_table,
         "components_version": result.components_version,
         "galleries": result.galleries,
+        "report_html": result.report_html,
     }
 
 

@@ -1,4 +1,9 @@
-"""The struct header reader agrees with Pillow on every PNG and JPEG mode, and defers to Pillow when unsure."""
+"""The struct header reader agrees with Pillow on every PNG and JPEG mode, and defers to Pillow when unsure.
+
+Run again on every Pillow upgrade (requirements.txt): every mode ingest keeps or converts, in
+every format Pillow writes it to, is read the same by the header reader and by Pillow, and
+ingest stores it as L or RGB with its pixels.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import pytest
 from PIL import Image
 
 from tasks.data.headers import PNG_MODES, fast_header
-from tasks.data.images import screen
+from tasks.data.images import CONVERT_MODES, KEEP_MODES, PreparedImage, prepare_image, screen
 from tests.factories.fuzzing import png
 
 
@@ -82,3 +87,47 @@ def test_doubt_goes_to_pillow_and_the_verdicts_stay_ingests():
         expected = "unsupported_mode" if "CMYK" in name else "too_large"
         assert screen(data, **rules).code == expected, name
     assert screen(png(16, 2, 3000, 3000), min_side=8, max_side=4096, max_pixels=10**6).code == "too_many_pixels"
+
+
+def _written(mode: str, fmt: str) -> bytes | None:
+    """A 12x9 image of ``mode`` with a known first pixel, as Pillow writes it in ``fmt`` (None: it cannot)."""
+    if mode.startswith("I"):
+        img = Image.new(mode, (12, 9), 0)
+        img.putpixel((0, 0), 40000)
+    elif mode == "PA":
+        img = Image.new("RGBA", (12, 9), (200, 100, 50, 255)).convert("PA")
+    else:
+        img = Image.new("RGB", (12, 9), (200, 100, 50)).convert(mode)
+    buf = io.BytesIO()
+    try:
+        img.save(buf, format=fmt)
+    except (OSError, KeyError, ValueError):
+        return None
+    return buf.getvalue()
+
+
+def test_every_mode_ingest_takes_reads_the_same_and_is_stored_as_l_or_rgb():
+    rules = {"min_side": 8, "max_side": 64, "max_pixels": 10**6}
+    covered = set()
+    for mode in (*KEEP_MODES, *CONVERT_MODES):
+        for fmt in ("PNG", "TIFF", "JPEG", "BMP", "WEBP"):
+            data = _written(mode, fmt)
+            if data is None:
+                continue
+            covered.add(mode)
+            header = fast_header(data)
+            assert header is None or header == _pillow(data), (mode, fmt)
+            assert screen(data, **rules) is None, (mode, fmt)
+            stored = prepare_image(data, **rules)
+            assert isinstance(stored, PreparedImage) and stored.mode in ("L", "RGB"), (mode, fmt, stored)
+            assert stored.source_mode == _pillow(data)[3] and (stored.width, stored.height) == (12, 9)
+            with Image.open(io.BytesIO(stored.data)) as back:
+                first = back.getpixel((0, 0))
+            if stored.source_mode.startswith("I"):  # 16-bit: the high byte, scaled rather than clipped
+                assert first == 40000 >> 8, (mode, fmt, first)
+            elif fmt in ("PNG", "TIFF", "BMP"):  # lossless, opaque: the pixel as Pillow converts it
+                with Image.open(io.BytesIO(data)) as src:
+                    assert first == src.convert(stored.mode).getpixel((0, 0)), (mode, fmt, first)
+    assert covered == {*KEEP_MODES, *CONVERT_MODES}
+    cmyk = _written("CMYK", "JPEG")
+    assert screen(cmyk, **rules).code == prepare_image(cmyk, **rules).code == "unsupported_mode"
