@@ -2,9 +2,10 @@
 ### cd4ml_promote: a registered model version -> this environment's champion, through the gate
 
 **deploy model** (`release.pattern: deploy_model`, e.g. uat from sit, prod from uat): scheduled on
-the champion Asset of `release.upstream`. `copy_candidate` copies the upstream champion (or the
-Param `source_version`) into this environment's registered model with MLflow
-`copy_model_version`, lineage tags kept, no retraining.
+the champion Asset of `release.upstream` (and started by `cd4ml_reconcile`). `copy_candidate`
+imports the upstream champion (or the Param `source_version`) from the upstream's registry
+(`release.upstream_registry`) into this environment's registered model: every file checked against
+its manifest first, lineage and provenance tags kept, no retraining.
 
 **deploy code** (`release.pattern: deploy_code`): by hand only, with the Param `version`: a
 version already registered here (e.g. a challenger whose approval was rejected or timed out)

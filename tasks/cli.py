@@ -222,6 +222,19 @@ def _cmd_promote(args: argparse.Namespace) -> int:
 
 
 @_data_plane_errors
+def _cmd_import_model(args: argparse.Namespace) -> int:
+    """Import the upstream's champion (or --source-version) into this environment's registry; moves no alias."""
+    from tasks.release.model_import import import_model, pending_import
+
+    settings = load_settings(args.env)
+    if args.check:
+        print(json.dumps({"pending": pending_import(settings)}, sort_keys=True))
+        return 0
+    print(json.dumps(import_model(settings, args.source_version).to_dict(), indent=2, sort_keys=True))
+    return 0
+
+
+@_data_plane_errors
 def _cmd_audit(args: argparse.Namespace) -> int:
     from tasks.release import audit
 
@@ -440,6 +453,12 @@ def _add_release(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--by", help=argparse.SUPPRESS)  # accepted only to be refused with a clear message
     p.add_argument("--run-id", help="request id: repeating the same id changes nothing")
     p.set_defaults(func=_cmd_promote)
+    p = sub.add_parser("import-model", help="deploy_model: import the upstream's champion from its registry (files checked "
+                       "against its manifest, provenance tagged); moves no alias: gate and promote with cd4ml_promote")
+    p.add_argument("--env", required=True, help="sit | uat | prod (the environment imported into)")
+    p.add_argument("--source-version", type=int, help="the upstream version to import; default: the upstream's champion")
+    p.add_argument("--check", action="store_true", help="only say which upstream champion has no gated import here")
+    p.set_defaults(func=_cmd_import_model)
     p = sub.add_parser("audit", help="the release ledger of an environment: every alias change and approval decision")
     p.add_argument("--env", required=True, help="sit | uat | prod")
     p.add_argument("--json", action="store_true")

@@ -384,6 +384,46 @@ class GateSettings(_Section):
     smoke_timeout_s: int = Field(300, gt=0, description="Seconds the smoke process may take.")
 
 
+class UpstreamRegistrySettings(_Section):
+    """deploy_model across deployments: the upstream environment's own MLflow registry, read as a read-only account."""
+
+    tracking_uri: str | None = Field(
+        None, description="The upstream's MLflow tracking server (https://host) or store; null = the upstream environment's "
+        "tracking store as these settings name it (one registry for every environment). Never holds credentials.")
+    conn_id: str = Field(
+        "cd4ml_upstream_registry", pattern=r"^[A-Za-z0-9_]{1,64}$", description="Airflow Connection (login, password) of the upstream's read-only account; "
+        "outside Airflow the variable AIRFLOW_CONN_<CONN_ID> in Airflow's URI or JSON form. Not defined: no credentials sent.")
+    allowed_schemes: tuple[str, ...] = Field(
+        ("https", "http", "sqlite"), description="URI schemes tracking_uri may use; anything else is refused before it is "
+        "contacted (drop http where the upstream is reached over a network).")
+    timeout_s: int = Field(30, gt=0, le=600, description="Seconds per request to the upstream registry.")
+    attempts: int = Field(3, ge=1, le=10, description="Tries per request to the upstream registry before it counts as unreachable.")
+    reconcile_schedule: str | None = Field(
+        "@hourly", description="deploy_model: when cd4ml_reconcile compares the upstream champion with the last gated import "
+        "and starts cd4ml_promote when they differ (cron or preset); null = never.")
+
+    @model_validator(mode="after")
+    def _uri(self) -> "UpstreamRegistrySettings":
+        if self.tracking_uri is not None:
+            check_registry_uri(self.tracking_uri, self.allowed_schemes)
+        return self
+
+
+def check_registry_uri(uri: str, allowed_schemes: tuple[str, ...]) -> str:
+    """``uri`` when its scheme is allowed and it carries no credentials; else ValueError (naming the scheme only)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        raise ValueError("the upstream registry URI cannot be parsed") from None
+    if parts.scheme not in allowed_schemes:
+        raise ValueError(f"upstream registry scheme {parts.scheme[:20]!r} is not in allowed_schemes {list(allowed_schemes)}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("the upstream registry URI must not carry credentials: put them in the Connection conn_id names")
+    return uri
+
+
 class ReleaseSettings(_Section):
     """How a model reaches this environment's champion alias (tasks/release/release.py)."""
 
@@ -401,6 +441,9 @@ class ReleaseSettings(_Section):
     airflow_api_url: str = Field(
         "http://localhost:8080", description="approval required: the Airflow API server the cd4ml command triggers "
         "cd4ml_rollback, cd4ml_promote and cd4ml_accept_class through, as the signed-in user; CD4ML_AIRFLOW_URL overrides.")
+    upstream_registry: UpstreamRegistrySettings = Field(
+        default_factory=UpstreamRegistrySettings, description="deploy_model: where the upstream's champion is read "
+        "(its own registry in another deployment, or the shared one).")
 
     @model_validator(mode="after")
     def _pattern(self) -> "ReleaseSettings":

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 TAG_MANIFEST = "cd4ml.manifest"
 TAG_MANIFEST_SHA256 = "cd4ml.manifest.sha256"
 ALERT_KIND = "model_tampered"
-_CLIENT_WRITTEN = "registered_model_meta"  # mlflow.store.artifact.models_artifact_repo.REGISTERED_MODEL_META_FILE_NAME
+CLIENT_WRITTEN = "registered_model_meta"  # mlflow.store.artifact.models_artifact_repo.REGISTERED_MODEL_META_FILE_NAME
 _NAMED_AT_MOST = 20  # files named in one message; the rest are counted
 _REGISTRY_URI = re.compile(r"models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[^/]+))/?")
 
@@ -109,7 +109,7 @@ def file_manifest(folder: Path) -> dict[str, str]:
     """
     return {path.relative_to(folder).as_posix(): _sha256(path)
             for path in sorted(folder.rglob("*")) if (path.is_file() or path.is_symlink())
-            and path.relative_to(folder).as_posix() != _CLIENT_WRITTEN}
+            and path.relative_to(folder).as_posix() != CLIENT_WRITTEN}
 
 
 def manifest_digest(manifest: dict[str, str]) -> str:

@@ -45,6 +45,15 @@ TAG_SAMPLE = "cd4ml.sample"  # the named sample version trained on (sit), e.g. s
 TAG_SOURCE = "cd4ml.source"  # runs:/<id> (trained here) or models:/<name>/<version> (copied from upstream)
 TAG_COPIED_FROM = "cd4ml.copied_from"
 TAG_ROLLED_BACK = "cd4ml.rolled_back"  # reason; such a version is never promoted automatically again
+# Provenance of a version imported from another environment's registry (tasks/release/model_import.py).
+TAG_IMPORT_REGISTRY = "cd4ml.import.source_registry"  # its tracking URI, without credentials
+TAG_IMPORT_ENV = "cd4ml.import.source_env"
+TAG_IMPORT_MODEL = "cd4ml.import.source_model"
+TAG_IMPORT_VERSION = "cd4ml.import.source_version"
+TAG_IMPORT_RUN = "cd4ml.import.source_run_id"
+TAG_IMPORT_GATE = "cd4ml.import.source_gate"  # JSON: the source's cd4ml.gate.* tags (decision, report, test, ...)
+TAG_IMPORT_RELEASE = "cd4ml.import.source_release"  # the source's last release-ledger row (JSON), as tagged upstream
+TAG_IMPORT_MANIFEST = "cd4ml.import.source_manifest_sha256"
 LINEAGE_RUN_TAGS = (
     TAG_ENV,
     TAG_CURATED_TABLE,
@@ -170,7 +179,7 @@ def get_model_version(client: MlflowClient, name: str, version: int | str) -> Mo
 def trained_on(version: ModelVersion) -> tuple[str, int]:
     """(curated table, version) a model version was trained on, from the version's own tags; else LineageError.
 
-    ``register_candidate`` and ``copy_from_upstream`` always write them; a version registered by
+    ``register_candidate`` and ``import_model`` always write them; a version registered by
     hand (MLflow UI, another tool) has none and is refused rather than guessed from a run.
     """
     tags = dict(version.tags or {})

@@ -18,8 +18,9 @@ of the next release. Nothing here touches data.
 
 Two release patterns (``release.pattern``): ``deploy_code`` trains in every environment on its
 own data (tasks/training/train.py, with a sample in sit); ``deploy_model`` copies the champion of
-``release.upstream`` into this environment's registered model with ``copy_from_upstream``
-(MLflow ``copy_model_version``, lineage tags kept) and gates the copy here, no retraining.
+``release.upstream`` into this environment's registered model (tasks/release/model_import.py: from
+the upstream's own registry, every file checked against its manifest, provenance tagged) and gates
+the import here, no retraining.
 """
 
 from __future__ import annotations
@@ -36,15 +37,13 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from tasks.errors import DataError
-from tasks.models import integrity
 from tasks.models.champion import NoChampionError
 from tasks.models.registry import (
-    EXTRA_LINEAGE_TAGS,
-    LINEAGE_RUN_TAGS,
-    TAG_COPIED_FROM,
-    TAG_ENV,
+    TAG_IMPORT_ENV,
+    TAG_IMPORT_MODEL,
+    TAG_IMPORT_REGISTRY,
+    TAG_IMPORT_VERSION,
     TAG_ROLLED_BACK,
-    TAG_SOURCE,
     StaleGateError,
     alias_version,
     get_model_version,
@@ -54,7 +53,7 @@ from tasks.models.registry import (
 )
 from tasks.release import audit
 from tasks.release.audit import AuditRow
-from tasks.settings import Settings, load_settings
+from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +202,15 @@ def _result(settings: Settings, row: AuditRow | None, committed: bool, action: s
                          row.to_version, committed, row.seq, message)
 
 
+def imported_from(version: ModelVersion) -> str:
+    """The ledger's note of where an imported version came from (source environment, model, version, registry)."""
+    tags = version.tags or {}
+    if not tags.get(TAG_IMPORT_VERSION):
+        return ""
+    return (f"; imported from {tags.get(TAG_IMPORT_ENV)} {tags.get(TAG_IMPORT_MODEL)} v{tags[TAG_IMPORT_VERSION]} "
+            f"({tags.get(TAG_IMPORT_REGISTRY)})")
+
+
 def _gate_of(gate: Any) -> Mapping[str, Any]:
     gate = gate.to_dict() if hasattr(gate, "to_dict") else gate
     if not isinstance(gate, Mapping) or "decision" not in gate or "candidate_version" not in gate:
@@ -240,7 +248,8 @@ def mark_challenger(settings: Settings, version: int, gate: Any, *, run_id: str 
             return None  # already challenger, or already champion (a re-run of the release that made it so)
         return AuditRow(settings.env, name, "challenger", alias, current, int(version), actor,
                         reason=(f"gate passed against champion v{gate['champion_version']}"
-                                if gate.get("champion_version") is not None else "gate passed; no champion yet"),
+                                if gate.get("champion_version") is not None else "gate passed; no champion yet")
+                        + imported_from(candidate),
                         gate_report=str(gate.get("report_path", "")), airflow_run_id=run_id,
                         request_id=f"{run_id}:challenger:{version}" if run_id else "")
 
@@ -368,7 +377,7 @@ def promote(settings: Settings, version: int, gate: Any = None, *, actor: str, r
             )
         approval = _approval_for(settings, rows, int(version), recorded, run_id) if settings.release.approval == "required" else {}
         return AuditRow(settings.env, name, "promote", alias, current, int(version), approval.get("by") or actor,
-                        reason=reason or "gate passed" + (" and approved" if approval else ""),
+                        reason=(reason or "gate passed" + (" and approved" if approval else "")) + imported_from(candidate),
                         gate_report=recorded["report_path"], approval=approval,
                         airflow_run_id=run_id, request_id=f"{run_id}:promote:{version}" if run_id else "")
 
@@ -510,60 +519,46 @@ def _former_champion(settings: Settings, rows: list[AuditRow], version: int) -> 
 # --------------------------------------------------------------------------- deploy model
 
 
-def copy_from_upstream(settings: Settings, source_version: int | None = None) -> dict[str, Any]:
-    """Copy the upstream environment's champion (or ``source_version``) into this environment's model.
-
-    The source's files are checked against its manifest first; the copy gets a manifest of its own
-    files, which must equal the source's. The copy keeps the source's lineage tags and records where
-    it came from; copying the same source again reuses the earlier copy. Returns {"version", "source", "reused"}.
-    """
-    if settings.release.pattern != "deploy_model" or not settings.release.upstream:
-        raise ReleaseError(f"{settings.env} uses release pattern {settings.release.pattern!r}: nothing is copied "
-                           "into it (deploy_model with an upstream environment copies)")
-    upstream = load_settings(settings.release.upstream, home=settings.home)
-    client = mlflow_client(settings)
-    up_name, name = upstream.registry.model_name, settings.registry.model_name
-    if source_version is None:
-        source_version = alias_version(client, up_name, upstream.registry.champion_alias)
-        if source_version is None:
-            raise NoChampionError(f"upstream {upstream.env} has no champion ({up_name}@"
-                                  f"{upstream.registry.champion_alias}): nothing to copy into {settings.env}")
-    source = get_model_version(client, up_name, source_version)
-    trained_on(source)  # missing lineage: refuse before copying anything
-    if (source.tags or {}).get(TAG_ROLLED_BACK):
-        raise RolledBackError(f"{up_name} v{source_version} was rolled back: it is not copied")
-    source_uri = f"models:/{up_name}/{source.version}"
-    integrity.verify(upstream, source_uri)  # a changed file: refused (and alerted, once) before anything is copied
-    for existing in client.search_model_versions(f"name = '{name}'"):
-        if (existing.tags or {}).get(TAG_COPIED_FROM) == source_uri:
-            return {"version": int(existing.version), "source": source_uri, "reused": True}
-    copied = client.copy_model_version(source_uri, name)
-    copied = client.get_model_version(name, str(copied.version))
-    keep = {k: v for k, v in (source.tags or {}).items() if k in (*LINEAGE_RUN_TAGS, *EXTRA_LINEAGE_TAGS)}
-    set_version_tags(client, copied, {**keep, "cd4ml.trained_in": source.tags.get(TAG_ENV, upstream.env),
-                                      TAG_ENV: settings.env, TAG_COPIED_FROM: source_uri, TAG_SOURCE: source_uri})
-    # the copy's own manifest, from its own files: recorded only when it is the source's
-    integrity.record_manifest(settings, client, copied, expected=integrity.recorded_manifest(source))
-    log.info("copied %s into %s as version %s", source_uri, name, copied.version)
-    return {"version": int(copied.version), "source": source_uri, "reused": False}
+MAX_EVENT_CHARS = 4096  # a message-queue event's body, at most: the queue is written by another deployment
 
 
 def upstream_version(event_extras: Iterable[Mapping[str, Any] | None]) -> int | None:
     """The upstream version the triggering Asset events name: the last event that names one wins, else None.
 
     deploy_model runs on the upstream's champion Asset, whose events carry what that environment
-    published ({"model_name", "version", ...}); None leaves the choice to ``copy_from_upstream``
-    (the upstream's champion now).
+    published ({"model_name", "version", ...}), or on a message-queue Asset (AssetWatcher) whose
+    event extra is {"from_trigger": true, "payload": {"data": "<the message: that JSON>", ...}}.
+    A message that is too long, not JSON or names no version is ignored, never echoed: None leaves
+    the choice to ``import_model`` (the upstream's champion now).
     """
     version = None
     for extra in event_extras:
-        version = (extra or {}).get("version", version)
+        named = _named_version(extra or {})
+        version = named if named is not None else version
     return version
+
+
+def _named_version(extra: Mapping[str, Any]) -> int | None:
+    payload = extra.get("payload") if extra.get("from_trigger") else None
+    if isinstance(payload, Mapping):
+        data = payload.get("data")
+        if not isinstance(data, str) or len(data) > MAX_EVENT_CHARS:
+            return None
+        try:
+            extra = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(extra, Mapping):
+            return None
+    value = extra.get("version")
+    if isinstance(value, str) and value.isdigit() and len(value) <= 9:
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 __all__ = [
     "APPROVED", "DECISIONS", "REJECTED", "TIMEOUT", "ApprovalRequiredError", "GateNotRecordedError", "NoChampionError",
-    "NotAFormerChampionError", "ReleaseError", "ReleaseResult", "RolledBackError", "copy_from_upstream",
+    "NotAFormerChampionError", "ReleaseError", "ReleaseResult", "RolledBackError",
     "mark_challenger", "may_approve", "previous_champion", "promote", "reconcile", "record_decision",
     "recorded_gate", "rollback", "upstream_version",
 ]

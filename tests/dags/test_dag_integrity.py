@@ -40,6 +40,8 @@ EXPECTED = {
                       **RELEASE_TAIL},
     "cd4ml_rollback": {"rollback": set()},
     "cd4ml_accept_class": {"accept_class": set()},
+    "cd4ml_reconcile": {"pending_import": {"import_needed", "trigger_promote"}, "import_needed": {"trigger_promote"},
+                        "trigger_promote": set()},
     "cd4ml_score": {"score": set()},
     "cd4ml_monitor": {"load_feedback": {"monitor"}, "monitor": {"retrain_gate", "request_retrain"},
                       "retrain_gate": {"request_retrain"}, "request_retrain": set()},
@@ -146,6 +148,9 @@ out["approve"] = {"type": type(approve).__name__, "options": approve.options, "d
                   "timeout_h": approve.response_timeout.total_seconds() / 3600, "notifiers": len(approve.notifiers),
                   "params": sorted(approve.params.keys())}
 out["schedule"] = [a.name for a in bag.dags["cd4ml_promote"].timetable.asset_condition.objects]
+out["reconcile"] = bag.dags["cd4ml_reconcile"].timetable.expression
+trigger = bag.dags["cd4ml_reconcile"].get_task("trigger_promote")
+out["trigger"] = [trigger.trigger_dag_id, sorted(trigger.conf)]
 print(json.dumps(out))
 """
     env = {**os.environ, "CD4ML_ENV": "prod", "CD4ML_CONF_DIR": str(conf)}
@@ -158,6 +163,7 @@ print(json.dumps(out))
     assert info["approve"] == {"type": "ReleaseApprovalOperator", "options": ["Approve", "Reject"], "defaults": ["Reject"],
                                "timeout_h": 72.0, "notifiers": 1, "params": ["reason"]}
     assert info["schedule"] == ["cd4ml_uat_champion_model"]
+    assert info["reconcile"] == "0 * * * *" and info["trigger"] == ["cd4ml_promote", ["source_version"]]
 
 
 def test_kubernetes_launcher_runs_training_in_a_pod(tmp_path):

@@ -11,8 +11,9 @@ from cd4ml_airflow.steps.shape import step
 @task
 @step(checks_params=True)
 def copy_candidate(settings, context) -> dict:
-    """The candidate: a copy of the upstream champion (deploy model) or the Param `version` (deploy code)."""
-    from tasks.release.release import ReleaseError, copy_from_upstream, upstream_version
+    """The candidate: the upstream champion imported from its registry (deploy model) or the Param `version` (deploy code)."""
+    from tasks.release.model_import import import_model
+    from tasks.release.release import ReleaseError, upstream_version
 
     params = context["params"]
     if params["version"] is not None:
@@ -27,10 +28,30 @@ def copy_candidate(settings, context) -> dict:
     if source is None:
         events = context.get("triggering_asset_events") or {}
         source = upstream_version(event.extra for asset_events in events.values() for event in asset_events)
-    copied = copy_from_upstream(settings, source)
-    print(f"candidate: {settings.registry.model_name} v{copied['version']} copied from {copied['source']}"
-          + (" (reused)" if copied["reused"] else ""))
-    return copied
+    imported = import_model(settings, source, credentials=upstream_credentials(settings))
+    print(f"candidate: {settings.registry.model_name} v{imported.version} imported from {imported.source} in "
+          f"{imported.source_registry}" + (" (reused)" if imported.reused else ""))
+    return imported.to_dict()
+
+
+def upstream_credentials(settings) -> tuple[str, str] | None:
+    """The upstream registry's read-only account from the Airflow Connection the settings name (secrets backends
+    included); None where the registry is shared or the Connection is not defined."""
+    from airflow.providers.common.compat.sdk import AirflowNotFoundException, BaseHook
+
+    from cd4ml_airflow.channels import register_secrets
+
+    registry = settings.release.upstream_registry
+    if registry.tracking_uri is None:
+        return None
+    try:
+        conn = BaseHook.get_connection(registry.conn_id)
+    except AirflowNotFoundException:
+        return None
+    if not conn.login or not conn.password:
+        return None
+    register_secrets([conn.password])
+    return conn.login, conn.password
 
 
 @task

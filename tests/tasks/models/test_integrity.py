@@ -181,14 +181,14 @@ def test_the_rest_server_refuses_to_start_naming_the_file(tampered, tmp_path: Pa
 def test_the_deploy_model_copy_refuses_it_and_copies_nothing(tampered) -> None:
     from tasks.models.integrity import ModelIntegrityError
     from tasks.models.registry import mlflow_client
-    from tasks.release.release import copy_from_upstream
+    from tasks.release.model_import import import_model
     from tasks.settings import load_settings
 
     settings, model, marker = tampered
     uat = load_settings("uat", home=settings.home)
     uat = uat.model_copy(update={"release": uat.release.model_copy(update={"pattern": "deploy_model", "upstream": "sit"})})
     with pytest.raises(ModelIntegrityError) as caught:
-        copy_from_upstream(uat)
+        import_model(uat)
     _refused(caught, model)
     assert not mlflow_client(uat).search_model_versions(f"name = '{uat.registry.model_name}'")
     assert not marker.exists()

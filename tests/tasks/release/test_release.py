@@ -373,30 +373,24 @@ def test_bad_release_requests_are_clear_errors_that_change_nothing(models: Model
 def test_deploy_model_with_no_upstream_champion_or_a_rolled_back_one_copies_nothing(
     models: Models, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tasks.release.release as release
+    import tasks.release.model_import as model_import
     from tasks.models.registry import mlflow_client, register_candidate
     from tasks.release.evaluate import evaluate
-    from tasks.release.release import (
-        NoChampionError,
-        ReleaseError,
-        RolledBackError,
-        copy_from_upstream,
-        promote,
-        rollback,
-    )
+    from tasks.release.model_import import import_model
+    from tasks.release.release import NoChampionError, ReleaseError, RolledBackError, promote, rollback
     from tasks.settings import load_settings
 
     sit = _model(models, "upstream")
     uat = load_settings("uat", home=sit.home)
     with pytest.raises(ReleaseError, match="deploy_code"):
-        copy_from_upstream(uat)  # uat deploys code by default: nothing to copy
+        import_model(uat)  # uat deploys code by default: nothing to copy
     uat = uat.model_copy(update={
         "release": uat.release.model_copy(update={"pattern": "deploy_model", "upstream": "sit"}),
         "registry": uat.registry.model_copy(update={"model_name": "digits-classifier-uat-upstream"}),
     })
-    monkeypatch.setattr(release, "load_settings", lambda env, home=None: sit)  # sit = this test's upstream model
+    monkeypatch.setattr(model_import, "load_settings", lambda env, home=None: sit)  # sit = this test's upstream model
     with pytest.raises(NoChampionError, match="upstream sit has no champion"):
-        copy_from_upstream(uat)
+        import_model(uat)
     assert not mlflow_client(uat).search_model_versions(f"name = '{uat.registry.model_name}'")
 
     first = _first_champion(models, sit)
@@ -404,8 +398,8 @@ def test_deploy_model_with_no_upstream_champion_or_a_rolled_back_one_copies_noth
     promote(sit, second, evaluate(sit, second, sit.curated_table, models.version), run_id="up2", actor="tests")
     rollback(sit, reason="broken upstream", actor="oncall")
     with pytest.raises(RolledBackError):
-        copy_from_upstream(uat, source_version=second)
-    assert copy_from_upstream(uat)["source"] == f"models:/{sit.registry.model_name}/{first}"
+        import_model(uat, source_version=second)
+    assert import_model(uat).source == f"models:/{sit.registry.model_name}/{first}"
 
 
 def _refusals(s: Any) -> list[Any]:
@@ -547,16 +541,16 @@ def test_the_cli_in_sit_acts_as_the_account_running_it_and_refuses_a_typed_actor
 def test_deploy_model_copies_the_upstream_champion_with_its_lineage(models: Models) -> None:
     from tasks.models.registry import mlflow_client
     from tasks.release.lineage import format_lineage, lineage
-    from tasks.release.release import copy_from_upstream
+    from tasks.release.model_import import import_model
     from tasks.settings import load_settings
 
     sit = models.settings  # the real sit model name: uat's upstream
     _first_champion(models, sit)
     uat = load_settings("uat", home=sit.home)
     uat = uat.model_copy(update={"release": uat.release.model_copy(update={"pattern": "deploy_model", "upstream": "sit"})})
-    copied = copy_from_upstream(uat)
+    copied = import_model(uat).to_dict()
     assert not copied["reused"] and copied["source"].startswith(f"models:/{sit.registry.model_name}/")
-    assert copy_from_upstream(uat) == {**copied, "reused": True}
+    assert import_model(uat).to_dict() == {**copied, "reused": True}
     tags = mlflow_client(uat).get_model_version(uat.registry.model_name, str(copied["version"])).tags
     assert tags["cd4ml.curated_version"] == str(models.version) and tags["cd4ml.env"] == "uat"
     assert tags["cd4ml.trained_in"] == "sit" and tags["cd4ml.copied_from"] == copied["source"]
