@@ -1,13 +1,25 @@
 """Data drift: is the NEW data something the champion has not learned? A gate with a policy per environment.
 
 What is compared
-- ``new``: the curated images that the champion's training version did not have (added since,
-  any split), up to ``drift.max_samples`` chosen by a salted hash of sha256 (no RNG state). A
-  small drifted batch is therefore not diluted by the old data. This decides.
+- ``new``: the batch as it arrived: the images of the raw version the current curated version was
+  built from (the DAG passes it; else its commit's ``raw_version``) that neither the champion's
+  raw version nor its curated data has, up to ``drift.max_samples`` chosen by a salted hash of
+  sha256 (no RNG state). Not the curated survivors: curation's drops are not a random sample (a
+  near-duplicate rule that thins one class of thin strokes), and judged on what it kept a batch
+  from the same source looked drifted (issue 23). Ingest admits only images it decoded, with their
+  labels, so every raw row can be read. Exact copies of images the champion's data already had
+  share their sha256 and are left out: they are not new data. A small drifted batch is not diluted
+  by the old data. This decides. A curated version with no raw version recorded is judged on its
+  curated images, and the report says so.
 - ``whole``: the current version's held-out splits against the champion's; reported, not decided on.
-- ``reference``: the held-out (val and test) images of the curated version the champion was
-  trained on, up to ``drift.max_reference``. Not its train split: on the images it fitted, a
-  model is more confident than on any unseen image, so every new batch would look drifted.
+- ``reference``: for the softmax and embedding tests, the held-out (val and test) images of the
+  curated version the champion was trained on, up to ``drift.max_reference``. Not its train split:
+  on the images it fitted, a model is more confident than on any unseen image, so every new batch
+  would look drifted. Curated, so without the near-copies and outliers curation removed: it is the
+  only held-out set there is (a dropped copy has no split, and a copy of a train image would look
+  "fitted"); what remains is the bias of a reference curation thinned, as small as curation's drops
+  (its per-class share is capped) and measured in bench/drift_families.py. For the label test, the champion's raw version (every label as it
+  arrived: labels need no model), so neither side of the label test passes through curation.
 
 Features from the champion itself (black-box shift detection, Rabanser et al., "Failing
 Loudly", 2019): its softmax outputs, tested with a one-sided Kolmogorov-Smirnov test on its
@@ -16,10 +28,13 @@ confidence (the max softmax: is it less sure on the new images?), the per-class 
 reference's top principal components, tested with MMD (alibi-detect, permutation test, fixed
 seed, exact permutation p-value). Per-class KS as the decision false-alarmed 8% of the time at
 a 5% level on a few-hundred-image reference; the confidence test 0% (bench/drift_eval.py). Where labels exist, a
-chi-square test of the new class counts against the reference's proportions. The three tests
-share ``drift.familywise_alpha`` (Bonferroni: each at alpha / 3), so a check on data from the same
-distribution raises a false alarm with probability at most that alpha. A model that is not a cd4ml
-image classifier falls back to grey pixels for the MMD test (no softmax test).
+chi-square contingency test of the new class counts against the reference's, classes expected fewer
+than 5 times pooled (the approximation's validity rule). The three tests share
+``drift.familywise_alpha`` (Bonferroni: each at alpha / 3), so a check on data from the same
+distribution raises a false alarm with probability at most that alpha; the MMD permutation p-value
+is never below 1 / (``drift.n_permutations`` + 1), so settings refuse a permutation count whose
+floor is not below alpha / 3 (the default 1,000 gives 0.001 against 0.0167). A model that is not a
+cd4ml image classifier falls back to grey pixels for the MMD test (no softmax test).
 
 Severity: the champion's accuracy on the new labelled sample against its accuracy on the
 reference version's test split.
