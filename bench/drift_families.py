@@ -321,7 +321,7 @@ def run_family(name: str, args: argparse.Namespace, others: dict[str, np.ndarray
     classes = sorted(set(y.tolist()))
     judge = old_sample_judge(settings, champ)
     rows = []
-    for kind in ("same", *HARMFUL_KINDS, *BENIGN_KINDS):
+    for kind in args.kinds:
         count = args.same if kind == "same" else args.other
         for b in range(count):
             bX, by = draw(kind, name, b, pool_X, pool_y, classes, others[name])
@@ -334,13 +334,22 @@ def run_family(name: str, args: argparse.Namespace, others: dict[str, np.ndarray
             "classes": len(classes), "champion": champ, "batches": rows}
 
 
+def _mean_drop(rows: list[dict[str, Any]]) -> float | None:
+    drops = [r["accuracy_drop"] for r in rows if r.get("accuracy_drop") is not None]
+    return float(np.mean(drops)) if drops else None
+
+
 def summarise(fam: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row per batch kind; a kind's cost is the champion's accuracy loss against the same-distribution batches."""
     out = []
+    same = _mean_drop([r for r in fam["batches"] if r["kind"] == "same"]) or 0.0
     for kind in ("same", *HARMFUL_KINDS, *BENIGN_KINDS):
         rows = [r for r in fam["batches"] if r["kind"] == kind]
+        if not rows:
+            continue
         judged = [r for r in rows if "drift" in r]
-        drops = [r["accuracy_drop"] for r in judged if r["accuracy_drop"] is not None]
-        cost = float(np.mean(drops)) if drops else None
+        versus_test = _mean_drop(judged)
+        cost = versus_test - same if versus_test is not None and kind != "same" else None
         expected = "same" if kind == "same" else ("harmful" if cost is not None and cost > COSTLY else "benign")
         detected = sum(r["drift"] for r in judged)
         out.append({
@@ -348,6 +357,7 @@ def summarise(fam: dict[str, Any]) -> list[dict[str, Any]]:
             "judged": len(judged), "n": round(float(np.mean([r["judged"] for r in judged])), 1) if judged else 0,
             "curated_new": round(float(np.mean([r["curated_new"] for r in judged])), 1) if judged else 0,
             "cost_points": round(100 * cost, 1) if cost is not None else None,
+            "drop_vs_test_points": round(100 * versus_test, 1) if versus_test is not None else None,
             "drift_rate": detected / len(judged) if judged else None,
             "old_sample_rate": sum(r["old_sample_drift"] for r in judged) / len(judged) if judged else None,
             "harmful_rate": sum(r["harmful"] is True for r in judged) / len(judged) if judged else None,
@@ -368,13 +378,16 @@ def verdict(row: dict[str, Any]) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("| family | role | batch kind | cost (points) | batches | judged n (curated new) | drift | drift on curated survivors (old) | harmful | verdict |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| family | role | batch kind | cost (points) | drop vs test (points) | batches | judged n (curated new) | drift | "
+          "drift on curated survivors (old) | judged harmful | verdict |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         rate = "-" if r["drift_rate"] is None else f"{r['drift_rate']:.0%}"
         old = "-" if r["old_sample_rate"] is None else f"{r['old_sample_rate']:.0%}"
         harm = "-" if r["harmful_rate"] is None else f"{r['harmful_rate']:.0%}"
-        print(f"| {r['family']} | {r['role']} | {r['kind']} ({r['expected']}) | {r['cost_points']} | {r['batches']} | "
+        cost = "-" if r["cost_points"] is None else r["cost_points"]
+        print(f"| {r['family']} | {r['role']} | {r['kind']} ({r['expected']}) | {cost} | {r['drop_vs_test_points']} | "
+              f"{r['batches']} | "
               f"{r['n']:g} ({r['curated_new']:g}) | {rate} | {old} | {harm} | {verdict(r)} |")
 
 
@@ -385,8 +398,14 @@ def main() -> None:
     parser.add_argument("--other", type=int, default=6, help="batches per shifted kind")
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--kinds", nargs="+", default=["same", *HARMFUL_KINDS, *BENIGN_KINDS],
+                        choices=["same", *HARMFUL_KINDS, *BENIGN_KINDS])
     parser.add_argument("--out", default=str(REPO / "bench/results/drift_families.json"))
+    parser.add_argument("--table", metavar="JSON", help="print the table of a saved run and exit")
     args = parser.parse_args()
+    if args.table:
+        print_table([row for fam in json.loads(Path(args.table).read_text())["families"] for row in summarise(fam)])
+        return
     if args.quick:
         args.same, args.other, args.epochs = 2, 1, 3
         args.families = [f for f in args.families if f == "digits"] or args.families[:1]
