@@ -198,6 +198,22 @@ def test_an_inverted_batch_is_caught_though_curation_dropped_nearly_all_of_it(wo
     assert result.harmful is True
 
 
+def test_the_projection_basis_comes_from_the_train_split_not_the_reference(world) -> None:
+    """A basis fitted on the reference favours it over any new sample (bench/README.md#drift)."""
+    from tasks.monitoring.drift import Featurizer, _read_sample, load_or_fit
+
+    settings = world["settings"]
+    reference = dataclasses.replace(world["reference"], raw_version=world["reference_raw"])
+    featurizer = Featurizer(settings, f"models:/{settings.registry.model_name}/{reference.model_version}")
+    detectors = load_or_fit(settings, reference, featurizer)
+    train, _ = _read_sample(world["uri"], world["ref"], settings.drift.max_reference, "pca", splits=("train",))
+    held_out, _ = _read_sample(world["uri"], world["ref"], settings.drift.max_reference, "x", splits=("val", "test"))
+    assert len(train.shas) == 700 and len(held_out.shas) == 300
+    mean = featurizer(train.images)[1].astype(np.float64).mean(axis=0)
+    assert np.allclose(detectors.mean, mean, atol=1e-4)
+    assert not np.allclose(detectors.mean, featurizer(held_out.images)[1].astype(np.float64).mean(axis=0), atol=1e-4)
+
+
 def test_the_label_test_pools_rare_classes_and_names_them() -> None:
     from tasks.monitoring.drift import label_test
 
