@@ -191,8 +191,8 @@ class DriftSettings(_Section):
     max_samples: int = Field(500, gt=1, description="New images tested per check (a deterministic hash sample).")
     image_size: int = Field(16, gt=0, description="Pixels: input side of the pixel fallback only; a champion is read at its own image size.")
     n_permutations: int = Field(
-        1000, gt=0, description="Permutations of the MMD test: its smallest p-value is 1 / (n + 1), which must lie below its share "
-        "of familywise_alpha (alpha / 3), or the test could never fire.")
+        500, gt=0, description="Permutations of the MMD test: its smallest p-value is 1 / (n + 1), which must lie below its share "
+        "of familywise_alpha (alpha / 3), or the test could never fire; its cost grows linearly with n.")
     max_reference: int = Field(10000, gt=1, description="Reference images the detectors are fitted on (once per champion version).")
     mmd_reference: int = Field(1000, gt=1, description="Of those, the MMD test's reference (its cost grows with the square).")
     policy: Literal["warn", "block", "retrain"] = Field(

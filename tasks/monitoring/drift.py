@@ -34,7 +34,7 @@ than 5 times pooled (the approximation's validity rule). The three tests share
 ``drift.familywise_alpha`` (Bonferroni: each at alpha / 3), so a check on data from the same
 distribution raises a false alarm with probability at most that alpha; the MMD permutation p-value
 is never below 1 / (``drift.n_permutations`` + 1), so settings refuse a permutation count whose
-floor is not below alpha / 3 (the default 1,000 gives 0.001 against 0.0167). A model that is not a
+floor is not below alpha / 3 (the default 500 gives 0.002 against 0.0167). A model that is not a
 cd4ml image classifier falls back to grey pixels for the MMD test (no softmax test).
 
 Severity: the champion's accuracy on the new labelled sample against its accuracy on the
