@@ -147,7 +147,7 @@ def test_deploy_model_sit_to_uat_to_prod_with_reject_timeout_and_approve(world, 
     for dag_id in ("cd4ml_ingest", "cd4ml_curate"):
         _dag_test(dag_id, {**env, "CD4ML_ENV": "uat"})
     out = _dag_test("cd4ml_promote", {**env, "CD4ML_ENV": "uat"})
-    assert f"copied from models:/{sit.registry.model_name}/{sit_champion}" in out
+    assert f"imported from models:/{sit.registry.model_name}/{sit_champion}" in out
     uat_champion = _aliases(uat)["champion"]
     assert [r.action for r in _audit(uat)] == ["challenger", "promote"]
 
