@@ -76,42 +76,69 @@ class Listener:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
-def _promoted_in(uat: Any) -> Any:
-    """uat imports sit's champion, gates it on its own data and promotes it: a real champion change."""
+def _uat_deployment(home: Any, sit: Any, queue: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """uat's own deployment as its Airflow worker loads it: CD4ML_HOME, CD4ML_ENV and a conf folder announcing on ``queue``."""
+    import shutil
+
+    import yaml
+
+    from tasks.settings import REPO_ROOT, load_settings
+
+    conf = home / "conf"
+    shutil.copytree(REPO_ROOT / "conf", conf)
+    uat = yaml.safe_load((conf / "uat.yaml").read_text())
+    uat["release"] = {"pattern": "deploy_model", "upstream": "sit", "upstream_registry": {"tracking_uri": sit.tracking_uri},
+                      "publish": {"channel": queue.channel, "conn_id": queue.conn_id}}
+    uat["gate"] = {**uat.get("gate", {}), "smoke_test": False}
+    (conf / "uat.yaml").write_text(yaml.safe_dump(uat))
+    for key, value in {"CD4ML_HOME": str(home), "CD4ML_ENV": "uat", "CD4ML_CONF_DIR": str(conf)}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return load_settings()
+
+
+def test_the_promote_task_announces_and_the_trigger_yields_the_version_to_import(upstream, cd4ml_home, queue,
+                                                                                redis_client, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from cd4ml_airflow.assets import CHAMPION_MODEL
+    from cd4ml_airflow.release import promote as promote_task
     from tasks.release.evaluate import evaluate
     from tasks.release.model_import import import_model
-    from tasks.release.release import mark_challenger, promote
+    from tasks.release.release import mark_challenger, upstream_version
 
+    sit, _ = upstream
+    uat = _uat_deployment(cd4ml_home / "uat-deployment", sit, queue, monkeypatch)
     imported = import_model(uat)
     gate = evaluate(uat, imported.version, uat.curated_table, write_curated_digits(uat.curated_table, raw_version=2))
     assert gate.passed, gate.reasons
     mark_challenger(uat, imported.version, gate, run_id="event-test")
-    return promote(uat, imported.version, gate, run_id="event-test", actor="tests")
 
+    def run_promote() -> dict:  # the task body as the worker runs it: settings from the environment, the real RedisHook
+        events = {CHAMPION_MODEL: SimpleNamespace(extra=None)}
+        return promote_task.function(gate.to_dict(), {}, params={}, run_id="event-test", outlet_events=events,
+                                     dag_run=SimpleNamespace(triggering_user_name=None))
 
-def test_a_promotion_is_announced_and_the_trigger_yields_the_version_to_import(upstream, cd4ml_home, queue,
-                                                                              redis_client) -> None:
-    from tasks.release.release import upstream_version
-
-    sit, _ = upstream
-    uat = _with(downstream_of(cd4ml_home / "uat-deployment", sit.tracking_uri), publish=queue)
-
-    async def scenario() -> tuple[Any, dict]:
+    async def scenario() -> tuple[dict, dict]:
         async with Listener(queue, redis_client) as prod_side:
-            result = _promoted_in(uat)
-            assert announce_champion(uat, result) is True
-            return result, await prod_side.event()
+            return run_promote(), await prod_side.event()
 
     result, extra = asyncio.run(scenario())
-    assert result.changed and result.to_version == 1
-    assert upstream_version([extra]) == 1  # what cd4ml_promote's copy_candidate reads from the event
+    assert result["changed"] and result["to_version"] == imported.version
+    assert upstream_version([extra]) == imported.version  # what prod's copy_candidate reads from the event
     message = json.loads(extra["payload"]["data"])
     assert extra["payload"]["channel"] == queue.channel
-    assert message == {"env": "uat", "model_name": uat.registry.model_name, "version": 1, "action": "promote",
-                       "registry": uat.tracking_uri, "ledger_seq": result.audit_seq, "ledger_at": result.audit_at}
-    assert result.audit_seq is not None and result.audit_at.startswith("20")
-    unchanged = _promoted_in(uat)  # the same promotion again: nothing moved, nothing announced
-    assert not unchanged.changed and announce_champion(uat, unchanged) is False
+    assert message == {"env": "uat", "model_name": uat.registry.model_name, "version": imported.version,
+                       "action": "promote", "registry": uat.tracking_uri, "ledger_seq": result["audit_seq"],
+                       "ledger_at": result["audit_at"]}
+    assert result["audit_seq"] is not None and result["audit_at"].startswith("20")
+
+    watcher = redis_client.pubsub()  # a plain subscriber: a cancelled trigger may stay subscribed a while
+    watcher.subscribe(queue.channel)
+    assert watcher.get_message(timeout=1.0)["type"] == "subscribe"
+    again = run_promote()  # a retried task: nothing moved, nothing announced
+    assert again["changed"] is False and watcher.get_message(timeout=1.0) is None
+    watcher.close()
 
 
 def test_the_announcement_names_the_registry_without_credentials(settings, monkeypatch) -> None:
