@@ -141,6 +141,43 @@ def test_the_promote_task_announces_and_the_trigger_yields_the_version_to_import
     watcher.close()
 
 
+def test_the_rollback_task_announces_the_version_it_restored(upstream, cd4ml_home, queue, redis_client,
+                                                            monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from cd4ml_airflow.assets import CHAMPION_MODEL
+    from cd4ml_airflow.steps.rollback import rollback as rollback_task
+    from tasks.release.evaluate import evaluate
+    from tasks.release.model_import import import_model
+    from tasks.release.release import mark_challenger, promote, upstream_version
+    from tests.tasks.release.test_model_import import _hand_registered, _lineage_tags
+
+    sit, model = upstream
+    uat = _uat_deployment(cd4ml_home / "uat-deployment", sit, queue, monkeypatch)
+    curated = write_curated_digits(uat.curated_table, raw_version=2)
+    second, _ = _hand_registered(sit, model, _lineage_tags(sit, model), manifest=True)  # another upstream version
+    for source in (model.version, second):  # uat's champion v1, then v2
+        imported = import_model(uat, source)
+        gate = evaluate(uat, imported.version, uat.curated_table, curated)
+        assert gate.passed, gate.reasons
+        mark_challenger(uat, imported.version, gate, run_id=f"event-test-{source}")
+        promote(uat, imported.version, gate, run_id=f"event-test-{source}", actor="tests")
+
+    async def scenario() -> tuple[dict, dict]:
+        async with Listener(queue, redis_client) as prod_side:
+            events = {CHAMPION_MODEL: SimpleNamespace(extra=None)}
+            result = rollback_task.function(params={"reason": "v2 misbehaves", "to_version": None}, run_id="rb",
+                                            outlet_events=events, dag=SimpleNamespace(dag_id="cd4ml_rollback"),
+                                            dag_run=SimpleNamespace(triggering_user_name="oncall"))
+            return result, await prod_side.event()
+
+    result, extra = asyncio.run(scenario())
+    assert (result["from_version"], result["to_version"], result["changed"]) == (2, 1, True)
+    message = json.loads(extra["payload"]["data"])
+    assert (message["action"], message["version"], message["ledger_seq"]) == ("rollback", 1, result["audit_seq"])
+    assert upstream_version([extra]) == 1
+
+
 def test_the_announcement_names_the_registry_without_credentials(settings, monkeypatch) -> None:
     from tasks.release.champion_event import champion_message
     from tasks.release.release import ReleaseResult
