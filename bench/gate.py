@@ -22,7 +22,7 @@ Everything runs through the product's own steps in a private ``CD4ML_HOME`` (tem
   ``min_test_images: 60``; uat = base but ``min_value: 0.90``; prod: ``min_value 0.92``,
   ``max_regression 0.02``, tighter latency and size).
 * One champion is one draw (a weak one makes every retrain look good), so the gate's own rules
-  (``score`` for the floor and ``_comparison_checks``) are also applied to every ordered pair of
+  (``score`` for the floor and ``comparison_checks``) are also applied to every ordered pair of
   the equal-quality models, and to every worse model against each of them (``all_pairs``).
 
 Usage: python bench/gate.py [--retrains 20] [--shuffle 0.2 0.4 0.6 0.8] [--one-epoch-lr 2e-3 2e-4 2e-5]
@@ -328,25 +328,32 @@ def all_pairs(envs: dict[str, Any], champion: dict[str, Any], rows: list[dict[st
     One champion is one draw: a lucky or unlucky champion moves the false-reject count of the
     retrains gated against it. Here every equal model plays champion to every other, with the
     gate's floor and paired checks (``tasks.release.evaluate``: ``score`` and the checks ``evaluate``
-    builds with ``_comparison_checks``) on the same frozen test set; smoke, latency and size do
+    builds with ``comparison_checks``) on the same frozen test set; smoke, latency and size do
     not depend on the pair and are left out. The pairs with the real champion must reproduce
     the gate's verdicts (``matches_gate``).
     """
-    from tasks.release.evaluate import _comparison_checks, _predict, frozen_test_set, score
+    from tasks.data import lake
+    from tasks.models.integrity import verified_model
+    from tasks.release.evaluate import _predict, comparison_checks, frozen_test_set, score
 
     settings = envs[first_env]
     name = settings.registry.model_name
     equal = [("champion", champion["model_versions"][first_env])]
     equal += [(r["name"], r["model_versions"][first_env]) for r in rows if r["kind"] == "equal"]
     worse = [(r["name"], r["model_versions"][first_env]) for r in rows if r["kind"] == "worse"]
-    test, _ = frozen_test_set(table, version, [(table, version)])
+    seen = set(lake.read(table, version, columns=["sha256"], filter=[("split", "in", ["train", "val"])])
+               ["sha256"].to_pylist())  # every model here trained on this one version
+    test, _ = frozen_test_set(table, version, seen)
     images = test["image"].to_pylist()
     truth = [str(x) for x in test["label"].to_pylist()]
-    preds = {label: _predict(f"models:/{name}/{v}", images) for label, v in equal + worse}
+    preds = {}
+    for label, v in equal + worse:  # each from its checked copy, as the gate predicts
+        with verified_model(settings, f"models:/{name}/{v}") as (local, _):
+            preds[label] = _predict(local, images)
     accuracy = {label: score(truth, p)["accuracy"] for label, p in preds.items()}
 
     def judged(s: Any, cand: str, champ: str) -> tuple[list[str], dict[str, Any]]:
-        checks, compared = _comparison_checks(s, truth, preds[cand], preds[champ], 0)
+        checks, compared = comparison_checks(s, truth, preds[cand], preds[champ], 0)
         failed = [c.name for c in checks if not c.passed]
         if score(truth, preds[cand])[s.gate.metric] < s.gate.min_value:
             failed.insert(0, "floor")

@@ -6,8 +6,8 @@
    unchanged files are skipped without being read, and a zone whose whole listing is unchanged
    since it was last decided costs its listing alone (Param `full_recheck` re-reads all). New
    images land in `raw_images` in one Delta commit per run (the dataset version); bad files
-   go to the `rejects` table with a reason. An empty source skips the run with a message and
-   writes no version.
+   go to the `rejects` table with a reason. A missing or empty source fails the run at once (a data
+   error: no retries, an alert) and writes no version.
 2. **validate**: a great-expectations suite over that raw version; thresholds come from the
    environment's settings. Only a passing version is named (Param `dataset_version_name`)
    and published on the `raw_images` Asset, which triggers `cd4ml_curate`.

@@ -207,6 +207,9 @@ class CurationSettings(_Section):
         return v
 
 
+DRIFT_TEST_COUNT = 3  # tests sharing drift.familywise_alpha (tasks.monitoring.drift.TESTS; a test checks they agree)
+
+
 class DriftSettings(_Section):
     """tasks/monitoring/drift.py: new data against the champion's training data, on the champion's own features."""
 
@@ -215,7 +218,9 @@ class DriftSettings(_Section):
         "so data from the same distribution raises a false alarm with probability at most this.")
     max_samples: int = Field(500, gt=1, description="New images tested per check (a deterministic hash sample).")
     image_size: int = Field(16, gt=0, description="Pixels: input side of the pixel fallback only; a champion is read at its own image size.")
-    n_permutations: int = Field(100, gt=0, description="Permutations of the MMD test.")
+    n_permutations: int = Field(
+        500, gt=0, description="Permutations of the MMD test: its smallest p-value is 1 / (n + 1), which must lie below its share "
+        "of familywise_alpha (alpha / 3), or the test could never fire; its cost grows linearly with n.")
     max_reference: int = Field(10000, gt=1, description="Reference images the detectors are fitted on (once per champion version).")
     mmd_reference: int = Field(1000, gt=1, description="Of those, the MMD test's reference (its cost grows with the square).")
     policy: Literal["warn", "block", "retrain"] = Field(
@@ -224,6 +229,17 @@ class DriftSettings(_Section):
     harmful_accuracy_drop: float = Field(
         0.05, ge=0.0, le=1.0, description="Absolute accuracy: a detected drift is harmful when the champion's accuracy on the new "
         "labelled images is more than this below its test accuracy (or cannot be measured).")
+
+    @model_validator(mode="after")
+    def _permutation_test_can_fire(self) -> DriftSettings:
+        # A permutation test's p-value is never below 1 / (n + 1): with too few permutations the
+        # MMD test could never reach its share of the familywise level and would be silently dead.
+        floor = 1.0 / (self.n_permutations + 1)
+        if floor >= self.familywise_alpha / DRIFT_TEST_COUNT:
+            raise ValueError(f"drift.n_permutations {self.n_permutations} gives p-values >= {floor:.4f}, not below the MMD "
+                             f"test's level familywise_alpha / {DRIFT_TEST_COUNT} = "
+                             f"{self.familywise_alpha / DRIFT_TEST_COUNT:.4f}: raise n_permutations")
+        return self
 
 
 class KubernetesTrainerSettings(_Section):

@@ -1,25 +1,41 @@
 """Data drift: is the NEW data something the champion has not learned? A gate with a policy per environment.
 
 What is compared
-- ``new``: the curated images that the champion's training version did not have (added since,
-  any split), up to ``drift.max_samples`` chosen by a salted hash of sha256 (no RNG state). A
-  small drifted batch is therefore not diluted by the old data. This decides.
+- ``new``: the batch as it arrived: the images of the raw version the current curated version was
+  built from (the DAG passes it; else its commit's ``raw_version``) that neither the champion's
+  raw version nor its curated data has, up to ``drift.max_samples`` chosen by a salted hash of
+  sha256 (no RNG state). Not the curated survivors: curation's drops are not a random sample (a
+  near-duplicate rule that thins one class of thin strokes), and judged on what it kept a batch
+  from the same source looked drifted (issue 23). Ingest admits only images it decoded, with their
+  labels, so every raw row can be read. Exact copies of images the champion's data already had
+  share their sha256 and are left out: they are not new data. A small drifted batch is not diluted
+  by the old data. This decides. A curated version with no raw version recorded is judged on its
+  curated images, and the report says so.
 - ``whole``: the current version's held-out splits against the champion's; reported, not decided on.
-- ``reference``: the held-out (val and test) images of the curated version the champion was
-  trained on, up to ``drift.max_reference``. Not its train split: on the images it fitted, a
-  model is more confident than on any unseen image, so every new batch would look drifted.
+- ``reference``: for the softmax and embedding tests, the held-out (val and test) images of the
+  curated version the champion was trained on, up to ``drift.max_reference``. Not its train split:
+  on the images it fitted, a model is more confident than on any unseen image, so every new batch
+  would look drifted. Curated, so without the near-copies and outliers curation removed: it is the
+  only held-out set there is (a dropped copy has no split, and a copy of a train image would look
+  "fitted"); what remains is the bias of a reference curation thinned, as small as curation's drops
+  (its per-class share is capped) and measured in bench/drift_families.py. For the label test, the champion's raw version (every label as it
+  arrived: labels need no model), so neither side of the label test passes through curation.
 
 Features from the champion itself (black-box shift detection, Rabanser et al., "Failing
 Loudly", 2019): its softmax outputs, tested with a one-sided Kolmogorov-Smirnov test on its
 confidence (the max softmax: is it less sure on the new images?), the per-class KS p-values
-(Bonferroni) reported beside it; and its penultimate-layer embedding projected on the
-reference's top principal components, tested with MMD (alibi-detect, permutation test, fixed
+(Bonferroni) reported beside it; and its penultimate-layer embedding projected on the top
+principal components of the champion's train-split embeddings (independent of both tested
+samples: a basis fitted on the reference favours it), tested with MMD (alibi-detect, permutation test, fixed
 seed, exact permutation p-value). Per-class KS as the decision false-alarmed 8% of the time at
 a 5% level on a few-hundred-image reference; the confidence test 0% (bench/drift_eval.py). Where labels exist, a
-chi-square test of the new class counts against the reference's proportions. The three tests
-share ``drift.familywise_alpha`` (Bonferroni: each at alpha / 3), so a check on data from the same
-distribution raises a false alarm with probability at most that alpha. A model that is not a cd4ml
-image classifier falls back to grey pixels for the MMD test (no softmax test).
+chi-square contingency test of the new class counts against the reference's, classes expected fewer
+than 5 times pooled (the approximation's validity rule). The three tests share
+``drift.familywise_alpha`` (Bonferroni: each at alpha / 3), so a check on data from the same
+distribution raises a false alarm with probability at most that alpha; the MMD permutation p-value
+is never below 1 / (``drift.n_permutations`` + 1), so settings refuse a permutation count whose
+floor is not below alpha / 3 (the default 500 gives 0.002 against 0.0167). A model that is not a
+cd4ml image classifier falls back to grey pixels for the MMD test (no softmax test).
 
 Severity: the champion's accuracy on the new labelled sample against its accuracy on the
 reference version's test split.
@@ -68,7 +84,8 @@ SAMPLE_SALT = "cd4ml-drift-v1"  # changing it changes which rows are sampled
 PERMUTATION_SEED = 20_261_121  # torch seed for the permutation test
 PCA_COMPONENTS = 32  # upper bound; also limited by the reference size and feature width
 MIN_SAMPLES = 10  # fewer new images: reported, not tested (no power, and the MMD estimate needs >= 2)
-TESTS = ("softmax_ks", "embedding_mmd", "label_chi2")
+MIN_EXPECTED = 5.0  # chi-square cells expected below this are pooled (the usual validity rule of the approximation)
+TESTS = ("softmax_ks", "embedding_mmd", "label_chi2")  # settings.DRIFT_TEST_COUNT counts them
 REFERENCE_SPLITS = ("val", "test")  # the champion's data it did not fit on
 
 
@@ -83,6 +100,18 @@ class DriftReference:
     table: str
     version: int
     model_version: str | int | None
+    # The raw version that curated data was built from; None: read from the curated commit (or unrecorded).
+    raw_version: int | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Where the new images are read, and which they are (their sha256)."""
+
+    table: str
+    version: int
+    source: str  # "raw": as ingested, before curation | "curated": no raw version recorded (older data)
+    shas: set[str]
 
 
 @dataclass(frozen=True)
@@ -99,7 +128,10 @@ class DriftResult:
     n_reference: int
     n_current: int  # new images tested (the decision's sample)
     report_path: str
-    n_new: int = 0  # new images in the current version (before sampling)
+    n_new: int = 0  # new images in the batch (before sampling)
+    raw_table: str | None = None  # where the new images were read: the raw table as ingested ...
+    raw_version: int | None = None  # ... at this version (None: read from the curated version, no raw one recorded)
+    reference_raw_version: int | None = None  # the raw version the champion's data was curated from
     tests: list[dict] = field(default_factory=list)  # per test: name, p_value, threshold, drift, statistic
     severity: dict = field(default_factory=dict)  # champion accuracy: test split, new data, drop
     whole: dict = field(default_factory=dict)  # the whole train split against the reference
@@ -171,11 +203,47 @@ def _read_sample(uri: str, version: int, limit: int, side: str, splits: tuple[st
     return Sample(wanted, [by_sha[s][0] for s in wanted], [by_sha[s][1] for s in wanted]), eligible
 
 
-def new_images(current_table: str, current_version: int, reference: DriftReference) -> set[str]:
-    """sha256 of the current version's images that the reference version does not have."""
-    current = set(lake.read(current_table, current_version, columns=["sha256"]).column("sha256").to_pylist())
-    known = set(lake.read(reference.table, reference.version, columns=["sha256"]).column("sha256").to_pylist())
-    return {str(s) for s in current - known}
+def _shas(uri: str, version: int) -> set[str]:
+    return {str(s) for s in lake.read(uri, version, columns=["sha256"]).column("sha256").to_pylist()}
+
+
+def recorded_raw_version(curated_table: str, curated_version: int) -> int | None:
+    """The raw version a curated (or sampled) version was built from, as its commit records it; None if it does not."""
+    commit = lake.commit_at(curated_table, curated_version)
+    value = commit.metadata.get("raw_version", "") if commit is not None else ""
+    return int(value) if value.isdigit() else None
+
+
+def arrived_batch(settings: Settings, current_table: str, current_version: int, reference: DriftReference,
+                  raw_version: int | None) -> Batch:
+    """The images that arrived since the champion's training data, as ingested (module doc: what is compared).
+
+    New = the raw version's images that neither the champion's raw version nor its curated data
+    has. Curation's drops never touch this side: a class it thinned still counts in full. Exact
+    copies of images the champion's data already had share their sha256 and are not new (the raw
+    table keeps one row per sha256). Without a recorded raw version: the curated images, as before.
+    """
+    known = _shas(reference.table, reference.version)
+    if raw_version is None or not lake.exists(settings.raw_table):
+        log.warning("drift: %s v%s records no raw version: judging its curated images (curation's drops included)",
+                    current_table, current_version)
+        return Batch(current_table, current_version, "curated", _shas(current_table, current_version) - known)
+    if reference.raw_version is not None:
+        known |= _shas(settings.raw_table, reference.raw_version)
+    return Batch(settings.raw_table, raw_version, "raw", _shas(settings.raw_table, raw_version) - known)
+
+
+def reference_label_counts(settings: Settings, reference: DriftReference, held_out: list[str]) -> dict[str, int]:
+    """The champion's class counts as its data arrived (its raw version), or its held-out labels without one.
+
+    Labels need no model, so unlike the softmax and embedding tests the label test may use every
+    image the champion's data arrived with: both sides are then counted before curation, and
+    curation's drops bias neither.
+    """
+    if reference.raw_version is None or not lake.exists(settings.raw_table):
+        return dict(sorted(Counter(held_out).items()))
+    labels = lake.read(settings.raw_table, reference.raw_version, columns=["label"]).column("label").to_pylist()
+    return dict(sorted(Counter(str(v) for v in labels).items()))
 
 
 # --------------------------------------------------------------------------- features
@@ -260,8 +328,9 @@ def detector_folder(settings: Settings, reference: DriftReference, method_key: s
     cfg = settings.drift
     key = hashlib.sha256(json.dumps({
         "table": reference.table, "version": reference.version, "model": str(reference.model_version),
+        "raw": reference.raw_version,
         "max_reference": cfg.max_reference, "mmd_reference": cfg.mmd_reference, "p": cfg.familywise_alpha,
-        "perm": cfg.n_permutations, "size": cfg.image_size, "method": method_key, "salt": SAMPLE_SALT, "format": 2,
+        "perm": cfg.n_permutations, "size": cfg.image_size, "method": method_key, "salt": SAMPLE_SALT, "format": 4,
     }, sort_keys=True).encode()).hexdigest()[:12]
     name = f"{settings.registry.model_name}-v{reference.model_version}-{key}"
     return settings.reports_path / "drift" / "detectors" / name
@@ -292,7 +361,12 @@ def load_or_fit(settings: Settings, reference: DriftReference, featurizer: Featu
         raise DriftBlockedError(f"the champion's data {reference.table} v{reference.version} has {len(sample.shas)} "
                                 f"held-out ({'/'.join(REFERENCE_SPLITS)}) images; the drift reference needs {MIN_SAMPLES}")
     probs, embedding = featurizer(sample.images)
-    mean, basis = _pca(embedding, PCA_COMPONENTS)
+    # The basis from the train split, not from the reference: a basis fitted on the reference is tuned to
+    # that sample's own noise, so the reference spreads more along it than any other sample of the same
+    # distribution and the MMD sees a difference that is not there. Independent of both tested samples,
+    # it keeps the permutation test exact.
+    train, _ = _read_sample(reference.table, reference.version, cfg.max_reference, "pca", splits=("train",))
+    mean, basis = _pca(featurizer(train.images)[1] if len(train.shas) > PCA_COMPONENTS else embedding, PCA_COMPONENTS)
     projected = ((embedding.astype(np.float64) - mean) @ basis).astype(np.float32)
     mmd_rows = sample_rows(sample.shas, cfg.mmd_reference, "mmd-reference")
     with _seeded():
@@ -300,12 +374,13 @@ def load_or_fit(settings: Settings, reference: DriftReference, featurizer: Featu
                        device="cpu")
     test, _ = _read_sample(reference.table, reference.version, cfg.max_reference, "reference-test", splits=("test",))
     test_probs = featurizer(test.images)[0] if test.images else None
-    counts = Counter(sample.labels)
+    counts = reference_label_counts(settings, reference, sample.labels)
+    total = sum(counts.values())
     meta = {
         "has_softmax": probs is not None, "method": featurizer.method, "classes": featurizer.classes,
         "n_permutations": cfg.n_permutations,
-        "class_counts": dict(sorted(counts.items())),
-        "class_proportions": {c: n / len(sample.labels) for c, n in sorted(counts.items())},
+        "class_counts": counts, "label_reference": "raw" if reference.raw_version is not None else "held-out",
+        "class_proportions": {c: n / total for c, n in counts.items()},
         "n_reference": len(sample.shas), "n_mmd_reference": len(mmd_rows), "n_test": len(test.shas),
         "test_accuracy": featurizer.accuracy(test_probs, test.labels),
         "reference_projection": projected[:, :2][sample_rows(sample.shas, 1000, "plot")].tolist(),
@@ -362,17 +437,44 @@ def run_tests(detectors: Detectors, featurizer: Featurizer, sample: Sample, alph
     p_mmd = (1 + round(float(data["p_val"]) * n)) / (1 + n)
     tests.append({"name": "embedding_mmd", "p_value": p_mmd, "threshold": alpha, "drift": bool(p_mmd < alpha),
                   "statistic": float(data["distance"])})
-    # Two samples, both counted: a contingency test, since the reference's proportions are estimates too.
-    reference = detectors.meta["class_counts"]
     counts = Counter(sample.labels)
-    classes = sorted(set(reference) | set(counts))
-    chi = stats.chi2_contingency([[reference.get(c, 0) for c in classes], [counts.get(c, 0) for c in classes]])
-    tests.append({"name": "label_chi2", "p_value": float(chi.pvalue), "threshold": alpha,
-                  "drift": bool(chi.pvalue < alpha), "statistic": float(chi.statistic),
-                  "unseen_classes": sorted(set(counts) - set(reference))})
+    tests.append({"name": "label_chi2", "threshold": alpha, **label_test(detectors.meta["class_counts"], counts, alpha)})
     extra = {"accuracy": featurizer.accuracy(probs, sample.labels), "class_counts": dict(sorted(counts.items())),
              "projection": projected[:, :2][:1000].tolist()}
     return tests, extra
+
+
+def label_test(reference: dict[str, int], counts: dict[str, int], alpha: float) -> dict[str, Any]:
+    """Chi-square contingency test of two samples' class counts, rare classes pooled.
+
+    Both sides are counted samples, so a contingency test (the reference's proportions are
+    estimates too). The chi-square approximation needs every expected count >= ``MIN_EXPECTED``:
+    a class of 3 images in 400 would otherwise swing p by itself. The classes whose expected count
+    falls below it (in either sample) are pooled into one cell, smallest first, until that cell
+    reaches it; with fewer than two cells left there is nothing to test (p = 1).
+    """
+    import numpy as np
+    from scipy import stats
+
+    classes = sorted(set(reference) | set(counts), key=lambda c: (reference.get(c, 0) + counts.get(c, 0), c))
+    table = np.array([[reference.get(c, 0) for c in classes], [counts.get(c, 0) for c in classes]], dtype=float)
+    totals = table.sum(axis=0)
+    shares = table.sum(axis=1) / table.sum()
+
+    def small(total: float) -> bool:
+        return bool((shares * total < MIN_EXPECTED).any())
+
+    pooled = 0  # classes are sorted by size: the rare ones are a prefix
+    while pooled < len(classes) and (small(totals[pooled]) or (pooled > 0 and small(totals[:pooled].sum()))):
+        pooled += 1
+    cells = np.column_stack([table[:, :pooled].sum(axis=1), table[:, pooled:]]) if pooled else table
+    if cells.shape[1] < 2 or (cells.sum(axis=0) == 0).any():
+        p, statistic = 1.0, 0.0
+    else:
+        chi = stats.chi2_contingency(cells, correction=False)
+        p, statistic = float(chi.pvalue), float(chi.statistic)
+    return {"p_value": p, "drift": bool(p < alpha), "statistic": statistic, "pooled_classes": classes[:pooled],
+            "unseen_classes": sorted(set(counts) - set(reference))}
 
 
 # --------------------------------------------------------------------------- report
@@ -405,8 +507,12 @@ def _skip(settings: Settings, template: DriftResult, reason: str) -> DriftResult
 
 
 def check_drift(settings: Settings, current_table: str, current_version: int, reference: DriftReference | None,
-                run_id: str) -> DriftResult:
-    """Compare the new data with the champion's training data; always writes a report. Never raises on drift."""
+                run_id: str, raw_version: int | None = None) -> DriftResult:
+    """Compare the new data, as ingested, with the champion's training data; always writes a report. Never raises on drift.
+
+    ``raw_version``: the raw version ``current_version`` was curated from (the DAG passes it); None
+    reads it from the curated commit.
+    """
     cfg = settings.drift
     template = DriftResult(
         status="skipped", reason="", reference_table=reference.table if reference else None,
@@ -418,16 +524,23 @@ def check_drift(settings: Settings, current_table: str, current_version: int, re
     )
     if reference is None:
         return _skip(settings, template, f"no champion in {settings.env}: first run, nothing to compare against")
-    fresh = new_images(current_table, current_version, reference)
-    template = dataclasses.replace(template, n_new=len(fresh))
-    if len(fresh) < MIN_SAMPLES:
-        return _skip(settings, template, f"{len(fresh)} new image(s) since the champion's training data "
-                                         f"{reference.table} v{reference.version}: nothing to test (need {MIN_SAMPLES})")
+    if reference.raw_version is None:
+        reference = dataclasses.replace(reference, raw_version=recorded_raw_version(reference.table, reference.version))
+    if raw_version is None:
+        raw_version = recorded_raw_version(current_table, current_version)
+    batch = arrived_batch(settings, current_table, current_version, reference, raw_version)
+    template = dataclasses.replace(template, n_new=len(batch.shas), reference_raw_version=reference.raw_version,
+                                   raw_table=settings.raw_table if batch.source == "raw" else None,
+                                   raw_version=batch.version if batch.source == "raw" else None)
+    if len(batch.shas) < MIN_SAMPLES:
+        return _skip(settings, template, f"{len(batch.shas)} new image(s) since the champion's training data "
+                                         f"{reference.table} v{reference.version} in {_batch_name(batch)}: nothing to "
+                                         f"test (need {MIN_SAMPLES})")
 
     started = time.perf_counter()
     model_uri = f"models:/{settings.registry.model_name}/{reference.model_version}" if reference.model_version else None
     alpha = cfg.familywise_alpha / len(TESTS)
-    new, _ = _read_sample(current_table, current_version, cfg.max_samples, "new", splits=None, only=fresh)
+    new, _ = _read_sample(batch.table, batch.version, cfg.max_samples, "new", splits=None, only=batch.shas)
     whole_sample, _ = _read_sample(current_table, current_version, cfg.max_samples, "whole", splits=REFERENCE_SPLITS)
     with _seeded():  # building the model and (re)fitting detectors draw random numbers: not the caller's
         featurizer = Featurizer(settings, model_uri)
@@ -440,7 +553,7 @@ def check_drift(settings: Settings, current_table: str, current_version: int, re
     severity = {"champion_test_accuracy": test_accuracy, "champion_new_accuracy": extra_new["accuracy"],
                 "accuracy_drop": (round(test_accuracy - extra_new["accuracy"], 4)
                                   if test_accuracy is not None and extra_new["accuracy"] is not None else None)}
-    versus = (f"{len(new.shas)} new images of v{current_version} vs the champion's training data "
+    versus = (f"{len(new.shas)} new images of {_batch_name(batch)} vs the champion's training data "
               f"v{reference.version} (champion v{reference.model_version})")
     smallest = min(t["p_value"] for t in tests)
     harmful = is_harmful(severity["accuracy_drop"], cfg.harmful_accuracy_drop) if drifted else None
@@ -462,6 +575,12 @@ def check_drift(settings: Settings, current_table: str, current_version: int, re
         "label_counts": {"reference": detectors.meta["class_proportions"], "new": extra_new["class_counts"]},
         "plots": {"reference": detectors.meta["reference_projection"], "new": extra_new["projection"]},
     })
+
+
+def _batch_name(batch: Batch) -> str:
+    if batch.source == "raw":
+        return f"raw v{batch.version} (as ingested)"
+    return f"curated v{batch.version} (no raw version recorded: as curated)"
 
 
 def is_harmful(accuracy_drop: float | None, max_drop: float) -> bool:

@@ -3,11 +3,14 @@
 Rules, in the order the report lists them (settings: ``gate`` of the environment):
 
 * **Frozen test set.** The test split of this environment's curated table at an explicit
-  version, minus every image either model trained or validated on (their train and val splits
-  are read from their lineage tags: curated table and version). Splits never move once
+  version, minus every image either model trained or validated on. What each saw is read from its
+  own verified files (``seen_images.npy``, ``tasks.models.seen_images``), never from another
+  deployment's lake; a version logged before that file existed falls back to the train and val
+  splits of the table its lineage names when that table is reachable, and is otherwise a
+  ``SeenImagesUnavailableError`` (no report: the removal is never skipped). Splits never move once
   recorded (tasks/curation/curate.py), so this removes nothing in deploy-code; in deploy-model the
   candidate was trained on another environment's data, and the overlap is removed and counted.
-  A model version without lineage tags is a ``LineageError``: nobody can say what it saw.
+  A model version without lineage tags is a ``LineageError``: nobody can say what it was trained on.
 * **Too small to decide.** Fewer than ``min_test_images`` images left: decision ``undecided``;
   nothing is promoted and the report says why.
 * **Floor.** The candidate's ``metric`` reaches ``min_value``.
@@ -78,6 +81,7 @@ from tasks.models.registry import (
     set_version_tags,
     trained_on,
 )
+from tasks.models.seen_images import SeenImagesUnavailableError, seen_by
 from tasks.settings import Settings
 from tasks.training.data_cache import load_split_rows
 
@@ -198,15 +202,11 @@ def paired_comparison(y_true: list[str], candidate: list[str], champion: list[st
 # --------------------------------------------------------------------------- the test set
 
 
-def frozen_test_set(test_table: str, test_version: int, trained: list[tuple[str, int]]) -> tuple[pa.Table, int]:
-    """The test split minus every image any of the models trained or validated on; returns (rows, removed)."""
+def frozen_test_set(test_table: str, test_version: int, seen: set[str]) -> tuple[pa.Table, int]:
+    """The test split minus every image in ``seen`` (what the models trained or validated on); returns (rows, removed)."""
     rows = load_split_rows(test_table, test_version, ("test",))
     if rows.num_rows == 0:
         raise NoTestDataError(f"{test_table}@v{test_version} has no test rows: there is nothing to gate on")
-    seen: set[str] = set()
-    for table, version in dict.fromkeys(trained):
-        seen.update(lake.read(table, version, columns=["sha256"], filter=[("split", "in", ["train", "val"])])
-                    ["sha256"].to_pylist())
     if not seen:
         return rows, 0
     keep = pc.invert(pc.is_in(rows["sha256"], value_set=pa.array(sorted(seen))))
@@ -255,13 +255,15 @@ def _encoded(images: list[bytes], fmt: str) -> list[bytes]:
     return out
 
 
-def smoke_test(settings: Settings, model_uri: str, images: list[bytes], classes: set[str]) -> dict[str, Any]:
-    """Load ``model_uri`` (its verified copy) in a fresh interpreter, classify PNG and JPEG bytes, time single predictions."""
+def smoke_test(settings: Settings, model_uri: str, images: list[bytes], classes: set[str],
+               local: Path | None = None) -> dict[str, Any]:
+    """Load ``model_uri`` (its verified copy, ``local`` when the caller holds one) in a fresh interpreter,
+    classify PNG and JPEG bytes, time single predictions."""
     gate = settings.gate
     sample = images[: max(1, min(len(images), 16))]
     with contextlib.ExitStack() as stack:
         try:
-            local, _ = stack.enter_context(verified_model(settings, model_uri))
+            local = local if local is not None else stack.enter_context(verified_model(settings, model_uri))[0]
         except (MlflowException, UnverifiableModelError) as exc:  # not found or not downloaded: the check fails
             return {"ok": False, "error": f"cannot download {model_uri}: {str(exc).splitlines()[0][:300]}"}
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="cd4ml-smoke-"))
@@ -304,12 +306,12 @@ def smoke_test(settings: Settings, model_uri: str, images: list[bytes], classes:
 # --------------------------------------------------------------------------- the gate
 
 
-def _predict(settings: Settings, model_uri: str, images: list[bytes]) -> list[str]:
+def _predict(local: Path, images: list[bytes]) -> list[str]:
+    """Labels from the verified copy in ``local`` (loaded from there, never from the URI again)."""
     import mlflow
 
-    with verified_model(settings, model_uri) as (local, _):  # load the checked copy, not the URI again
-        model = mlflow.pyfunc.load_model(str(local))
-        return [str(label) for label in model.predict(pd.DataFrame({"image": images}))["label"].tolist()]
+    model = mlflow.pyfunc.load_model(str(local))
+    return [str(label) for label in model.predict(pd.DataFrame({"image": images}))["label"].tolist()]
 
 
 def comparison_checks(settings: Settings, truth: list[str], cand: list[str], champ: list[str],
@@ -347,11 +349,12 @@ def comparison_checks(settings: Settings, truth: list[str], cand: list[str], cha
     return checks, {"paired": paired, "per_class": per_class}
 
 
-def _serving_checks(settings: Settings, model_uri: str, images: list[bytes], classes: set[str]) -> tuple[list[Check], dict]:
+def _serving_checks(settings: Settings, model_uri: str, images: list[bytes], classes: set[str],
+                    local: Path) -> tuple[list[Check], dict]:
     gate = settings.gate
     if not gate.smoke_test:
         return [], {"skipped": "gate.smoke_test is off"}
-    smoke = smoke_test(settings, model_uri, images, classes)
+    smoke = smoke_test(settings, model_uri, images, classes, local)
     if not smoke["ok"]:
         return [Check("smoke", False, f"{model_uri} in a fresh process: {smoke['error']}")], smoke
     return [
@@ -370,8 +373,70 @@ def report_path(settings: Settings, candidate: int, champion: int | None, test_t
     return settings.reports_path / "gate" / name
 
 
+@dataclass
+class _Judged:
+    decision: str = UNDECIDED
+    checks: list[Check] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    candidate_value: float | None = None
+    champion_value: float | None = None
+
+
+def _verified_copies(settings: Settings, stack: contextlib.ExitStack,
+                     versions: list[ModelVersion]) -> dict[int, Path]:
+    """Each version's files, checked against its manifest once, kept open for the whole gate (what it saw, its predictions, its smoke test)."""
+    return {int(v.version): stack.enter_context(verified_model(settings, f"models:/{v.name}/{v.version}"))[0]
+            for v in versions}
+
+
+def _judge(settings: Settings, candidate: ModelVersion, champion: ModelVersion | None, copies: dict[int, Path],
+           rows: pa.Table, removed: int) -> _Judged:
+    """Every check on the frozen test rows, from the verified copies (module doc)."""
+    gate = settings.gate
+    images = rows["image"].to_pylist()
+    truth = [str(x) for x in rows["label"].to_pylist()]
+    out = _Judged(details={"test_images_removed_as_seen_in_training": removed})
+    rolled_back = (candidate.tags or {}).get(TAG_ROLLED_BACK)
+    out.checks.append(Check("not_rolled_back", not rolled_back,
+                            f"rolled back before: {rolled_back}" if rolled_back else "never rolled back"))
+    if len(truth) < gate.min_test_images:
+        out.checks.append(Check("test_size", False, f"{len(truth)} test images (after removing {removed} seen in "
+                                                    f"training) < min_test_images {gate.min_test_images}: no decision"))
+    else:
+        out.checks.append(Check("test_size", True, f"{len(truth)} test images ({removed} removed as seen in training)"))
+        cand_pred = _predict(copies[int(candidate.version)], images)
+        cand_scores = score(truth, cand_pred)
+        out.candidate_value = cand_scores[gate.metric]
+        out.details["candidate_scores"] = cand_scores
+        out.checks.append(Check("floor", out.candidate_value >= gate.min_value,
+                                f"test {gate.metric} {out.candidate_value:.4f}; floor {gate.min_value:.4f}"))
+        if champion is not None:
+            champ_pred = _predict(copies[int(champion.version)], images)
+            champ_scores = score(truth, champ_pred)
+            out.champion_value = champ_scores[gate.metric]
+            out.details["champion_scores"] = champ_scores
+            more, compared = comparison_checks(settings, truth, cand_pred, champ_pred, int(champion.version))
+            out.checks += more
+            out.details.update(compared)
+        else:
+            out.details["per_class"] = {k: {"candidate": v["recall"], "support": v["support"]}
+                                        for k, v in per_class_recall(truth, cand_pred).items()}
+        candidate_uri = f"models:/{candidate.name}/{candidate.version}"
+        serving, out.details["smoke"] = _serving_checks(settings, candidate_uri, images, set(truth),
+                                                        copies[int(candidate.version)])
+        out.checks += serving
+        out.decision = PASS if all(c.passed for c in out.checks) else FAIL
+    if rolled_back:
+        out.decision = FAIL  # decided even when the test set is too small to decide anything else
+    return out
+
+
 def evaluate(settings: Settings, candidate_version: int, test_table: str, test_version: int) -> GateResult:
-    """Gate ``candidate_version`` of this environment's registered model against its champion."""
+    """Gate ``candidate_version`` of this environment's registered model against its champion.
+
+    What each model saw comes from its own verified files (``tasks.models.seen_images``), so the
+    gate reads no other deployment's lake; the same download is then predicted and smoke-tested.
+    """
     gate = settings.gate
     client = mlflow_client(settings)
     name = settings.registry.model_name
@@ -380,58 +445,27 @@ def evaluate(settings: Settings, candidate_version: int, test_table: str, test_v
     if champion is not None and int(champion.version) == int(candidate.version):
         champion = None  # re-gating the champion itself: nothing to compare with
     champion_version = int(champion.version) if champion is not None else None
-    trained = [trained_on(candidate)] + ([trained_on(champion)] if champion is not None else [])
-
-    rows, removed = frozen_test_set(test_table, int(test_version), trained)
-    images = rows["image"].to_pylist()
-    truth = [str(x) for x in rows["label"].to_pylist()]
-    candidate_uri = f"models:/{name}/{candidate.version}"
-    checks: list[Check] = []
-    details: dict[str, Any] = {"test_images_removed_as_seen_in_training": removed}
-    rolled_back = (candidate.tags or {}).get(TAG_ROLLED_BACK)
-    checks.append(Check("not_rolled_back", not rolled_back,
-                        f"rolled back before: {rolled_back}" if rolled_back else "never rolled back"))
-    decision, candidate_value, champion_value = UNDECIDED, None, None
-    if len(truth) < gate.min_test_images:
-        checks.append(Check("test_size", False, f"{len(truth)} test images (after removing {removed} seen in "
-                                                f"training) < min_test_images {gate.min_test_images}: no decision"))
-    else:
-        checks.append(Check("test_size", True, f"{len(truth)} test images ({removed} removed as seen in training)"))
-        cand_pred = _predict(settings, candidate_uri, images)
-        cand_scores = score(truth, cand_pred)
-        candidate_value = cand_scores[gate.metric]
-        details["candidate_scores"] = cand_scores
-        checks.append(Check("floor", candidate_value >= gate.min_value,
-                            f"test {gate.metric} {candidate_value:.4f}; floor {gate.min_value:.4f}"))
-        if champion is not None:
-            champ_pred = _predict(settings, f"models:/{name}/{champion.version}", images)
-            champ_scores = score(truth, champ_pred)
-            champion_value = champ_scores[gate.metric]
-            details["champion_scores"] = champ_scores
-            more, compared = comparison_checks(settings, truth, cand_pred, champ_pred, champion_version)
-            checks += more
-            details.update(compared)
-        else:
-            details["per_class"] = {k: {"candidate": v["recall"], "support": v["support"]}
-                                    for k, v in per_class_recall(truth, cand_pred).items()}
-        serving, details["smoke"] = _serving_checks(settings, candidate_uri, images, set(truth))
-        checks += serving
-        decision = PASS if all(c.passed for c in checks) else FAIL
-    if rolled_back:
-        decision = FAIL  # decided even when the test set is too small to decide anything else
+    models = [candidate] + ([champion] if champion is not None else [])
+    for version in models:
+        trained_on(version)  # no lineage tags: nobody can say what it was trained on (LineageError)
+    with contextlib.ExitStack() as stack:
+        copies = _verified_copies(settings, stack, models)
+        seen = set().union(*(seen_by(v, copies[int(v.version)]) for v in models))
+        rows, removed = frozen_test_set(test_table, int(test_version), seen)
+        judged = _judge(settings, candidate, champion, copies, rows, removed)
 
     path = report_path(settings, int(candidate.version), champion_version, test_table, int(test_version))
     result = GateResult(
-        decision=decision, model_name=name, candidate_version=int(candidate.version),
-        champion_version=champion_version, metric=gate.metric, candidate_value=candidate_value,
-        champion_value=champion_value, test_table=test_table, test_version=int(test_version),
-        test_images=len(truth), checks=checks, report_path=str(path),
+        decision=judged.decision, model_name=name, candidate_version=int(candidate.version),
+        champion_version=champion_version, metric=gate.metric, candidate_value=judged.candidate_value,
+        champion_value=judged.champion_value, test_table=test_table, test_version=int(test_version),
+        test_images=rows.num_rows, checks=judged.checks, report_path=str(path),
     )
-    write_json(path, {"env": settings.env, **result.to_dict(), "details": details,
+    write_json(path, {"env": settings.env, **result.to_dict(), "details": judged.details,
                       "settings": gate.model_dump(mode="json"), "candidate_run_id": candidate.run_id,
                       "champion_run_id": champion.run_id if champion is not None else None})
     _record(client, candidate, result, path, settings.env)
-    log.info("gate %s for %s v%s: %s", decision.upper(), name, candidate.version, " | ".join(result.reasons))
+    log.info("gate %s for %s v%s: %s", judged.decision.upper(), name, candidate.version, " | ".join(result.reasons))
     return result
 
 
@@ -462,5 +496,5 @@ def _record(client: MlflowClient, candidate: ModelVersion, result: GateResult, p
     client.log_artifact(candidate.run_id, str(path), artifact_path=f"gate/{env}")
 
 
-__all__ = ["GateResult", "LineageError", "NoTestDataError", "evaluate", "paired_comparison", "per_class_recall",
+__all__ = ["GateResult", "LineageError", "NoTestDataError", "SeenImagesUnavailableError", "evaluate", "paired_comparison", "per_class_recall",
            "score", "smoke_test", "trained_on"]

@@ -34,6 +34,7 @@ from cd4ml_runtime.networks import build as build_network
 from cd4ml_runtime.preprocess import PreprocessSpec
 from tasks.models.loading import load_logged_weights
 from tasks.models.registry import client_for
+from tasks.models.seen_images import seen_by_model
 from tasks.settings import Settings, TrainingSettings
 from tasks.training.augment import Augment, augment_generator
 from tasks.training.checkpoint import Checkpoints, rng_state, set_rng_state
@@ -362,6 +363,14 @@ def _run_epochs(
             break
 
 
+def _seen_images(settings: Settings, request: WorkerRequest, data: CachedSplits) -> set[str]:
+    """Every image trained or validated on, the fine-tuning source's included (it learned from those too)."""
+    seen = set(data.rows()["sha256"].to_pylist())
+    if request.finetune_uri:
+        seen |= seen_by_model(settings, request.finetune_uri)
+    return seen
+
+
 def train_rank(
     request: WorkerRequest, settings: Settings, plan: DevicePlan, rank: int, world: int, callback: EpochCallback | None = None
 ) -> WorkerOutcome | None:
@@ -384,7 +393,8 @@ def train_rank(
             return None
         final = state.final_metrics()
         best_epoch = state.stopper.best_epoch
-        model_uri = run.finish(final, state.epoch, best_epoch, state.model, s.arch, s.data, plan, request.log_model)
+        seen = _seen_images(settings, request, s.data) if request.log_model else None
+        model_uri = run.finish(final, state.epoch, best_epoch, state.model, s.arch, s.data, plan, request.log_model, seen)
     return WorkerOutcome(
         mlflow_run_id=str(state.mlflow_run_id),
         epochs_run=state.epoch,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ import cd4ml_runtime.pyfunc as runtime_pyfunc
 from cd4ml_runtime import networks
 from cd4ml_runtime.predictor import META_FORMAT
 from cd4ml_runtime.preprocess import PreprocessSpec
+from tasks.models.seen_images import FILE_NAME as SEEN_FILE
+from tasks.models.seen_images import SEEN_ARTIFACT
+from tasks.models.seen_images import write as write_seen
 
 RUNTIME_DIR = Path(cd4ml_runtime.__file__).resolve().parent
 MODEL_ARTIFACT_NAME = "model"
@@ -112,8 +116,13 @@ def log_pyfunc_model(
     example_images: list[bytes],
     name: str = MODEL_ARTIFACT_NAME,
     channels_last: bool = False,
+    seen_images: Iterable[str] | None = None,
 ) -> Any:
-    """Log ``model`` as a self-contained pyfunc in the active run; returns the ModelInfo (module doc)."""
+    """Log ``model`` as a self-contained pyfunc in the active run; returns the ModelInfo (module doc).
+
+    ``seen_images`` (hex sha256 of every image trained or validated on) becomes the model's
+    ``seen_images.npy`` (``tasks.models.seen_images``): the gate of any deployment reads it there.
+    """
     import cloudpickle
 
     with tempfile.TemporaryDirectory(prefix="cd4ml-model-") as tmp:
@@ -122,6 +131,9 @@ def log_pyfunc_model(
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, state_path)
         meta_path = root / "model_meta.json"
         meta_path.write_text(json.dumps(model_meta(arch, classes, spec, channels_last), indent=2))
+        extra = {}
+        if seen_images is not None:
+            extra[SEEN_ARTIFACT] = str(write_seen(root / SEEN_FILE, seen_images))
         runtime = root / "runtime"
         runtime.mkdir()
         for source in sorted(RUNTIME_DIR.glob("*.py")):
@@ -135,6 +147,7 @@ def log_pyfunc_model(
                     runtime_pyfunc.WEIGHTS_ARTIFACT: str(state_path),
                     runtime_pyfunc.META_ARTIFACT: str(meta_path),
                     runtime_pyfunc.RUNTIME_ARTIFACT: str(runtime),
+                    **extra,
                 },
                 signature=_signature(),
                 input_example=pd.DataFrame({"image": list(example_images)}),

@@ -7,6 +7,7 @@ MLflow run; epochs it had logged are not logged twice. Only rank 0 talks to MLfl
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from contextlib import ExitStack
 from typing import Any
 
@@ -99,9 +100,9 @@ class TrainingRun:
 
     def finish(
         self, final: dict[str, float], epochs_run: int, best_epoch: int, model: nn.Module, arch: dict[str, Any],
-        data: CachedSplits, plan: DevicePlan, log_model: bool,
+        data: CachedSplits, plan: DevicePlan, log_model: bool, seen_images: Iterable[str] | None = None,
     ) -> str | None:
-        """Final metrics and tags, and (``log_model``) the model as a pyfunc; returns its URI."""
+        """Final metrics and tags, and (``log_model``) the model as a pyfunc with what it saw; returns its URI."""
         mlflow.log_metrics({**final, "epochs_run": epochs_run, "best_epoch": best_epoch})
         model_uri = None
         if log_model:
@@ -113,6 +114,7 @@ class TrainingRun:
                 spec=data.spec,
                 example_images=data.examples,
                 channels_last=plan.memory_format == torch.channels_last,
+                seen_images=seen_images,
             )
             model_uri = info.model_uri
             mlflow.set_tag(TAG_MODEL_URI, model_uri)

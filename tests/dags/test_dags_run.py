@@ -79,11 +79,12 @@ def test_pipeline_end_to_end_and_idempotent(private_env):
     assert "up_for_retry" not in out  # nothing downstream fails in turn and waits out its retries
 
 
-def test_empty_landing_ends_the_run_with_a_message_and_no_version(private_env, tmp_path):
+def test_an_empty_landing_fails_the_run_at_once_with_a_message_and_no_version(private_env, tmp_path):
     env = private_env
     (tmp_path / "empty").mkdir()
-    out = _dag_test("cd4ml_ingest", env, conf={"source_uri": str(tmp_path / "empty")})
+    out = _dag_test("cd4ml_ingest", env, conf={"source_uri": str(tmp_path / "empty")}, expect_rc=1)
     assert "holds no files: nothing to ingest, no new version" in out
+    assert "up_for_retry" not in out  # a data error: a retry cannot help
     assert _status(env)["tables"]["raw_images"]["version"] is None
 
 

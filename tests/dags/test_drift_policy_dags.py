@@ -1,8 +1,9 @@
 """Drift policy through real `airflow dags test cd4ml_train` runs in prod: block stops, warn trains.
 
 One prod world: a champion trained (in this process, few epochs) on 700 shuffled real digits, then
-a curated version that adds 400 inverted digits (a harmful shift: the champion gets most of them
-wrong). Under `drift.policy: block` the run stops at drift_check with the reason, exactly one
+a raw version that adds 400 inverted digits (a harmful shift: the champion gets most of them
+wrong) and a curated version of it that kept only 5 of them (curation dropped the rest, as
+outliers, say): the check judges the batch as ingested, so curation cannot hide it. Under `drift.policy: block` the run stops at drift_check with the reason, exactly one
 incident reaches on-call (one PagerDuty trigger, one Slack post, one email) and no model version
 is registered; under `warn` the same version raises a warning and a candidate is trained and
 registered. Release approval is switched off in this prod conf so that the warn run ends
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from tests.dags.conftest import alert_lines, edited_conf, run_airflow
-from tests.factories.digits import curated_table
+from tests.factories.digits import curated_table, raw_table
 
 pytestmark = pytest.mark.airflow
 DATE = "2026-11-21"
@@ -47,13 +48,18 @@ def prod_world(tmp_path_factory) -> dict:
     order = np.random.default_rng(0).permutation(len(images))
     images, labels = images[order], labels[order]
     base = curated_table(images[:700], labels[:700], ["train"] * 500 + ["val"] * 100 + ["test"] * 100)
+    base_raw = raw_table(images[:700], labels[:700])
     uri = settings.curated_table
-    ref = lake.overwrite(uri, base, metadata={"run_id": "test-ref"})
+    raw = lake.overwrite(settings.raw_table, base_raw, metadata={"run_id": "test-ingest"})
+    ref = lake.overwrite(uri, base, metadata={"run_id": "test-ref", "raw_version": raw})
     trained = train(settings, uri, ref, run_id="prod-champion", logical_date=DATE)
     version = register_candidate(settings, trained.mlflow_run_id)
     mlflow_client(settings).set_registered_model_alias(settings.registry.model_name, "champion", str(version))
-    inverted = curated_table(255 - images[700:1100], labels[700:1100], ["train"] * 300 + ["val"] * 50 + ["test"] * 50)
-    drifted = lake.overwrite(uri, pa.concat_tables([base, inverted]), metadata={"run_id": "test-inverted"})
+    batch = 255 - images[700:1100], labels[700:1100]
+    raw = lake.overwrite(settings.raw_table, pa.concat_tables([base_raw, raw_table(*batch)]),
+                         metadata={"run_id": "test-ingest-inverted"})
+    kept = curated_table(batch[0][:5], batch[1][:5], ["train"] * 5)  # curation dropped 395 of the 400
+    drifted = lake.overwrite(uri, pa.concat_tables([base, kept]), metadata={"run_id": "test-inverted", "raw_version": raw})
     return {"home": home, "confs": confs, "settings": settings, "drifted": drifted, "champion": version}
 
 
@@ -81,6 +87,7 @@ def test_block_stops_a_prod_run_with_one_alert_and_warn_trains(private_env, prod
     rc, out = _train(env, prod_world, "block")
     assert rc == 1, out[-6000:]
     assert "training blocked by drift policy in prod" in out and "harmful: accuracy drop" in out, out[-6000:]
+    assert "400 new images of raw v1 (as ingested)" in out, out[-6000:]  # the batch as it arrived, not curation's 5
     [alert] = alert_lines(out)  # the run's one incident: the failing task's callbacks found it open
     assert (alert["kind"], alert["severity"], alert["env"]) == ("drift", "critical", "prod")
     assert alert["summary"].startswith("training blocked: data drift against champion")

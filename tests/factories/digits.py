@@ -69,3 +69,23 @@ def curated_table(images: np.ndarray, labels: np.ndarray, splits: list[str]) -> 
         "component": pa.array(shas, pa.string()), "width": pa.array([8] * n, pa.int32()),
         "height": pa.array([8] * n, pa.int32()),
     })
+
+
+def raw_table(images: np.ndarray, labels: np.ndarray, run_id: str = "test-ingest") -> pa.Table:
+    """Raw-table rows (``RAW_SCHEMA``) of 8x8 grey ``images`` as ingest admits them: PNG, one row per sha256."""
+    from datetime import UTC, datetime
+
+    from tasks.data.admission import RAW_SCHEMA
+
+    rows, seen = [], set()
+    for array, label in zip(images, labels):
+        data = encode(array)
+        sha = hashlib.sha256(data).hexdigest()
+        if sha in seen:
+            continue
+        seen.add(sha)
+        rows.append({"sha256": sha, "image": data, "width": 8, "height": 8, "format": "PNG", "mode": "L",
+                     "label": str(int(label)), "source_uri": f"landing/{int(label)}/{sha[:12]}.png",
+                     "ingest_run_id": run_id, "logical_date": "2026-11-21", "ingested_at": datetime.now(UTC),
+                     "source_format": "PNG", "source_mode": "L", "normalised": None})
+    return pa.Table.from_pylist(rows, schema=RAW_SCHEMA)

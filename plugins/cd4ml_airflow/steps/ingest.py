@@ -7,7 +7,7 @@ from airflow.sdk import task
 from cd4ml_airflow.assets import RAW_IMAGES
 from cd4ml_airflow.context import logical_date_of
 from cd4ml_airflow.notifier import origin_of
-from cd4ml_airflow.steps.shape import skip_on, step
+from cd4ml_airflow.steps.shape import step
 
 
 @task
@@ -16,13 +16,15 @@ from cd4ml_airflow.steps.shape import skip_on, step
     f"(rejects table {r.rejects_table}); raw_images v{r.raw_version}"))
 def ingest(settings, context):
     """Hash, decode and MERGE new images; quarantine bad files."""
-    from tasks.data.ingest import EmptyLandingError, ingest_landing
+    from tasks.data.ingest import ingest_landing
 
+    # A missing or empty source (EmptyLandingError, a DataError) fails the run at once, without
+    # retries, and alerts: a feed that delivered nothing is broken upstream. A source whose files
+    # are all ingested already is not empty: it ends with 0 new images and no new version.
     p = context["params"]
-    with skip_on(EmptyLandingError):  # an empty source: no new version, nothing downstream to do
-        return ingest_landing(settings, run_id=context["run_id"], logical_date=logical_date_of(context),
-                              landing=p["source_uri"], label_source=p["label_source"], manifest=p["manifest_uri"],
-                              engine=p["engine"], full=p["full_recheck"])
+    return ingest_landing(settings, run_id=context["run_id"], logical_date=logical_date_of(context),
+                          landing=p["source_uri"], label_source=p["label_source"], manifest=p["manifest_uri"],
+                          engine=p["engine"], full=p["full_recheck"])
 
 
 @task(outlets=[RAW_IMAGES])

@@ -40,9 +40,11 @@ def _overrides(params, best: dict) -> dict:
 @task
 @step(checks_params=True)  # every Param, before drift, tuning and training
 def resolve_input(settings, context) -> dict:
-    """Pin the curated version this run works on (and, in a sampling environment, its named sample)."""
+    """Pin the curated version this run works on, the raw version it was curated from (and, in a sampling
+    environment, its named sample)."""
     from tasks.data import lake
     from tasks.data.sampling import training_data
+    from tasks.monitoring.drift import recorded_raw_version
 
     params = context["params"]
     if params["curated_version"] is None and params["dataset_version"]:
@@ -54,7 +56,7 @@ def resolve_input(settings, context) -> dict:
     if data["sample"]:
         print(f"training on {data['sample']}: {data['table']} v{data['version']} (curated v{version})")
     return {"curated_table": data["table"], "curated_version": data["version"], "sample": data["sample"],
-            "source_curated_version": version}
+            "source_curated_version": version, "raw_version": recorded_raw_version(settings.curated_table, version)}
 
 
 @task
@@ -67,9 +69,11 @@ def drift_check(settings, context, data: dict):
     from tasks.monitoring.drift import DriftReference, blocks, check_drift, enforce_policy
 
     current = champion_info(settings)
-    reference = DriftReference(current.curated_table, current.curated_version, current.version) if current else None
-    with fail_fast_on_data_errors():
-        result = check_drift(settings, data["curated_table"], data["curated_version"], reference, context["run_id"])
+    reference = (DriftReference(current.curated_table, current.curated_version, current.version, current.raw_version)
+                 if current else None)
+    with fail_fast_on_data_errors():  # the batch as ingested: the raw version this curated version was built from
+        result = check_drift(settings, data["curated_table"], data["curated_version"], reference, context["run_id"],
+                             raw_version=data.get("raw_version"))
     print(f"drift: {result.status} ({result.reason}); report: {result.report_path} {result.html_path or ''}")
     if result.status == "drift":
         send(alert_policy.drift(origin_of(context, settings, settings.env), result, table=data["curated_table"],

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.factories.digits import encode, split_rows, write_curated_digits
+from tests.factories.digits import curated_rows, encode, split_rows, write_curated_digits
 from tests.factories.training import fast, private_home, runs_in_experiment, with_model_name
 
 
@@ -196,10 +196,23 @@ def test_a_version_without_val_rows_is_refused_with_a_clear_error(trained: Train
         train(trained.settings, uri, version, "manual__noval", "2026-11-21")
 
 
-def test_fine_tuning_starts_from_a_registered_version_and_names_it(trained: Trained) -> None:
+def _with_train_images_moved_to_test(uri: str, count: int) -> tuple[int, set[str]]:
+    """The digits with the first ``count`` train images in the test split: (version, their sha256)."""
+    import pyarrow as pa
+
+    from tasks.curation.curate import CURATED_SCHEMA
+    from tasks.data import lake
+
+    moved = {r["sha256"] for r in split_rows("train")[:count]}
+    rows = [{**r, "split": "test"} if r["sha256"] in moved else r for r in curated_rows()]
+    return lake.overwrite(uri, pa.Table.from_pylist(rows, schema=CURATED_SCHEMA), metadata={"raw_version": 3}), moved
+
+
+def test_fine_tuning_starts_from_a_registered_version_and_names_it(trained: Trained, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
     from tasks.models.registry import get_model_version, mlflow_client, register_candidate
+    from tasks.models.seen_images import seen_by_model
     from tasks.training.train import train, training_config_hash
 
     s = with_model_name(trained.settings, "finetune")
@@ -209,13 +222,17 @@ def test_fine_tuning_starts_from_a_registered_version_and_names_it(trained: Trai
     client.set_registered_model_alias(s.registry.model_name, "champion", version.version)
 
     tuned = fast(s, epochs=1, finetune_from=f"models:/{s.registry.model_name}@champion", freeze_backbone=True)
-    result = train(tuned, s.curated_table, trained.version, "manual__finetune", "2026-11-21")
+    curated, moved = _with_train_images_moved_to_test(str(tmp_path / "curated"), 30)
+    result = train(tuned, str(tmp_path / "curated"), curated, "manual__finetune", "2026-11-21")
     pinned = f"models:/{s.registry.model_name}/{version.version}"
     run = client.get_run(result.mlflow_run_id)
     assert run.data.tags["cd4ml.finetuned_from"] == pinned  # the alias, resolved: lineage names one version
     assert run.data.tags["cd4ml.config_hash"] == training_config_hash(tuned, pinned)
     # One epoch on a frozen, already trained backbone is as good as the source model.
     assert result.metrics["best_val_accuracy"] >= trained.result.metrics["best_val_accuracy"] - 0.02
+    # It saw its own train and val images and its source's: the 30 now in test were learned from too.
+    source_seen = seen_by_model(s, pinned)
+    assert moved <= source_seen and seen_by_model(s, result.model_uri) == source_seen
 
 
 def test_cli_train_prints_the_result_and_reuses_the_finished_run(
