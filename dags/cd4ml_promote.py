@@ -2,7 +2,9 @@
 ### cd4ml_promote: a registered model version -> this environment's champion, through the gate
 
 **deploy model** (`release.pattern: deploy_model`, e.g. uat from sit, prod from uat): scheduled on
-the champion Asset of `release.upstream` (and started by `cd4ml_reconcile`). `copy_candidate`
+the champion Asset of `release.upstream`, or, between separate deployments (`release.upstream_event`),
+on the Asset whose AssetWatcher hears the upstream's announcements on the hop's queue; and started by
+`cd4ml_reconcile` for whatever the queue lost. `copy_candidate`
 imports the upstream champion (or the Param `source_version`) from the upstream's registry
 (`release.upstream_registry`) into this environment's registered model: every file checked against
 its manifest first, lineage and provenance tags kept, no retraining.

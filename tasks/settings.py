@@ -440,6 +440,22 @@ def check_registry_uri(uri: str, allowed_schemes: tuple[str, ...]) -> str:
     return uri
 
 
+class MessageQueueSettings(_Section):
+    """A message queue of the release hand-off between two deployments (docs/release.md, "The hand-off as an event")."""
+
+    scheme: Literal["redis+pubsub"] = Field(
+        "redis+pubsub", description="The queue's kind: Redis pub/sub (the one both the publisher and the consumer speak here).")
+    channel: str = Field(
+        ..., pattern=r"^[A-Za-z0-9_.:-]{1,128}$", description="The channel the upstream publishes its champion changes to "
+        "and the downstream listens on: one per hop (e.g. cd4ml-sit-to-uat).")
+    conn_id: str = Field(
+        "redis_default", pattern=r"^[A-Za-z0-9_]{1,64}$", description="Airflow Connection of the queue (host, port, "
+        "password, extra db/ssl); outside Airflow the variable AIRFLOW_CONN_<CONN_ID>.")
+    poll_interval_s: float = Field(
+        5.0, gt=0.0, le=600.0, description="Consumer: seconds the trigger waits between two looks at the channel when it "
+        "was empty.")
+
+
 class ReleaseSettings(_Section):
     """How a model reaches this environment's champion alias (tasks/release/release.py)."""
 
@@ -460,6 +476,12 @@ class ReleaseSettings(_Section):
     upstream_registry: UpstreamRegistrySettings = Field(
         default_factory=UpstreamRegistrySettings, description="deploy_model: where the upstream's champion is read "
         "(its own registry in another deployment, or the shared one).")
+    publish: MessageQueueSettings | None = Field(
+        None, description="Where a change of this environment's champion (promote, rollback) is announced to the "
+        "downstream deployment; null = not announced (one deployment: its champion Asset is the hand-off).")
+    upstream_event: MessageQueueSettings | None = Field(
+        None, description="deploy_model: the queue the upstream announces its champion on; cd4ml_promote then runs on "
+        "its messages (an AssetWatcher); null = on the upstream's champion Asset inside this deployment.")
 
     @model_validator(mode="after")
     def _pattern(self) -> "ReleaseSettings":

@@ -75,6 +75,13 @@ def _value_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _optional_model(annotation: Any) -> type[BaseModel] | None:
+    """The model of an optional sub-section (release.publish: null or its keys), else None."""
+    args = get_args(annotation)
+    models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if type(None) in args and len(args) == 2 and models else None
+
+
 def rows(model: type[BaseModel] = Settings, prefix: str = "") -> Iterator[Row]:
     """Every field of ``model`` and of the models inside it, in declaration order."""
     for name, field in model.model_fields.items():
@@ -88,6 +95,9 @@ def rows(model: type[BaseModel] = Settings, prefix: str = "") -> Iterator[Row]:
         values = _value_model(field.annotation)
         if values is not None:
             yield from rows(values, f"{key}.<{'dag_id' if name == 'deadlines' else 'name'}>.")
+        optional = _optional_model(field.annotation)
+        if optional is not None:
+            yield from rows(optional, f"{key}.")
 
 
 def _cell(value: Any) -> str:

@@ -35,8 +35,11 @@ CHAMPION_MODEL = champion_asset(_settings)
 
 
 def _upstream_champion() -> Asset | None:
-    if not _settings.release.upstream:
-        return None
+    from cd4ml_airflow.champion_queue import upstream_event_asset
+
+    watched = upstream_event_asset(_settings)
+    if watched is not None or not _settings.release.upstream:
+        return watched
     from tasks.settings import load_settings
 
     return champion_asset(load_settings(_settings.release.upstream))
@@ -45,9 +48,9 @@ def _upstream_champion() -> Asset | None:
 UPSTREAM_CHAMPION = _upstream_champion()
 """deploy_model: the champion of the environment below this one (release.upstream), or None.
 
-Separate Airflow deployments per environment see each other's Assets only when the upstream's
-event is posted to this deployment (REST API ``POST /api/v2/assets/events``); one deployment
-hosting both sees it directly."""
+With ``release.upstream_event`` (separate deployments) it is the Asset watching the hop's queue:
+the upstream announces each new champion there (cd4ml_airflow.champion_queue). Without it, the
+upstream's champion Asset itself, which this deployment sees when it hosts both environments."""
 
 PREDICTIONS = Asset(name=f"cd4ml_{_settings.env}_predictions", uri=_as_uri(_settings.predictions_table))
 """A scoring run's new predictions (extra: model_name, model_version, scored, quarantined, versions)."""

@@ -76,15 +76,18 @@ def _champion_event(result) -> dict:
 @task(outlets=[CHAMPION_MODEL])
 @step(says=lambda result: result.message, publishes=(CHAMPION_MODEL, _champion_event))
 def promote(settings, context, gate: dict, challenger: dict):
-    """Move `champion` to the challenger; publish the champion Asset.
+    """Move `champion` to the challenger; publish the champion Asset (and announce it on `release.publish`).
 
     The gate and, where approval is required, the decision are read from what was recorded (the
     version's gate tags, the ledger's `approved` row), never from this run's XCom: an `approve`
     task marked success by hand recorded nothing, so the promotion is refused and alerted."""
+    from cd4ml_airflow.champion_queue import announce_champion
     from cd4ml_airflow.context import run_actor
     from tasks.release.release import promote as move
 
-    return move(settings, gate["candidate_version"], gate, run_id=context["run_id"], actor=run_actor(context))
+    result = move(settings, gate["candidate_version"], gate, run_id=context["run_id"], actor=run_actor(context))
+    announce_champion(settings, result)  # the downstream deployment hears of it (release.publish); never fails the task
+    return result
 
 
 @task(trigger_rule="all_done")

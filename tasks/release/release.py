@@ -95,6 +95,7 @@ class ReleaseResult:
     changed: bool
     audit_seq: int | None
     message: str
+    audit_at: str = ""  # the ledger row's time (UTC, ISO 8601): what the champion announcement names
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -199,7 +200,7 @@ def _result(settings: Settings, row: AuditRow | None, committed: bool, action: s
         return ReleaseResult(settings.env, settings.registry.model_name, action, alias, current, current, False, None,
                              message)
     return ReleaseResult(settings.env, settings.registry.model_name, row.action, row.alias, row.from_version,
-                         row.to_version, committed, row.seq, message)
+                         row.to_version, committed, row.seq, message, row.at)
 
 
 def imported_from(version: ModelVersion) -> str:
@@ -541,19 +542,30 @@ def upstream_version(event_extras: Iterable[Mapping[str, Any] | None]) -> int | 
 def _named_version(extra: Mapping[str, Any]) -> int | None:
     payload = extra.get("payload") if extra.get("from_trigger") else None
     if isinstance(payload, Mapping):
-        data = payload.get("data")
-        if not isinstance(data, str) or len(data) > MAX_EVENT_CHARS:
-            return None
-        try:
-            extra = json.loads(data)
-        except ValueError:
-            return None
-        if not isinstance(extra, Mapping):
+        extra = _message_of(payload.get("data"))
+        if extra is None:
             return None
     value = extra.get("version")
     if isinstance(value, str) and value.isdigit() and len(value) <= 9:
         value = int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def _message_of(data: Any) -> Mapping[str, Any] | None:
+    """A queue message's JSON object; None (logged with the reason only, never the content) for anything else."""
+    if not isinstance(data, str) or len(data) > MAX_EVENT_CHARS:
+        reason = f"longer than {MAX_EVENT_CHARS} characters" if isinstance(data, str) else "not text"
+    else:
+        try:
+            message = json.loads(data)
+        except ValueError:
+            message, reason = None, "not JSON"
+        else:
+            reason = "not a JSON object"
+        if isinstance(message, Mapping):
+            return message
+    log.warning("an upstream champion message was ignored: %s", reason)
+    return None
 
 
 __all__ = [

@@ -200,3 +200,39 @@ print(json.dumps({"type": type(train).__name__, "image": train.image, "upstream"
         "upstream": ["trainer_pod"], "downstream": ["register"], "gpus": "2",
         "mount": "/data/cd4ml", "secret": ["MLFLOW_TRACKING_URI"], "xcom": True, "native": True,
     }
+
+
+def test_deploy_model_with_an_upstream_event_runs_on_a_watched_queue_asset(tmp_path):
+    """release.upstream_event: cd4ml_promote is scheduled on an Asset whose AssetWatcher is the MessageQueueTrigger
+    on the hop's channel, and the DAG serializes as the DAG processor stores it (the triggerer's input)."""
+    from tasks.settings import REPO_ROOT
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    for name in ("base.yaml", "sit.yaml", "prod.yaml"):
+        (conf / name).write_text((REPO_ROOT / "conf" / name).read_text())
+    (conf / "uat.yaml").write_text((REPO_ROOT / "conf" / "uat.yaml").read_text() + (
+        "\nrelease:\n  pattern: deploy_model\n  upstream: sit\n"
+        "  upstream_event: {channel: cd4ml-sit-to-uat, conn_id: cd4ml_queue_sit_uat}\n"))
+    code = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+from airflow.serialization.serialized_objects import DagSerialization
+bag = DagBag(dag_folder=sys.argv[1])
+assert not bag.import_errors, bag.import_errors
+dag = bag.dags["cd4ml_promote"]
+(asset,) = dag.timetable.asset_condition.objects
+serialized = json.dumps(DagSerialization.to_dict(dag))
+print(json.dumps({"asset": [asset.name, asset.uri], "watchers": [[w.name, w.trigger.serialize()] for w in asset.watchers],
+                  "serialized": "AwaitMessageTrigger" in serialized and "cd4ml-sit-to-uat" in serialized,
+                  "reconcile": bag.dags["cd4ml_reconcile"].timetable.expression}))
+"""
+    env = {**os.environ, "CD4ML_ENV": "uat", "CD4ML_CONF_DIR": str(conf)}
+    proc = subprocess.run([sys.executable, "-c", code, str(DAGS)], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["asset"] == ["cd4ml_uat_upstream_champion_event", "cd4ml-queue://sit/cd4ml-sit-to-uat"]
+    assert info["watchers"] == [["cd4ml_uat_upstream_champion_event_watcher", [
+        "airflow.providers.redis.triggers.redis_await_message.AwaitMessageTrigger",
+        {"channels": ["cd4ml-sit-to-uat"], "redis_conn_id": "cd4ml_queue_sit_uat", "poll_interval": 5.0}]]]
+    assert info["serialized"] and info["reconcile"] == "0 * * * *"  # the reconcile stays: a lost message only delays

@@ -202,3 +202,24 @@ def test_buckets_are_private_and_encrypted_and_the_gpu_pool_is_tainted():
     assert (unquote(taint["key"]), unquote(taint["effect"])) == ("nvidia.com/gpu", "NO_SCHEDULE")
     database = next(body for kind, _, body in resources(ROOT / "modules" / "database") if kind == "aws_db_instance")
     assert database["storage_encrypted"] is True and database["password"] == "${random_password.master.result}"
+
+
+def test_each_hop_has_its_queue_where_only_the_upstream_sends_and_only_the_downstream_receives():
+    """sit and uat own the queue to their downstream (prod none); uat and prod receive from their upstream's."""
+    doc = load(ROOT / "modules" / "queue" / "main.tf")
+    (policy,) = [body for item in doc["data"] for named in item.values() for body in named.values()]
+    statements = {unquote(s["sid"]): s for s in policy["statement"]}
+    allowed = {sid: ({unquote(a) for a in s["actions"]}, [unquote(i) for p in s["principals"] for i in p["identifiers"]])
+               for sid, s in statements.items() if unquote(s.get("effect", '"Allow"')) == "Allow"}
+    assert allowed == {"UpstreamSends": ({"sqs:SendMessage", "sqs:GetQueueUrl"}, ["${var.publisher_role_arn}"]),
+                       "DownstreamReceives": ({"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
+                                               "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}, ["${var.consumer_role_arn}"])}
+    assert unquote(statements["TlsOnly"]["effect"]) == "Deny"
+    hop = [b for b in load(ROOT / "envs" / "uat" / "main.tf")["module"] if '"hop_queue"' in b][0]['"hop_queue"']
+    assert hop["publisher_role_arn"] == "${module.secrets.pod_role_arn}"
+    values = {env: load(ROOT / "envs" / env / "terraform.tfvars") for env in ENVS}
+    downstream = {env: unquote(v.get("downstream_environment")) for env, v in values.items()}
+    assert downstream == {"sit": "uat", "uat": "prod", "prod": None}
+    assert {env: "downstream_consumer_role_arn" in v for env, v in values.items()} == {"sit": True, "uat": True, "prod": False}
+    upstream = {env: unquote(v.get("upstream_queue_url", '""')).rsplit("/", 1)[-1] for env, v in values.items()}
+    assert upstream == {"sit": "", "uat": "cd4ml-sit-to-uat-champion", "prod": "cd4ml-uat-to-prod-champion"}

@@ -16,9 +16,12 @@ def _champion_event(result) -> dict:
 @step(checks_params=True, says=lambda r: r.message, publishes=(CHAMPION_MODEL, _champion_event))
 def rollback(settings, context):
     """Move champion back; a no-op when it is already where this rollback would put it."""
+    from cd4ml_airflow.champion_queue import announce_champion
     from cd4ml_airflow.context import run_actor
     from tasks.release.release import rollback as roll_back
 
     params = context["params"]
-    return roll_back(settings, reason=params["reason"], to_version=params["to_version"], actor=run_actor(context),
-                     run_id=context["run_id"])
+    result = roll_back(settings, reason=params["reason"], to_version=params["to_version"], actor=run_actor(context),
+                       run_id=context["run_id"])
+    announce_champion(settings, result)  # the downstream deployment hears of it (release.publish); never fails the task
+    return result

@@ -83,15 +83,16 @@ module "broker" {
 }
 
 module "secrets" {
-  source            = "../../modules/secrets"
-  name_prefix       = local.name_prefix
-  namespace         = var.namespace
-  oidc_provider_arn = module.cluster.oidc_provider_arn
-  oidc_issuer       = module.cluster.oidc_issuer
-  bucket_arns       = module.storage.bucket_arns
-  kms_key_arn       = module.storage.kms_key_arn
-  extra_secret_arns = [module.database.master_secret_arn, module.broker.auth_secret_arn]
-  tags              = local.tags
+  source             = "../../modules/secrets"
+  name_prefix        = local.name_prefix
+  namespace          = var.namespace
+  oidc_provider_arn  = module.cluster.oidc_provider_arn
+  oidc_issuer        = module.cluster.oidc_issuer
+  bucket_arns        = module.storage.bucket_arns
+  kms_key_arn        = module.storage.kms_key_arn
+  extra_secret_arns  = [module.database.master_secret_arn, module.broker.auth_secret_arn]
+  queue_receive_arns = var.upstream_queue_arn == null ? [] : [var.upstream_queue_arn]
+  tags               = local.tags
 }
 
 module "airflow" {
@@ -110,4 +111,16 @@ module "airflow" {
   artifacts_uri      = module.storage.artifacts_uri
   pod_role_arn       = module.secrets.pod_role_arn
   connections_prefix = module.secrets.connections_prefix
+}
+
+# The release hand-off to the downstream environment (sit -> uat, uat -> prod): this environment
+# sends, the downstream's pod role receives. prod has no downstream: no queue.
+module "hop_queue" {
+  source             = "../../modules/queue"
+  count              = var.downstream_consumer_role_arn == null ? 0 : 1
+  name_prefix        = local.name_prefix
+  downstream         = var.downstream_environment
+  publisher_role_arn = module.secrets.pod_role_arn
+  consumer_role_arn  = var.downstream_consumer_role_arn
+  tags               = local.tags
 }

@@ -26,3 +26,7 @@ redis_node_type         = "cache.m6g.large"
 redis_replicas          = 2
 celery_workers          = 8
 api_replicas            = 2
+
+# The release hand-off (modules/queue): prod receives from uat.
+upstream_queue_url = "https://sqs.eu-west-1.amazonaws.com/REPLACE-ME/cd4ml-uat-to-prod-champion"
+upstream_queue_arn = "arn:aws:sqs:eu-west-1:REPLACE-ME:cd4ml-uat-to-prod-champion"

@@ -137,3 +137,27 @@ variable "api_replicas" {
   description = "Airflow API server replicas."
   type        = number
 }
+
+variable "downstream_environment" {
+  description = "The environment this one hands its champion to (uat for sit, prod for uat); null for prod."
+  type        = string
+  default     = null
+}
+
+variable "downstream_consumer_role_arn" {
+  description = "The downstream's Airflow pod role, the only one allowed to receive from this environment's hop queue; null = no downstream, no queue."
+  type        = string
+  default     = null
+}
+
+variable "upstream_queue_url" {
+  description = "The upstream's hop queue (its hop_queue_url output) this environment's Airflow receives champion announcements from; null for sit."
+  type        = string
+  default     = null
+}
+
+variable "upstream_queue_arn" {
+  description = "The ARN of upstream_queue_url (its hop_queue_arn output): this environment's pod role may receive from it, nothing more."
+  type        = string
+  default     = null
+}

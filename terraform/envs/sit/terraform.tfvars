@@ -26,3 +26,7 @@ redis_node_type         = "cache.t4g.micro"
 redis_replicas          = 0
 celery_workers          = 2
 api_replicas            = 1
+
+# The release hand-off (modules/queue): sit sends to uat.
+downstream_environment       = "uat"
+downstream_consumer_role_arn = "arn:aws:iam::REPLACE-ME:role/cd4ml-uat-pods" # uat's pod_role_arn

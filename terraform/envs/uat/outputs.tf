@@ -17,3 +17,18 @@ output "connections_prefix" {
   description = "Where Airflow Connections live in Secrets Manager."
   value       = module.secrets.connections_prefix
 }
+
+output "hop_queue_url" {
+  description = "The queue this environment announces its champion on: the downstream's upstream_queue_url (null for prod)."
+  value       = one(module.hop_queue[*].url)
+}
+
+output "hop_queue_arn" {
+  description = "The downstream's upstream_queue_arn (null for prod)."
+  value       = one(module.hop_queue[*].arn)
+}
+
+output "upstream_queue_url" {
+  description = "The queue this environment's Airflow receives the upstream's champion from (null for sit)."
+  value       = var.upstream_queue_url
+}

@@ -26,3 +26,9 @@ redis_node_type         = "cache.t4g.small"
 redis_replicas          = 1
 celery_workers          = 4
 api_replicas            = 2
+
+# The release hand-off (modules/queue): uat receives from sit and sends to prod.
+downstream_environment       = "prod"
+downstream_consumer_role_arn = "arn:aws:iam::REPLACE-ME:role/cd4ml-prod-pods"
+upstream_queue_url           = "https://sqs.eu-west-1.amazonaws.com/REPLACE-ME/cd4ml-sit-to-uat-champion"
+upstream_queue_arn           = "arn:aws:sqs:eu-west-1:REPLACE-ME:cd4ml-sit-to-uat-champion"

@@ -46,6 +46,14 @@ data "aws_iam_policy_document" "access" {
     actions   = ["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"]
     resources = concat([for s in aws_secretsmanager_secret.connection : s.arn], var.extra_secret_arns)
   }
+  dynamic "statement" {
+    for_each = length(var.queue_receive_arns) > 0 ? [var.queue_receive_arns] : []
+    content {
+      sid       = "UpstreamChampionQueue"
+      actions   = ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"]
+      resources = statement.value
+    }
+  }
   statement {
     sid       = "ListConnections"
     actions   = ["secretsmanager:ListSecrets"]

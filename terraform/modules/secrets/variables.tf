@@ -34,6 +34,12 @@ variable "extra_secret_arns" {
   default     = []
 }
 
+variable "queue_receive_arns" {
+  description = "Queues the pods may receive from: the upstream's hop queue (the release hand-off), none in sit."
+  type        = list(string)
+  default     = []
+}
+
 variable "tags" {
   description = "Tags for every resource."
   type        = map(string)
