@@ -11,11 +11,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,51 +18,17 @@ import pytest
 
 from tasks.models import identity
 from tasks.ops.registry_accounts import RegistryAccountError, ensure_reader
-from tasks.ops.stack import mlflow_auth_ini
+from tests.factories.mlflow_server import ADMIN, basic_auth_server
 
 pytestmark = pytest.mark.server
-ADMIN, READER = "admin", "cd4ml-reader"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+READER = "cd4ml-reader"
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory) -> Iterator[dict[str, str]]:
     """A basic-auth MLflow server; yields its URI and the two accounts' passwords (generated, never literals)."""
-    root = tmp_path_factory.mktemp("mlflow-auth")
-    (root / "basic_auth.ini").write_text(mlflow_auth_ini(f"sqlite:///{root / 'auth.db'}"))
-    port, admin_password = _free_port(), secrets.token_urlsafe(16)
-    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"),
-           "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN, "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_urlsafe(16),
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    mlflow = str(Path(sys.executable).parent / "mlflow")
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed below
-    server = subprocess.Popen([mlflow, "server", "--app-name", "basic-auth",
-                               "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                               "--artifacts-destination", str(root / "artifacts"),
-                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 45
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                    break
-            except OSError:
-                assert server.poll() is None, (root / "server.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, (root / "server.log").read_text()[-3000:]
-                time.sleep(0.5)
-        yield {"uri": uri, "admin_password": admin_password, "reader_password": secrets.token_urlsafe(16)}
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
-        log.close()
+    with basic_auth_server(tmp_path_factory.mktemp("mlflow-auth"), timeout_s=45) as server:
+        yield {**server, "reader_password": secrets.token_urlsafe(16)}
 
 
 def _registered_champion(settings, client, tmp_path: Path) -> tuple[str, str]:

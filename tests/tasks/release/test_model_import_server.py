@@ -15,65 +15,25 @@ import base64
 import json
 import os
 import secrets
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.factories.mlflow_server import ADMIN, basic_auth_server
 from tests.tasks.release.test_model_import import downstream_of
 
-ADMIN, READER = "admin", "cd4ml-reader"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(uri: str, server: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                return
-        except OSError:
-            assert server.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
+READER = "cd4ml-reader"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A basic-auth MLflow server: its URI and the generated passwords of its admin and of the reader."""
-    root = tmp_path_factory.mktemp("upstream-server")
-    (root / "basic_auth.ini").write_text("[mlflow]\ndefault_permission = READ\n"
-                                         f"database_uri = sqlite:///{root / 'auth.db'}\n"
-                                         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    port, admin_password = _free_port(), secrets.token_urlsafe(16)
-    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"),
-           "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN, "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_urlsafe(16), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    with open(root / "server.log", "wb") as log:
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--app-name", "basic-auth",
-                                 "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                                 "--artifacts-destination", str(root / "artifacts"),
-                                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        uri = f"http://127.0.0.1:{port}"
-        try:
-            _wait_healthy(uri, proc, root / "server.log")
-            reader_password = secrets.token_urlsafe(16)
-            _create_user(uri, (ADMIN, admin_password), READER, reader_password)
-            yield {"uri": uri, "admin": admin_password, "reader": reader_password, "artifacts": str(root / "artifacts")}
-        finally:
-            os.killpg(proc.pid, 15)
-            proc.wait(timeout=30)
+    with basic_auth_server(tmp_path_factory.mktemp("upstream-server")) as running:
+        reader_password = secrets.token_urlsafe(16)
+        _create_user(running["uri"], (ADMIN, running["admin_password"]), READER, reader_password)
+        yield {"uri": running["uri"], "admin": running["admin_password"], "reader": reader_password,
+               "artifacts": running["artifacts"]}
 
 
 def _create_user(uri: str, admin: tuple[str, str], name: str, password: str) -> None:
