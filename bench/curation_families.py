@@ -25,7 +25,8 @@ distinct images dropped as ``near_duplicate`` (of the family and of its worst cl
 planted copies (dropped as a duplicate of their own original) in the classes where the rule did
 not abstain, classes where it abstained and why; and the same family with the pair threshold alone
 (``copy_min_separation`` off: the rule before), in the same run, as the baseline. Bad-image rules
-are off (``min_blur`` 0, ``min_mean`` 0, ``max_mean`` 255): this measures duplicates. ``max_class_drop_share`` is 1 here, so the numbers are the separation rule's alone;
+are off (``min_blur`` 0, ``min_mean`` 0, ``max_mean`` 255, and no relative rule: ``relative_min_images``
+above any pool): this measures duplicates. ``max_class_drop_share`` is 1 here, so the numbers are the separation rule's alone;
 planted copies are 12% of each class, far above the default guard's 2%, and the column
 "guard 2%" says which classes the default guard would have abstained in on top (it can only
 keep more). A last row curates the full 1,797 demo digits with the default settings (what
@@ -207,7 +208,8 @@ def _settings(home: Path, labels: list[str], defaults: bool, baseline: bool = Fa
     ingest = s.ingest.model_copy(update={"allowed_labels": tuple(sorted(set(labels)))})
     if defaults:
         return s.model_copy(update={"ingest": ingest})
-    off = s.curation.outliers.model_copy(update={"min_blur": 0.0, "min_mean": 0.0, "max_mean": 255.0})
+    off = s.curation.outliers.model_copy(update={"min_blur": 0.0, "min_mean": 0.0, "max_mean": 255.0,
+                                                 "relative_min_images": 10**9})  # no relative bad-image rule
     update = {} if MIN_SEPARATION is None else {"copy_min_separation": MIN_SEPARATION}
     cur = s.curation.model_copy(update={"outliers": off, "max_class_drop_share": 1.0,
                                         **(BASELINE if baseline else update)})
@@ -264,7 +266,7 @@ def summarise(name: str, items, pool, rows, first_rows, report, kind_of, origina
     lost_by_class = Counter(pool_label[r["sha256"]] for r in lost)
     found = {r["sha256"] for r in rows if r["reason"] in DUPLICATE and r["kept_sha256"] == original_of.get(r["sha256"])}
     decisions = report.get("decisions", {})
-    abstained = {a["label"]: a["why"] for a in decisions.get("abstained", [])}
+    abstained = {a["label"]: a["why"] for a in decisions.get("abstained", []) if a["rule"] == "near_duplicate"}
     copy_label = {s: pool_label[o] for s, o in original_of.items()}
     live = [s for s in kind_of if copy_label[s] not in abstained]
     recall_by_kind = {}
@@ -297,7 +299,8 @@ def demo_digits(root: Path) -> dict:
     settings = _settings(home, [str(i) for i in range(10)], defaults=True)
     result, rows, report = _curate(settings, home / "landing", "demo", "2026-11-21")
     return {"images": result.kept + len(rows), "dropped_by_reason": result.dropped_by_reason,
-            "abstained": {a["label"]: a["why"] for a in report["decisions"]["abstained"]},
+            "abstained": {a["label"]: a["why"] for a in report["decisions"]["abstained"]
+                          if a["rule"] == "near_duplicate"},
             "possible_copies": len(report["decisions"]["possible_copies"])}
 
 
