@@ -44,8 +44,9 @@ def test_a_passed_deadline_alerts_through_the_routing(tmp_path):
     try:
         handle.wait_for_dag("cd4ml_ingest")
         handle.unpause("cd4ml_ingest")  # the scheduler queues today's @daily run
-        # Nothing has landed: the run skips ingest and succeeds, but only after its 1 s deadline
-        # (starting a task process alone takes longer), so the deadline is missed while it runs.
+        # Nothing has landed: ingest fails at once (an empty source is a data error, no retries), but
+        # only after its 1 s deadline (starting a task process alone takes longer), so the deadline
+        # is missed while the run is still going. Its failure alert is another post, left out below.
         waited = time.monotonic() + 120
         runs = []
         while not runs and time.monotonic() < waited:
@@ -53,7 +54,7 @@ def test_a_passed_deadline_alerts_through_the_routing(tmp_path):
             time.sleep(1)
         [run] = runs
         run_id = run["dag_run_id"]
-        assert wait_for_run(handle, "cd4ml_ingest", run_id, timeout=180) == "success"
+        assert wait_for_run(handle, "cd4ml_ingest", run_id, timeout=180) == "failed"
         waited = time.monotonic() + 90
         while not slack.slack_posts() and time.monotonic() < waited:
             time.sleep(1)

@@ -140,7 +140,7 @@ def test_chain_survives_a_killed_worker_without_duplicates(stack) -> None:
     ti = _running_ti(h, "cd4ml_ingest", run, "ingest")
     victim = ti["hostname"].split("@")[0]
     assert victim in ("worker-1", "worker-2"), ti["hostname"]
-    time.sleep(1)
+    # At once: a small ingest can finish within a second of being seen running (seen once in CI).
     os.killpg(stack["groups"][victim], signal.SIGKILL)
 
     assert wait_for_run(h, "cd4ml_ingest", run, timeout=600) == "success"
