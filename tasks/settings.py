@@ -186,7 +186,7 @@ class CurationSettings(_Section):
     max_class_drop_share: float = Field(
         0.02, ge=0.0, le=1.0, description="One curation drops at most floor(share x images of the class) of any class as "
         "near_duplicate plus bad images; beyond that it keeps them and lists them (tasks/curation/class_guard.py). "
-        "Exact duplicates (identical decoded pixels) are outside this budget.")
+        "Exact duplicates (identical decoded pixels) and constant images are outside this budget.")
     split_ratios: dict[Literal["train", "val", "test"], float] = Field(
         default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15},
         description="Fractions of new components per split: train, val and test, each >= 0, summing to 1.")

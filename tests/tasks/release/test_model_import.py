@@ -11,7 +11,6 @@ basic-auth`` in tests/tasks/release/test_model_import_server.py.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.factories.digits import write_curated_digits
+from tests.peers import free_port
 
 
 @pytest.fixture(scope="module")
@@ -172,11 +172,6 @@ def test_an_upstream_version_without_manifest_or_lineage_is_a_clear_error_import
     assert _versions(uat) == []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_an_upstream_without_champion_or_unreachable_is_a_clear_error_importing_nothing(cd4ml_home, upstream) -> None:
     from mlflow import MlflowClient
@@ -195,7 +190,7 @@ def test_an_upstream_without_champion_or_unreachable_is_a_clear_error_importing_
         import_model(downstream_of(cd4ml_home / "uat", f"sqlite:///{missing}"))
     assert not missing.exists()  # not created by asking
 
-    closed = downstream_of(cd4ml_home / "uat", f"http://127.0.0.1:{_free_port()}", attempts=2, timeout_s=2)
+    closed = downstream_of(cd4ml_home / "uat", f"http://127.0.0.1:{free_port()}", attempts=2, timeout_s=2)
     started = time.monotonic()
     with pytest.raises(UpstreamUnreachableError, match="did not answer in 2 tries") as refused:
         import_model(closed)
