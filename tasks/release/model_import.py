@@ -74,7 +74,6 @@ from tasks.settings import Settings, check_registry_uri, load_settings
 
 log = logging.getLogger(__name__)
 
-_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")  # MLflow's setters export them; put back after
 _BOUNDS = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
 _SAME_SOURCE = (TAG_IMPORT_REGISTRY, TAG_IMPORT_MODEL, TAG_IMPORT_VERSION)
 _MAX_TAG_CHARS = 5000  # a provenance value copied from upstream, at most (the upstream is not trusted to bound it)
@@ -223,11 +222,8 @@ def reading(upstream: Upstream) -> Iterator[MlflowClient]:
     The process's own credentials and bounds are put back afterwards, so what follows writes here
     as this environment's account.
     """
-    import mlflow
-
-    names = (USERNAME_VARIABLE, PASSWORD_VARIABLE, TOKEN_VARIABLE, *_BOUNDS, *_URI_VARIABLES)
+    names = (USERNAME_VARIABLE, PASSWORD_VARIABLE, TOKEN_VARIABLE, *_BOUNDS)
     saved = {name: os.environ.get(name) for name in names}
-    saved_uris = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
     os.environ.update(dict(zip(_BOUNDS, (str(upstream.timeout_s), str(upstream.attempts - 1), "1"))))
     if not upstream.shared:
         for name in (USERNAME_VARIABLE, PASSWORD_VARIABLE, TOKEN_VARIABLE):
@@ -238,9 +234,6 @@ def reading(upstream: Upstream) -> Iterator[MlflowClient]:
         if urlsplit(upstream.tracking_uri).scheme == "sqlite" and not _sqlite_exists(upstream.tracking_uri):
             raise UpstreamUnreachableError(f"upstream registry {upstream.public_uri} ({upstream.env}) has no store "
                                            "there: nothing imported")
-        # MLflow's models:/ download resolves the version through the process-wide registry URI, whatever it is handed
-        mlflow.set_tracking_uri(upstream.tracking_uri)
-        mlflow.set_registry_uri(upstream.tracking_uri)
         yield MlflowClient(tracking_uri=upstream.tracking_uri, registry_uri=upstream.tracking_uri)
     except (MlflowException, requests.exceptions.RequestException) as exc:
         translated = _translated(upstream, exc)
@@ -249,8 +242,6 @@ def reading(upstream: Upstream) -> Iterator[MlflowClient]:
         log.warning("%s", translated)
         raise translated from None  # MLflow's message may carry the server's response body
     finally:
-        mlflow.set_tracking_uri(saved_uris[0])
-        mlflow.set_registry_uri(saved_uris[1])
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -370,12 +361,8 @@ def import_model(settings: Settings, source_version: int | None = None, *,
     reused = version is not None
     if version is None:
         with tempfile.TemporaryDirectory(prefix="cd4ml-import-") as tmp:
-            with reading(upstream):
-                import mlflow
-
-                folder = Path(mlflow.artifacts.download_artifacts(
-                    artifact_uri=f"models:/{source.name}/{source.version}", dst_path=tmp,
-                    tracking_uri=upstream.tracking_uri, registry_uri=upstream.tracking_uri))
+            with reading(upstream) as up:
+                folder = integrity.download_version(up, upstream.tracking_uri, source, tmp)
             integrity.check_folder(settings, source, folder)  # before anything is written here
             version = _register(settings, client, folder, tags)
     set_version_tags(client, version, tags)  # completes a version an interrupted import left
