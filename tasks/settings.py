@@ -405,7 +405,8 @@ class UpstreamRegistrySettings(_Section):
 
     tracking_uri: str | None = Field(
         None, description="The upstream's MLflow tracking server (https://host) or store; null = the upstream environment's "
-        "tracking store as these settings name it (one registry for every environment). Never holds credentials.")
+        "tracking store as these settings name it (one registry for every environment). Never holds credentials; "
+        "CD4ML_UPSTREAM_REGISTRY_URI overrides (a deployment's terraform variable upstream_registry_uri).")
     conn_id: str = Field(
         "cd4ml_upstream_registry", pattern=r"^[A-Za-z0-9_]{1,64}$", description="Airflow Connection (login, password) of the upstream's read-only account; "
         "outside Airflow the variable AIRFLOW_CONN_<CONN_ID> in Airflow's URI or JSON form. Not defined: no credentials sent.")
@@ -819,6 +820,9 @@ def load_settings(
     values = _fill(_deep_merge(code_defaults(), merged), {"home": str(root), "env": name})
     if os.environ.get("CD4ML_LAKE_URI"):  # a deployment's bucket (terraform output lake_uri), like MLFLOW_TRACKING_URI
         values.setdefault("storage", {})["lake_uri"] = os.environ["CD4ML_LAKE_URI"]
+    if os.environ.get("CD4ML_UPSTREAM_REGISTRY_URI"):  # the upstream deployment's MLflow (terraform upstream_registry_uri)
+        release = values.setdefault("release", {})
+        release.setdefault("upstream_registry", {})["tracking_uri"] = os.environ["CD4ML_UPSTREAM_REGISTRY_URI"]
     settings = _validated({"env": name, "home": str(root), **values}, name, conf)
     if settings.release.upstream == name:
         raise SettingsError(f"invalid settings for env {name!r} ({conf}): release.upstream cannot be the environment itself")
