@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -293,7 +295,29 @@ def _import_racing(settings: Any, barrier: Any, results: Any) -> None:
         results.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def test_two_imports_of_one_source_at_once_converge_on_one_version(upstream, uat) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def racing_uat(request: pytest.FixtureRequest, uat: Any) -> Iterator[Any]:
+    """uat on its SQLite store, or on a throwaway database of this machine's PostgreSQL (as deployments run it)."""
+    if request.param == "sqlite":
+        yield uat
+        return
+    import psycopg2
+
+    name = f"cd4ml_import_race_{uuid.uuid4().hex[:10]}"
+    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=3)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    try:
+        uri = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+        yield uat.model_copy(update={"tracking": uat.tracking.model_copy(update={"uri": uri})})
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def test_two_imports_of_one_source_at_once_converge_on_one_version(upstream, racing_uat) -> None:
     import multiprocessing
 
     from mlflow import MlflowClient
@@ -302,6 +326,7 @@ def test_two_imports_of_one_source_at_once_converge_on_one_version(upstream, uat
     from tasks.release.model_import import import_model
 
     sit, model = upstream
+    uat = racing_uat
     client = MlflowClient(uat.tracking_uri, uat.tracking_uri)
     client.search_experiments()  # the deployment's store exists before any import (its tables are made once)
     spawn = multiprocessing.get_context("spawn")
