@@ -405,7 +405,8 @@ class UpstreamRegistrySettings(_Section):
 
     tracking_uri: str | None = Field(
         None, description="The upstream's MLflow tracking server (https://host) or store; null = the upstream environment's "
-        "tracking store as these settings name it (one registry for every environment). Never holds credentials.")
+        "tracking store as these settings name it (one registry for every environment). Never holds credentials; "
+        "CD4ML_UPSTREAM_REGISTRY_URI overrides (a deployment's terraform variable upstream_registry_uri).")
     conn_id: str = Field(
         "cd4ml_upstream_registry", pattern=r"^[A-Za-z0-9_]{1,64}$", description="Airflow Connection (login, password) of the upstream's read-only account; "
         "outside Airflow the variable AIRFLOW_CONN_<CONN_ID> in Airflow's URI or JSON form. Not defined: no credentials sent.")
@@ -443,17 +444,30 @@ def check_registry_uri(uri: str, allowed_schemes: tuple[str, ...]) -> str:
 class MessageQueueSettings(_Section):
     """A message queue of the release hand-off between two deployments (docs/release.md, "The hand-off as an event")."""
 
-    scheme: Literal["redis+pubsub"] = Field(
-        "redis+pubsub", description="The queue's kind: Redis pub/sub (the one both the publisher and the consumer speak here).")
+    scheme: Literal["redis+pubsub", "sqs"] = Field(
+        "redis+pubsub", description="The queue's kind, which decides the sender and the trigger: redis+pubsub (Redis "
+        "pub/sub on the Connection conn_id) | sqs (Amazon SQS: the queue queue_url, the aws Connection conn_id or the "
+        "default AWS credential chain).")
     channel: str = Field(
         ..., pattern=r"^[A-Za-z0-9_.:-]{1,128}$", description="The channel the upstream publishes its champion changes to "
-        "and the downstream listens on: one per hop (e.g. cd4ml-sit-to-uat).")
+        "and the downstream listens on: one per hop (e.g. cd4ml-sit-to-uat); with sqs, the queue's name.")
+    queue_url: str | None = Field(
+        None, max_length=512, pattern=r"^https?://[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?/[0-9]{1,12}/[A-Za-z0-9_-]{1,80}(\.fifo)?$",
+        description="sqs only (then required): the queue's URL, https://sqs.<region>.amazonaws.com/<account>/<name> "
+        "(terraform output of the hop's queue); no credentials, no query.")
     conn_id: str = Field(
-        "redis_default", pattern=r"^[A-Za-z0-9_]{1,64}$", description="Airflow Connection of the queue (host, port, "
-        "password, extra db/ssl); outside Airflow the variable AIRFLOW_CONN_<CONN_ID>.")
+        "redis_default", pattern=r"^[A-Za-z0-9_]{1,64}$", description="Airflow Connection of the queue (redis: host, port, "
+        "password, extra db/ssl; sqs: an aws Connection, and when it is not defined the default AWS credential chain, "
+        "e.g. the pod's role); outside Airflow the variable AIRFLOW_CONN_<CONN_ID>.")
     poll_interval_s: float = Field(
         5.0, gt=0.0, le=600.0, description="Consumer: seconds the trigger waits between two looks at the channel when it "
         "was empty.")
+
+    @model_validator(mode="after")
+    def _queue_url_for_sqs(self) -> MessageQueueSettings:
+        if (self.scheme == "sqs") != (self.queue_url is not None):
+            raise ValueError("queue_url is required with scheme sqs and only there")
+        return self
 
 
 class ReleaseSettings(_Section):
@@ -806,6 +820,9 @@ def load_settings(
     values = _fill(_deep_merge(code_defaults(), merged), {"home": str(root), "env": name})
     if os.environ.get("CD4ML_LAKE_URI"):  # a deployment's bucket (terraform output lake_uri), like MLFLOW_TRACKING_URI
         values.setdefault("storage", {})["lake_uri"] = os.environ["CD4ML_LAKE_URI"]
+    if os.environ.get("CD4ML_UPSTREAM_REGISTRY_URI"):  # the upstream deployment's MLflow (terraform upstream_registry_uri)
+        release = values.setdefault("release", {})
+        release.setdefault("upstream_registry", {})["tracking_uri"] = os.environ["CD4ML_UPSTREAM_REGISTRY_URI"]
     settings = _validated({"env": name, "home": str(root), **values}, name, conf)
     if settings.release.upstream == name:
         raise SettingsError(f"invalid settings for env {name!r} ({conf}): release.upstream cannot be the environment itself")

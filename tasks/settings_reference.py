@@ -161,7 +161,8 @@ def render(conf: Path = REPO_ROOT / "conf") -> str:
         "what an environment sets (with base.yaml), a dataset column what that dataset sets over any",
         "environment; empty = the default. `{home}` is `CD4ML_HOME`, `{env}` the environment. Environment",
         "variables over all of it: `MLFLOW_TRACKING_URI` (tracking.uri), `CD4ML_LAKE_URI` (storage.lake_uri),",
-        "`CD4ML_OPTUNA_STORAGE` (tuning.storage). A key under an old name is refused with its new name.",
+        "`CD4ML_UPSTREAM_REGISTRY_URI` (release.upstream_registry.tracking_uri), `CD4ML_OPTUNA_STORAGE`",
+        "(tuning.storage). A key under an old name is refused with its new name.",
         "",
     ]
     lines += ["## Set by the loader, never in a file", "", "| key | type | description |", "|---|---|---|"]

@@ -56,7 +56,7 @@ def pins(path: Path) -> dict[str, str]:
     """name -> version of every ``name==version`` line of a requirements file."""
     found = {}
     for line in path.read_text().splitlines():
-        match = re.match(r"^([A-Za-z0-9._-]+)==(\S+)", line)
+        match = re.match(r"^([A-Za-z0-9._-]+)(?:\[[A-Za-z0-9,._-]+\])?==(\S+)", line)  # name[extras]==version too
         if match:
             found[canonicalize_name(match.group(1))] = match.group(2)
     return found

@@ -2,12 +2,14 @@
 
 * ``announce_champion(settings, result)``: the promote and rollback tasks call it after the champion
   moved; the message and the failure policy are ``tasks.release.champion_event``'s, the sending is
-  Airflow's RedisHook on the Connection ``release.publish.conn_id``.
+  the queue's scheme's: Airflow's RedisHook (``redis+pubsub``) or boto3's ``send_message`` through the
+  amazon provider's SqsHook (``sqs``), on the Connection ``release.publish.conn_id``.
 * ``upstream_event_asset(settings)``: deploy_model's Asset with an AssetWatcher on the common-messaging
   provider's MessageQueueTrigger (``release.upstream_event``): Airflow's triggerer listens on the
-  channel, and every message becomes an Asset event whose extra is
-  ``{"from_trigger": true, "payload": {"type": "message", "channel": ..., "data": "<the JSON>"}}``,
-  which ``tasks.release.release.upstream_version`` reads (bounded, never echoed).
+  queue, and what it receives becomes an Asset event whose extra is
+  ``{"from_trigger": true, "payload": {"type": "message", "channel": ..., "data": "<the JSON>"}}`` (Redis)
+  or ``{"from_trigger": true, "payload": {"status": "success", "message_batch": [{"Body": "<the JSON>", ...}]}}``
+  (SQS), which ``tasks.release.release.upstream_version`` reads (bounded, never echoed).
 """
 
 from __future__ import annotations
@@ -28,6 +30,25 @@ def redis_sender(conn_id: str, channel: str):
     return send
 
 
+def sqs_sender(conn_id: str, queue_url: str):
+    """A ``send(message)`` that sends to the SQS queue ``queue_url`` with boto3, as the aws Connection ``conn_id``
+    (the default AWS credential chain, e.g. the pod's role, when no such Connection is defined); returns the message id."""
+
+    def send(message: str) -> str:
+        from airflow.providers.amazon.aws.hooks.sqs import SqsHook
+
+        return SqsHook(aws_conn_id=conn_id).get_conn().send_message(QueueUrl=queue_url, MessageBody=message)["MessageId"]
+
+    return send
+
+
+def sender(queue):
+    """The ``send(message)`` of ``queue`` (a ``MessageQueueSettings``): its scheme decides."""
+    if queue.scheme == "sqs":
+        return sqs_sender(queue.conn_id, queue.queue_url)
+    return redis_sender(queue.conn_id, queue.channel)
+
+
 def announce_champion(settings, result) -> bool:
     """Announce ``result``'s new champion on ``release.publish`` (no-op when unset or nothing moved)."""
     from tasks.release.champion_event import announce
@@ -35,13 +56,20 @@ def announce_champion(settings, result) -> bool:
     queue = settings.release.publish
     if queue is None:
         return False
-    return announce(settings, result, redis_sender(queue.conn_id, queue.channel))
+    return announce(settings, result, sender(queue))
 
 
 def message_trigger(queue) -> Any:
-    """The MessageQueueTrigger listening on ``queue`` (a ``MessageQueueSettings``)."""
+    """The MessageQueueTrigger listening on ``queue`` (a ``MessageQueueSettings``); its scheme picks the provider's trigger.
+
+    sqs: the amazon provider's SqsSensorTrigger, which deletes what it received and polls every
+    ``poll_interval_s`` (``waiter_delay``) with one-second long polls.
+    """
     from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 
+    if queue.scheme == "sqs":
+        return MessageQueueTrigger(scheme="sqs", sqs_queue=queue.queue_url, aws_conn_id=queue.conn_id,
+                                   waiter_delay=queue.poll_interval_s)
     return MessageQueueTrigger(scheme=queue.scheme, channels=[queue.channel], redis_conn_id=queue.conn_id,
                                poll_interval=queue.poll_interval_s)
 

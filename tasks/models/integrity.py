@@ -176,15 +176,32 @@ def registry_client(settings: Settings) -> MlflowClient:
     return MlflowClient(tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri)
 
 
-@contextlib.contextmanager
-def _download(settings: Settings, version: ModelVersion) -> Iterator[Path]:
-    """The version's files in a fresh temporary folder (never a cached or shared copy)."""
+def download_uri(client: MlflowClient, name: str, version: int | str) -> str:
+    """Where a version's files are, as ``client``'s own registry says.
+
+    Never ``models:/<name>/<version>`` handed to MLflow's download: MLflow resolves that through
+    its PROCESS-WIDE registry URI whatever registry URI it is given, so a process that last
+    pointed MLflow at another environment (or another deployment) would read that one's files.
+    """
+    uri = client.get_model_version_download_uri(name, str(version))
+    if uri.startswith("models:/"):  # a logged model (MLflow 3): its own artifact location, from the same store
+        uri = client.get_logged_model(uri.removeprefix("models:/").split("/")[0]).artifact_location
+    return uri
+
+
+def download_version(client: MlflowClient, tracking_uri: str, version: ModelVersion, dst: str) -> Path:
+    """The version's files below ``dst``, resolved and downloaded through ``client``'s store and ``tracking_uri``."""
     import mlflow
 
+    uri = download_uri(client, version.name, version.version)
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst, tracking_uri=tracking_uri))
+
+
+@contextlib.contextmanager
+def _download(settings: Settings, version: ModelVersion) -> Iterator[Path]:
+    """The version's files in a fresh temporary folder (never a cached or shared copy), from this environment's store."""
     with tempfile.TemporaryDirectory(prefix="cd4ml-model-") as tmp:
-        uri = f"models:/{version.name}/{version.version}"
-        yield Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp, tracking_uri=settings.tracking_uri,
-                                                       registry_uri=settings.tracking_uri))
+        yield download_version(registry_client(settings), settings.tracking_uri, version, tmp)
 
 
 def record_manifest(settings: Settings, client: MlflowClient, version: ModelVersion,
@@ -259,5 +276,6 @@ def alert_tampered(settings: Settings, error: ModelIntegrityError) -> None:
 
 
 __all__ = ["ModelIntegrityError", "TAG_MANIFEST", "TAG_MANIFEST_SHA256", "UnverifiableModelError", "Verified",
-           "check_folder", "differences", "file_manifest", "is_registry_uri", "manifest_digest", "record_manifest", "recorded_manifest",
-           "registry_client", "verified_model", "verify", "version_of"]
+           "check_folder", "differences", "download_uri", "download_version", "file_manifest", "is_registry_uri",
+           "manifest_digest", "record_manifest", "recorded_manifest", "registry_client", "verified_model", "verify",
+           "version_of"]

@@ -9,7 +9,8 @@ anything is written here:
    Connection ``conn_id`` names, never from settings); every request is bounded (``timeout_s``,
    ``attempts``); a refused account (HTTP 401/403) and an unreachable registry are typed errors;
 2. the source: the upstream's champion (or the version asked for) under the upstream's model name
-   from the settings; it must carry lineage tags (which data it saw) and an integrity manifest, and
+   from the settings; it must carry lineage tags (which data it saw) and an integrity manifest (else
+   ``UnverifiableSourceError`` and one ``source_unverifiable`` alert per upstream version), and
    must not have been rolled back;
 3. every downloaded file against that manifest: a changed, missing or extra file is a
    ``ModelIntegrityError`` naming it, with one ``model_tampered`` alert.
@@ -19,7 +20,10 @@ experiment and registered under this environment's model name. Its own manifest 
 ``record_manifest``, registration's code path, and must equal the source's. The version keeps the
 source's lineage tags and gains provenance tags (``cd4ml.import.*``: registry without credentials,
 environment, model, version, run, gate, last ledger row, manifest digest); importing the same source
-again finds that version by them, so one upstream version is one version here.
+again finds that version by them, so one upstream version is one version here. Two imports of the
+same source at once (two workers, an event and the reconcile) converge without a lock: after
+registering, each looks for the same provenance tags again and the higher number is deleted, so
+both return the lowest version.
 
 While the upstream is read, MLflow's process-wide credentials are the upstream account's (or none):
 this environment's writing account is never sent upstream, and nothing is written meanwhile.
@@ -74,9 +78,9 @@ from tasks.settings import Settings, check_registry_uri, load_settings
 
 log = logging.getLogger(__name__)
 
-_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")  # MLflow's setters export them; put back after
 _BOUNDS = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
 _SAME_SOURCE = (TAG_IMPORT_REGISTRY, TAG_IMPORT_MODEL, TAG_IMPORT_VERSION)
+UNVERIFIABLE_KIND = "source_unverifiable"
 _MAX_TAG_CHARS = 5000  # a provenance value copied from upstream, at most (the upstream is not trusted to bound it)
 
 
@@ -223,11 +227,8 @@ def reading(upstream: Upstream) -> Iterator[MlflowClient]:
     The process's own credentials and bounds are put back afterwards, so what follows writes here
     as this environment's account.
     """
-    import mlflow
-
-    names = (USERNAME_VARIABLE, PASSWORD_VARIABLE, TOKEN_VARIABLE, *_BOUNDS, *_URI_VARIABLES)
+    names = (USERNAME_VARIABLE, PASSWORD_VARIABLE, TOKEN_VARIABLE, *_BOUNDS)
     saved = {name: os.environ.get(name) for name in names}
-    saved_uris = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
     os.environ.update(dict(zip(_BOUNDS, (str(upstream.timeout_s), str(upstream.attempts - 1), "1"))))
     if not upstream.shared:
         for name in (USERNAME_VARIABLE, PASSWORD_VARIABLE, TOKEN_VARIABLE):
@@ -238,9 +239,6 @@ def reading(upstream: Upstream) -> Iterator[MlflowClient]:
         if urlsplit(upstream.tracking_uri).scheme == "sqlite" and not _sqlite_exists(upstream.tracking_uri):
             raise UpstreamUnreachableError(f"upstream registry {upstream.public_uri} ({upstream.env}) has no store "
                                            "there: nothing imported")
-        # MLflow's models:/ download resolves the version through the process-wide registry URI, whatever it is handed
-        mlflow.set_tracking_uri(upstream.tracking_uri)
-        mlflow.set_registry_uri(upstream.tracking_uri)
         yield MlflowClient(tracking_uri=upstream.tracking_uri, registry_uri=upstream.tracking_uri)
     except (MlflowException, requests.exceptions.RequestException) as exc:
         translated = _translated(upstream, exc)
@@ -249,8 +247,6 @@ def reading(upstream: Upstream) -> Iterator[MlflowClient]:
         log.warning("%s", translated)
         raise translated from None  # MLflow's message may carry the server's response body
     finally:
-        mlflow.set_tracking_uri(saved_uris[0])
-        mlflow.set_registry_uri(saved_uris[1])
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -291,6 +287,19 @@ def _checked_source(source: ModelVersion) -> dict[str, str]:
     except integrity.ModelIntegrityError:
         raise UnverifiableSourceError(f"{where} has no valid integrity manifest ({integrity.TAG_MANIFEST}): its files "
                                       "cannot be checked, nothing imported") from None
+
+
+def alert_unverifiable(settings: Settings, upstream: Upstream, source: ModelVersion, error: Exception) -> None:
+    """One ``source_unverifiable`` alert per upstream version, however often the event or the reconcile retries it."""
+    from tasks.alerting.alert import Alert
+    from tasks.alerting.delivery import send
+
+    log.error("%s", error)
+    send(Alert(summary=f"upstream {upstream.env} {source.name} v{source.version} carries no integrity manifest or "
+                       "lineage tags: not imported", severity="critical", source="model-import", env=settings.env,
+               dedup_key=f"{settings.env}:{UNVERIFIABLE_KIND}:{upstream.env}:{source.name}:v{source.version}",
+               kind="source_unverifiable", details={"source_registry": upstream.public_uri, "source_env": upstream.env},
+               error=str(error)[:300], versions={"model_name": source.name, "version": int(source.version)}), settings)
 
 
 def _bounded(value: str | None) -> str:
@@ -353,6 +362,26 @@ def _register(settings: Settings, client: MlflowClient, folder: Path, tags: Mapp
     return client.get_model_version(name, str(created.version))
 
 
+def _converged(client: MlflowClient, made: ModelVersion) -> tuple[ModelVersion, bool]:
+    """(the lowest version imported from the same source, whether it is another's): a racing import's copy wins.
+
+    Two imports of one upstream version at once both find nothing and both register. Each then
+    looks again: the one holding a higher number deletes its version (and run) and returns the
+    lowest, so both racers answer with the same version and one remains, without a lock.
+    """
+    source = {k: (made.tags or {}).get(k) for k in _SAME_SOURCE}
+    twins = [v for v in client.search_model_versions(f"name = '{made.name}'")
+             if all((v.tags or {}).get(k) == value for k, value in source.items())]
+    first = min(twins, key=lambda v: int(v.version), default=made)
+    if int(first.version) >= int(made.version):
+        return made, False
+    client.delete_model_version(made.name, str(made.version))  # never aliased: nothing points at it
+    client.delete_run(made.run_id)
+    log.info("a concurrent import registered %s v%s from the same source first: v%s removed, v%s kept",
+             made.name, first.version, made.version, first.version)
+    return client.get_model_version(first.name, str(first.version)), True
+
+
 def import_model(settings: Settings, source_version: int | None = None, *,
                  credentials: tuple[str, str] | None = None) -> ImportResult:
     """Import the upstream's champion (or ``source_version``) into this environment's registered model.
@@ -363,21 +392,21 @@ def import_model(settings: Settings, source_version: int | None = None, *,
     upstream = upstream_of(settings, credentials)
     with reading(upstream) as up:
         source = _source(up, upstream, source_version)
-    manifest = _checked_source(source)
+    try:
+        manifest = _checked_source(source)
+    except UnverifiableSourceError as exc:
+        alert_unverifiable(settings, upstream, source, exc)
+        raise
     tags = _tags(settings, upstream, source)
     client = mlflow_client(settings)
     version = _existing(client, settings.registry.model_name, tags, upstream.shared)
     reused = version is not None
     if version is None:
         with tempfile.TemporaryDirectory(prefix="cd4ml-import-") as tmp:
-            with reading(upstream):
-                import mlflow
-
-                folder = Path(mlflow.artifacts.download_artifacts(
-                    artifact_uri=f"models:/{source.name}/{source.version}", dst_path=tmp,
-                    tracking_uri=upstream.tracking_uri, registry_uri=upstream.tracking_uri))
+            with reading(upstream) as up:
+                folder = integrity.download_version(up, upstream.tracking_uri, source, tmp)
             integrity.check_folder(settings, source, folder)  # before anything is written here
-            version = _register(settings, client, folder, tags)
+            version, reused = _converged(client, _register(settings, client, folder, tags))
     set_version_tags(client, version, tags)  # completes a version an interrupted import left
     integrity.record_manifest(settings, client, version, expected=manifest)
     log.info("%s %s v%s from %s as %s v%s", "reused import of" if reused else "imported", source.name, source.version,

@@ -521,6 +521,7 @@ def _former_champion(settings: Settings, rows: list[AuditRow], version: int) -> 
 
 
 MAX_EVENT_CHARS = 4096  # a message-queue event's body, at most: the queue is written by another deployment
+MAX_EVENT_BATCH = 10  # messages of one SQS batch read, at most (SQS hands out 10 at a time)
 
 
 def upstream_version(event_extras: Iterable[Mapping[str, Any] | None]) -> int | None:
@@ -528,7 +529,8 @@ def upstream_version(event_extras: Iterable[Mapping[str, Any] | None]) -> int | 
 
     deploy_model runs on the upstream's champion Asset, whose events carry what that environment
     published ({"model_name", "version", ...}), or on a message-queue Asset (AssetWatcher) whose
-    event extra is {"from_trigger": true, "payload": {"data": "<the message: that JSON>", ...}}.
+    event extra is {"from_trigger": true, "payload": {"data": "<the message: that JSON>", ...}} (Redis)
+    or {"from_trigger": true, "payload": {"message_batch": [{"Body": "<that JSON>", ...}, ...]}} (SQS).
     A message that is too long, not JSON or names no version is ignored, never echoed: None leaves
     the choice to ``import_model`` (the upstream's champion now).
     """
@@ -541,11 +543,26 @@ def upstream_version(event_extras: Iterable[Mapping[str, Any] | None]) -> int | 
 
 def _named_version(extra: Mapping[str, Any]) -> int | None:
     payload = extra.get("payload") if extra.get("from_trigger") else None
-    if isinstance(payload, Mapping):
-        extra = _message_of(payload.get("data"))
-        if extra is None:
-            return None
-    value = extra.get("version")
+    if not isinstance(payload, Mapping):
+        return _version_in(extra)
+    version = None
+    for data in _payload_messages(payload):
+        message = _message_of(data)
+        named = _version_in(message) if message is not None else None
+        version = named if named is not None else version
+    return version
+
+
+def _payload_messages(payload: Mapping[str, Any]) -> list[Any]:
+    """The message texts a trigger's payload carries: Redis pub/sub's ``data``, or each SQS message's ``Body``."""
+    batch = payload.get("message_batch")
+    if isinstance(batch, list):
+        return [m.get("Body") if isinstance(m, Mapping) else None for m in batch[:MAX_EVENT_BATCH]]
+    return [payload.get("data")]
+
+
+def _version_in(message: Mapping[str, Any]) -> int | None:
+    value = message.get("version")
     if isinstance(value, str) and value.isdigit() and len(value) <= 9:
         value = int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None

@@ -202,18 +202,30 @@ print(json.dumps({"type": type(train).__name__, "image": train.image, "upstream"
     }
 
 
-def test_deploy_model_with_an_upstream_event_runs_on_a_watched_queue_asset(tmp_path):
+SQS_URL = "https://sqs.eu-west-1.amazonaws.com/123456789012/cd4ml-sit-to-uat-champion"
+UPSTREAM_EVENTS = {
+    "redis+pubsub": ("{channel: cd4ml-sit-to-uat, conn_id: cd4ml_queue_sit_uat}", "cd4ml-sit-to-uat",
+                     "airflow.providers.redis.triggers.redis_await_message.AwaitMessageTrigger",
+                     {"channels": ["cd4ml-sit-to-uat"], "redis_conn_id": "cd4ml_queue_sit_uat", "poll_interval": 5.0}),
+    "sqs": (f"{{scheme: sqs, channel: cd4ml-sit-to-uat-champion, queue_url: '{SQS_URL}', conn_id: aws_default}}",
+            "cd4ml-sit-to-uat-champion", "airflow.providers.amazon.aws.triggers.sqs.SqsSensorTrigger",
+            {"sqs_queue": SQS_URL, "aws_conn_id": "aws_default", "waiter_delay": 5.0, "delete_message_on_reception": True}),
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(UPSTREAM_EVENTS))
+def test_deploy_model_with_an_upstream_event_runs_on_a_watched_queue_asset(tmp_path, scheme):
     """release.upstream_event: cd4ml_promote is scheduled on an Asset whose AssetWatcher is the MessageQueueTrigger
-    on the hop's channel, and the DAG serializes as the DAG processor stores it (the triggerer's input)."""
+    on the hop's queue (its scheme's trigger), and the DAG serializes as the DAG processor stores it (the triggerer's input)."""
     from tasks.settings import REPO_ROOT
 
+    event, channel, trigger, kwargs = UPSTREAM_EVENTS[scheme]
     conf = tmp_path / "conf"
     conf.mkdir()
     for name in ("base.yaml", "sit.yaml", "prod.yaml"):
         (conf / name).write_text((REPO_ROOT / "conf" / name).read_text())
     (conf / "uat.yaml").write_text((REPO_ROOT / "conf" / "uat.yaml").read_text() + (
-        "\nrelease:\n  pattern: deploy_model\n  upstream: sit\n"
-        "  upstream_event: {channel: cd4ml-sit-to-uat, conn_id: cd4ml_queue_sit_uat}\n"))
+        f"\nrelease:\n  pattern: deploy_model\n  upstream: sit\n  upstream_event: {event}\n"))
     code = """
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
@@ -224,15 +236,16 @@ dag = bag.dags["cd4ml_promote"]
 (asset,) = dag.timetable.asset_condition.objects
 serialized = json.dumps(DagSerialization.to_dict(dag))
 print(json.dumps({"asset": [asset.name, asset.uri], "watchers": [[w.name, w.trigger.serialize()] for w in asset.watchers],
-                  "serialized": "AwaitMessageTrigger" in serialized and "cd4ml-sit-to-uat" in serialized,
+                  "serialized": sys.argv[2].rsplit(".", 1)[-1] in serialized and sys.argv[3] in serialized,
                   "reconcile": bag.dags["cd4ml_reconcile"].timetable.expression}))
 """
     env = {**os.environ, "CD4ML_ENV": "uat", "CD4ML_CONF_DIR": str(conf)}
-    proc = subprocess.run([sys.executable, "-c", code, str(DAGS)], env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run([sys.executable, "-c", code, str(DAGS), trigger, channel if scheme != "sqs" else SQS_URL],
+                          env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert info["asset"] == ["cd4ml_uat_upstream_champion_event", "cd4ml-queue://sit/cd4ml-sit-to-uat"]
-    assert info["watchers"] == [["cd4ml_uat_upstream_champion_event_watcher", [
-        "airflow.providers.redis.triggers.redis_await_message.AwaitMessageTrigger",
-        {"channels": ["cd4ml-sit-to-uat"], "redis_conn_id": "cd4ml_queue_sit_uat", "poll_interval": 5.0}]]]
+    assert info["asset"] == ["cd4ml_uat_upstream_champion_event", f"cd4ml-queue://sit/{channel}"]
+    ((name, (path, args)),) = info["watchers"]
+    assert (name, path) == ("cd4ml_uat_upstream_champion_event_watcher", trigger)
+    assert {k: args[k] for k in kwargs} == kwargs and (scheme == "sqs" or args == kwargs)
     assert info["serialized"] and info["reconcile"] == "0 * * * *"  # the reconcile stays: a lost message only delays

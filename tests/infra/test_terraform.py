@@ -223,3 +223,50 @@ def test_each_hop_has_its_queue_where_only_the_upstream_sends_and_only_the_downs
     assert {env: "downstream_consumer_role_arn" in v for env, v in values.items()} == {"sit": True, "uat": True, "prod": False}
     upstream = {env: unquote(v.get("upstream_queue_url", '""')).rsplit("/", 1)[-1] for env, v in values.items()}
     assert upstream == {"sit": "", "uat": "cd4ml-sit-to-uat-champion", "prod": "cd4ml-uat-to-prod-champion"}
+
+
+def _statements(path: Path) -> dict[str, dict[str, Any]]:
+    """{sid: statement} of the one policy document a module file holds."""
+    (policy,) = [body for item in load(path)["data"] for named in item.values() for body in named.values()]
+    return {unquote(s["sid"]): s for s in policy["statement"]}
+
+
+def test_each_upstream_hands_its_read_only_registry_account_to_the_downstream_alone():
+    """sit's and uat's reader account as the downstream's Connection, readable by the downstream's pod role only;
+    uat and prod read the upstream's MLflow at the URI their settings take from CD4ML_UPSTREAM_REGISTRY_URI."""
+    from tasks.settings import UpstreamRegistrySettings
+
+    module = ROOT / "modules" / "registry_reader"
+    statements = _statements(module / "main.tf")
+    allow, deny = statements["DownstreamReads"], statements["NobodyElseReads"]
+    assert [unquote(i) for p in allow["principals"] for i in p["identifiers"]] == ["${var.consumer_role_arn}"]
+    assert {unquote(a) for a in allow["actions"]} == {"secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"}
+    assert unquote(deny["effect"]) == "Deny" and [unquote(a) for a in deny["actions"]] == ["secretsmanager:GetSecretValue"]
+    (condition,) = deny["condition"]
+    assert (unquote(condition["test"]), unquote(condition["variable"])) == ("StringNotEquals", "aws:PrincipalArn")
+    assert condition["values"] == ["${var.consumer_role_arn}"]
+    secret = next(body for kind, _, body in resources(module) if kind == "aws_secretsmanager_secret")
+    assert unquote(secret["name"]) == "cd4ml-${var.downstream}/connections/${var.conn_id}"  # the downstream's prefix
+    conn_id = read_dir(module, "variable")["conn_id"]["default"]
+    assert unquote(conn_id) == UpstreamRegistrySettings().conn_id  # the Connection the import resolves
+
+    uat_main = load(ROOT / "envs" / "uat" / "main.tf")["module"]
+    call = {unquote(k): v for block in uat_main for k, v in block.items()}
+    reader = call["registry_reader"]
+    assert (reader["reader_username"], reader["reader_password"]) == ("${module.airflow.reader_username}",
+                                                                       "${module.airflow.reader_password}")
+    assert reader["consumer_role_arn"] == "${var.downstream_consumer_role_arn}"
+    assert "var.upstream_registry_secret_arn" in call["secrets"]["extra_secret_arns"]  # the downstream's pod role
+    assert call["airflow"]["upstream_registry_uri"] == "${var.upstream_registry_uri}"
+    airflow = (ROOT / "modules" / "airflow" / "main.tf").read_text()
+    assert '{ name = "CD4ML_UPSTREAM_REGISTRY_URI", value = var.upstream_registry_uri }' in airflow
+
+    values = {env: load(ROOT / "envs" / env / "terraform.tfvars") for env in ENVS}
+    endpoints = {env: unquote(v.get("upstream_registry_uri", '""')) for env, v in values.items()}
+    assert endpoints["sit"] == "" and all(endpoints[e].startswith("https://mlflow.cd4ml-") for e in ("uat", "prod"))
+    assert "cd4ml-sit" in endpoints["uat"] and "cd4ml-uat" in endpoints["prod"]  # each reads its own upstream
+    for env in ("uat", "prod"):
+        UpstreamRegistrySettings(tracking_uri=endpoints[env])  # allowed scheme, no credentials
+        arn = unquote(values[env]["upstream_registry_secret_arn"])
+        assert f":secret:cd4ml-{env}/connections/{UpstreamRegistrySettings().conn_id}-" in arn
+    assert "upstream_registry_secret_arn" not in values["sit"]

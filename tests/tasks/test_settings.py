@@ -96,6 +96,21 @@ def test_a_deployment_points_the_lake_at_its_bucket(monkeypatch, tmp_path):
     assert settings.raw_table == "s3://cd4ml-uat-lake/lake/raw_images"
 
 
+def test_a_deployment_names_its_upstream_registry_in_the_environment_and_it_is_checked(monkeypatch, tmp_path):
+    from tasks.settings import SettingsError, load_settings
+
+    monkeypatch.setenv("CD4ML_HOME", str(tmp_path))
+    monkeypatch.delenv("CD4ML_UPSTREAM_REGISTRY_URI", raising=False)
+    assert load_settings("uat").release.upstream_registry.tracking_uri is None
+    monkeypatch.setenv("CD4ML_UPSTREAM_REGISTRY_URI", "https://mlflow.cd4ml-sit.example")
+    registry = load_settings("uat").release.upstream_registry
+    assert (registry.tracking_uri, registry.conn_id) == ("https://mlflow.cd4ml-sit.example", "cd4ml_upstream_registry")
+    monkeypatch.setenv("CD4ML_UPSTREAM_REGISTRY_URI", "https://reader:hunter2@mlflow.cd4ml-sit.example")
+    with pytest.raises(SettingsError) as refused:  # the account comes from the Connection, never from the URI
+        load_settings("uat")
+    assert "hunter2" not in str(refused.value)
+
+
 def _nested(dotted: str, value) -> str:
     """YAML text setting one dotted key."""
     import yaml

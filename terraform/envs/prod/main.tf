@@ -83,34 +83,38 @@ module "broker" {
 }
 
 module "secrets" {
-  source             = "../../modules/secrets"
-  name_prefix        = local.name_prefix
-  namespace          = var.namespace
-  oidc_provider_arn  = module.cluster.oidc_provider_arn
-  oidc_issuer        = module.cluster.oidc_issuer
-  bucket_arns        = module.storage.bucket_arns
-  kms_key_arn        = module.storage.kms_key_arn
-  extra_secret_arns  = [module.database.master_secret_arn, module.broker.auth_secret_arn]
+  source            = "../../modules/secrets"
+  name_prefix       = local.name_prefix
+  namespace         = var.namespace
+  oidc_provider_arn = module.cluster.oidc_provider_arn
+  oidc_issuer       = module.cluster.oidc_issuer
+  bucket_arns       = module.storage.bucket_arns
+  kms_key_arn       = module.storage.kms_key_arn
+  extra_secret_arns = concat(
+    [module.database.master_secret_arn, module.broker.auth_secret_arn],
+    var.upstream_registry_secret_arn == null ? [] : [var.upstream_registry_secret_arn],
+  )
   queue_receive_arns = var.upstream_queue_arn == null ? [] : [var.upstream_queue_arn]
   tags               = local.tags
 }
 
 module "airflow" {
-  source             = "../../modules/airflow"
-  environment        = var.environment
-  namespace          = var.namespace
-  chart_version      = var.airflow_chart_version
-  image_repository   = var.image_repository
-  image_tag          = var.image_tag
-  mlflow_image       = var.mlflow_image
-  celery_workers     = var.celery_workers
-  api_replicas       = var.api_replicas
-  database_uris      = module.database.connection_uris
-  broker_url         = module.broker.broker_url
-  lake_uri           = module.storage.lake_uri
-  artifacts_uri      = module.storage.artifacts_uri
-  pod_role_arn       = module.secrets.pod_role_arn
-  connections_prefix = module.secrets.connections_prefix
+  source                = "../../modules/airflow"
+  environment           = var.environment
+  namespace             = var.namespace
+  chart_version         = var.airflow_chart_version
+  image_repository      = var.image_repository
+  image_tag             = var.image_tag
+  mlflow_image          = var.mlflow_image
+  celery_workers        = var.celery_workers
+  api_replicas          = var.api_replicas
+  database_uris         = module.database.connection_uris
+  broker_url            = module.broker.broker_url
+  lake_uri              = module.storage.lake_uri
+  artifacts_uri         = module.storage.artifacts_uri
+  pod_role_arn          = module.secrets.pod_role_arn
+  connections_prefix    = module.secrets.connections_prefix
+  upstream_registry_uri = var.upstream_registry_uri
 }
 
 # The release hand-off to the downstream environment (sit -> uat, uat -> prod): this environment
@@ -123,4 +127,17 @@ module "hop_queue" {
   publisher_role_arn = module.secrets.pod_role_arn
   consumer_role_arn  = var.downstream_consumer_role_arn
   tags               = local.tags
+}
+
+# This environment's read-only registry account, handed to the downstream as its Connection for the
+# upstream registry (readable by the downstream's pod role only). prod has no downstream: none.
+module "registry_reader" {
+  source            = "../../modules/registry_reader"
+  count             = var.downstream_consumer_role_arn == null ? 0 : 1
+  name_prefix       = local.name_prefix
+  downstream        = var.downstream_environment
+  consumer_role_arn = var.downstream_consumer_role_arn
+  reader_username   = module.airflow.reader_username
+  reader_password   = module.airflow.reader_password
+  tags              = local.tags
 }

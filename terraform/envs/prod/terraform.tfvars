@@ -30,3 +30,8 @@ api_replicas            = 2
 # The release hand-off (modules/queue): prod receives from uat.
 upstream_queue_url = "https://sqs.eu-west-1.amazonaws.com/REPLACE-ME/cd4ml-uat-to-prod-champion"
 upstream_queue_arn = "arn:aws:sqs:eu-west-1:REPLACE-ME:cd4ml-uat-to-prod-champion"
+
+# The import across registries: uat's MLflow server (reached over its ingress) and uat's read-only
+# account, handed over by uat (its registry_reader_secret_arn output) as Connection cd4ml_upstream_registry.
+upstream_registry_uri        = "https://mlflow.cd4ml-uat.REPLACE-ME.example"
+upstream_registry_secret_arn = "arn:aws:secretsmanager:eu-west-1:REPLACE-ME:secret:cd4ml-prod/connections/cd4ml_upstream_registry-REPLACE-ME"

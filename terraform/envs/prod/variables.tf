@@ -161,3 +161,15 @@ variable "upstream_queue_arn" {
   type        = string
   default     = null
 }
+
+variable "upstream_registry_uri" {
+  description = "The upstream's MLflow server as this environment's Airflow reaches it (uat: sit's, prod: uat's); CD4ML_UPSTREAM_REGISTRY_URI of the pods. null for sit."
+  type        = string
+  default     = null
+}
+
+variable "upstream_registry_secret_arn" {
+  description = "The upstream's registry_reader_secret_arn output: its read-only registry account as this environment's Connection cd4ml_upstream_registry, which only this environment's pod role may read. null for sit."
+  type        = string
+  default     = null
+}

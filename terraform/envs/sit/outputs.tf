@@ -32,3 +32,8 @@ output "upstream_queue_url" {
   description = "The queue this environment's Airflow receives the upstream's champion from (null for sit)."
   value       = var.upstream_queue_url
 }
+
+output "registry_reader_secret_arn" {
+  description = "The downstream's upstream_registry_secret_arn: this environment's read-only registry account (null for prod)."
+  value       = one(module.registry_reader[*].arn)
+}

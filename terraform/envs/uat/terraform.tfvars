@@ -32,3 +32,8 @@ downstream_environment       = "prod"
 downstream_consumer_role_arn = "arn:aws:iam::REPLACE-ME:role/cd4ml-prod-pods"
 upstream_queue_url           = "https://sqs.eu-west-1.amazonaws.com/REPLACE-ME/cd4ml-sit-to-uat-champion"
 upstream_queue_arn           = "arn:aws:sqs:eu-west-1:REPLACE-ME:cd4ml-sit-to-uat-champion"
+
+# The import across registries: sit's MLflow server (reached over its ingress) and sit's read-only
+# account, handed over by sit (its registry_reader_secret_arn output) as Connection cd4ml_upstream_registry.
+upstream_registry_uri        = "https://mlflow.cd4ml-sit.REPLACE-ME.example"
+upstream_registry_secret_arn = "arn:aws:secretsmanager:eu-west-1:REPLACE-ME:secret:cd4ml-uat/connections/cd4ml_upstream_registry-REPLACE-ME"

@@ -42,19 +42,23 @@ resource "kubernetes_secret" "airflow" {
 }
 
 locals {
-  cd4ml_env = [
+  reader_username = "cd4ml-reader"
+  cd4ml_env = concat([
     { name = "CD4ML_ENV", value = var.environment },
     { name = "CD4ML_HOME", value = "/data/cd4ml" },
     { name = "MLFLOW_TRACKING_URI", value = "http://mlflow.${var.namespace}.svc:5000" },
     { name = "MLFLOW_TRACKING_USERNAME", value = "admin" },
-    { name = "CD4ML_MLFLOW_READER_USERNAME", value = "cd4ml-reader" },
+    { name = "CD4ML_MLFLOW_READER_USERNAME", value = local.reader_username },
     { name = "AIRFLOW__CORE__AUTH_MANAGER", value = "cd4ml_airflow.auth.Cd4mlFabAuthManager" },
     { name = "AIRFLOW__CORE__HOSTNAME_CALLABLE", value = "cd4ml_airflow.hosts.worker_hostname" },
     { name = "AIRFLOW__CELERY__POOL", value = "solo" },
     { name = "AIRFLOW__SECRETS__BACKEND", value = "airflow.providers.amazon.aws.secrets.secrets_manager.SecretsManagerBackend" },
     { name = "AIRFLOW__SECRETS__BACKEND_KWARGS", value = jsonencode({ connections_prefix = var.connections_prefix }) },
     { name = "CD4ML_LAKE_URI", value = var.lake_uri },
-  ]
+    ], var.upstream_registry_uri == null ? [] : [
+    # deploy_model: the upstream deployment's MLflow server (release.upstream_registry.tracking_uri)
+    { name = "CD4ML_UPSTREAM_REGISTRY_URI", value = var.upstream_registry_uri },
+  ])
   cd4ml_secret_env = [
     { name = "MLFLOW_TRACKING_PASSWORD", secretName = kubernetes_secret.airflow.metadata[0].name, secretKey = "mlflow-tracking-password" },
     { name = "CD4ML_MLFLOW_READER_PASSWORD", secretName = kubernetes_secret.airflow.metadata[0].name, secretKey = "mlflow-reader-password" },

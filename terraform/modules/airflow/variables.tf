@@ -69,3 +69,9 @@ variable "connections_prefix" {
   description = "Secrets Manager prefix of Airflow Connections."
   type        = string
 }
+
+variable "upstream_registry_uri" {
+  description = "The upstream deployment's MLflow server this one imports from (CD4ML_UPSTREAM_REGISTRY_URI); null = none (sit)."
+  type        = string
+  default     = null
+}

@@ -237,3 +237,56 @@ def test_a_copy_whose_files_differ_from_its_source_is_refused_and_records_nothin
     # MLflow copied the source's tags; what was found is not recorded over them
     assert json.loads(client.get_model_version(copy.name, copy.version).tags[TAG_MANIFEST]) != expected
     assert record_manifest(settings, client, copy, expected=recorded_manifest(source)) == recorded_manifest(source)
+
+
+# --------------------------------------------------------------------------- two registries in one process
+
+
+def _one_version(settings, weights: bytes) -> None:
+    """Version 1 of ``settings``' model in ``settings``' own store: one weights file, its manifest recorded."""
+    from tasks.models.integrity import record_manifest
+    from tasks.models.registry import ensure_experiment, mlflow_client
+
+    client = mlflow_client(settings)  # also points MLflow's process-wide URIs at this store
+    files = Path(settings.home) / "files"
+    files.mkdir(parents=True)
+    (files / "weights.bin").write_bytes(weights)
+    run = client.create_run(ensure_experiment(settings, client))
+    client.log_artifacts(run.info.run_id, str(files), "model")
+    client.set_terminated(run.info.run_id)
+    client.create_registered_model(settings.registry.model_name)
+    version = client.create_model_version(settings.registry.model_name, f"runs:/{run.info.run_id}/model",
+                                          run_id=run.info.run_id)
+    record_manifest(settings, client, version)
+
+
+def test_a_version_is_read_from_its_own_registry_whatever_mlflow_points_at(tmp_path: Path, monkeypatch) -> None:
+    """Two registries with the same model name and version; MLflow's process-wide URIs name the OTHER one."""
+    import mlflow
+
+    from tasks.models.integrity import verified_model, verify
+    from tasks.models.registry import mlflow_client
+    from tasks.settings import load_settings
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    saved = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    ours, other = (load_settings("sit", home=str(tmp_path / home)) for home in ("ours", "other"))
+    assert ours.tracking_uri != other.tracking_uri and ours.registry.model_name == other.registry.model_name
+    try:
+        _one_version(ours, b"ours" * 1024)
+        _one_version(other, b"other" * 1024)
+        mlflow_client(other)
+        assert mlflow.get_registry_uri() == other.tracking_uri == mlflow.get_tracking_uri()
+        uri = f"models:/{ours.registry.model_name}/1"
+        assert verify(ours, uri).files == 1  # the old download read the other store's v1: "changed weights.bin"
+        with verified_model(ours, uri) as (folder, verified):
+            assert (folder / "weights.bin").read_bytes() == b"ours" * 1024 and verified.version == 1
+        with verified_model(other, uri) as (folder, _):
+            assert (folder / "weights.bin").read_bytes() == b"other" * 1024
+        assert mlflow.get_registry_uri() == other.tracking_uri  # read, not re-pointed
+    finally:  # MLflow's setters export the URIs as variables, which settings read: not left behind
+        mlflow.set_tracking_uri(saved[0])
+        mlflow.set_registry_uri(saved[1])
+        os.environ.pop("MLFLOW_TRACKING_URI", None)  # deleted above: monkeypatch puts back what was there
+        os.environ.pop("MLFLOW_REGISTRY_URI", None)

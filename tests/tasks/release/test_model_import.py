@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -160,16 +162,24 @@ def test_a_file_changed_upstream_after_registration_is_refused_naming_it_with_on
 
 
 def test_an_upstream_version_without_manifest_or_lineage_is_a_clear_error_importing_nothing(upstream, uat) -> None:
+    from tasks.alerting.incidents import open_incidents
     from tasks.release.model_import import UnverifiableSourceError, import_model
 
     sit, model = upstream
     no_manifest, _ = _hand_registered(sit, model, _lineage_tags(sit, model), manifest=False)
     no_lineage, _ = _hand_registered(sit, model, {}, manifest=True)
-    with pytest.raises(UnverifiableSourceError, match="no valid integrity manifest"):
-        import_model(uat, source_version=no_manifest)
-    with pytest.raises(UnverifiableSourceError, match="no lineage tags"):
-        import_model(uat, source_version=no_lineage)
+    for _ in range(2):  # the event, then the reconcile: one alert per upstream version
+        with pytest.raises(UnverifiableSourceError, match="no valid integrity manifest"):
+            import_model(uat, source_version=no_manifest)
+        with pytest.raises(UnverifiableSourceError, match="no lineage tags"):
+            import_model(uat, source_version=no_lineage)
     assert _versions(uat) == []
+    alerts = {i.dedup_key: i for i in open_incidents(uat) if i.kind == "source_unverifiable"}
+    key = f"uat:source_unverifiable:sit:{model.name}:v"
+    assert sorted(alerts) == sorted(f"{key}{v}" for v in (no_manifest, no_lineage))
+    assert "no valid integrity manifest" in alerts[f"{key}{no_manifest}"].alert.error
+    assert "no lineage tags" in alerts[f"{key}{no_lineage}"].alert.error
+    assert all(a.severity == "critical" and a.alert.versions["model_name"] == model.name for a in alerts.values())
 
 
 
@@ -264,3 +274,74 @@ def test_cd4ml_import_model_imports_from_the_command_line_and_says_what_is_pendi
     assert (out["version"], out["source_env"], out["source_version"], out["reused"]) == (1, "sit", model.version, False)
     assert main(["import-model", "--env", "uat", "--source-version", "99"]) == 1
     assert "has no version 99" in capsys.readouterr().err
+
+
+def _import_racing(settings: Any, barrier: Any, results: Any) -> None:
+    """One of two racers, in a spawned process: it looks for an earlier import, waits for the other to have
+    looked too (so neither can see the other's version: the race, every run), then imports for real."""
+    from tasks.release import model_import
+
+    look = model_import._existing
+
+    def look_then_wait(*args: Any, **kwargs: Any) -> Any:
+        found = look(*args, **kwargs)
+        barrier.wait(timeout=120)
+        return found
+
+    model_import._existing = look_then_wait
+    try:
+        results.put(model_import.import_model(settings).to_dict())
+    except Exception as exc:  # the parent asserts on it; a child's traceback alone would be lost
+        results.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def racing_uat(request: pytest.FixtureRequest, uat: Any) -> Iterator[Any]:
+    """uat on its SQLite store, or on a throwaway database of this machine's PostgreSQL (as deployments run it)."""
+    if request.param == "sqlite":
+        yield uat
+        return
+    import psycopg2
+
+    name = f"cd4ml_import_race_{uuid.uuid4().hex[:10]}"
+    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=3)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    try:
+        uri = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+        yield uat.model_copy(update={"tracking": uat.tracking.model_copy(update={"uri": uri})})
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def test_two_imports_of_one_source_at_once_converge_on_one_version(upstream, racing_uat) -> None:
+    import multiprocessing
+
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    from tasks.release.model_import import import_model
+
+    sit, model = upstream
+    uat = racing_uat
+    client = MlflowClient(uat.tracking_uri, uat.tracking_uri)
+    client.search_experiments()  # the deployment's store exists before any import (its tables are made once)
+    spawn = multiprocessing.get_context("spawn")
+    barrier, results = spawn.Barrier(2), spawn.Queue()
+    racers = [spawn.Process(target=_import_racing, args=(uat, barrier, results)) for _ in range(2)]
+    for racer in racers:
+        racer.start()
+    answers = [results.get(timeout=300) for _ in racers]
+    for racer in racers:
+        racer.join(timeout=60)
+    assert all("error" not in answer for answer in answers), answers
+    assert {a["version"] for a in answers} == {1} and sorted(a["reused"] for a in answers) == [False, True]
+    assert {a["source_version"] for a in answers} == {model.version}
+    assert [int(v.version) for v in _versions(uat)] == [1]  # the higher one was deleted by the racer that made it
+    experiment = client.get_experiment_by_name(uat.tracking.experiment).experiment_id
+    deleted = client.search_runs([experiment], run_view_type=ViewType.DELETED_ONLY)
+    assert len(deleted) == 1 and deleted[0].info.run_id != client.get_model_version(uat.registry.model_name, "1").run_id
+    assert import_model(uat).reused and [int(v.version) for v in _versions(uat)] == [1]  # and later imports reuse it
