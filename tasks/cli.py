@@ -288,6 +288,26 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_topology(args: argparse.Namespace) -> int:
+    from tasks.ops import topology
+
+    try:
+        spec = topology.read_spec(args.file)
+        if args.action == "up":
+            if args.workers:
+                spec = spec.model_copy(update={"workers": args.workers})
+            return topology.up(spec, with_sample_data=args.sample_data)
+        if args.action == "down":
+            stopped = topology.down(spec)
+            print(f"stopped {', '.join(stopped)}" if stopped else "no topology is running under this CD4ML_HOME")
+            return 0
+        print(json.dumps(topology.status(spec), indent=2))
+        return 0
+    except topology.TopologyError as exc:
+        print(f"cd4ml topology: {exc}", file=sys.stderr)
+        return 2
+
+
 @_data_plane_errors
 def _cmd_lineage(args: argparse.Namespace) -> int:
     from tasks.release.lineage import format_lineage, lineage
@@ -486,6 +506,14 @@ def _add_stack(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("down", help="stop a stack that `cd4ml up` started in another shell")
     p.add_argument("--mode", choices=["embedded", "scaleout"], default=None)
     p.set_defaults(func=_cmd_down)
+    p = sub.add_parser("topology", help="sit, uat and prod as three scale-out stacks on this machine, linked only by "
+                       "the release queue and read-only registry accounts (docs/operations.md); up runs until Ctrl-C")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--file", help="YAML overriding the topology's defaults (ports, PostgreSQL prefixes, Redis "
+                   "databases, channel prefix; tasks/ops/topology.py); default CD4ML_TOPOLOGY")
+    p.add_argument("--sample-data", action="store_true", help="up: write the sample digits into each empty landing")
+    p.add_argument("--workers", type=int, default=None, help="up: Celery workers per stack (default 1)")
+    p.set_defaults(func=_cmd_topology)
 
 
 def _add_models(sub: argparse._SubParsersAction) -> None:
