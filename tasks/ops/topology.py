@@ -14,8 +14,10 @@ nothing but two things, as the Terraform's deployments do:
 
 Each stack's settings folder (``<root>/<env>/conf``) is generated from the settings folder in use
 (``CD4ML_CONF_DIR`` or conf/) plus the hop's ``release`` section merged into ``<env>.yaml``: uat and
-prod run ``deploy_model`` with the upstream's MLflow URL. The stacks start in order sit, uat, prod
-(a downstream needs its upstream's reader account) and stop in the reverse order. The description
+prod run ``deploy_model`` with the upstream's MLflow URL. Each stack's secrets are generated first
+(a downstream's Connection needs its upstream's reader password), then the three start together (the
+reader account itself is created when its stack is up; the downstream uses it only to import) and
+stop in the reverse order, downstream first. The description
 (ports, prefixes, Redis databases, workers) has code defaults below; a YAML file
 (``--file`` or ``CD4ML_TOPOLOGY``) overrides any of them.
 """
@@ -250,8 +252,8 @@ def sample_data(member: Member, env: Mapping[str, str]) -> None:
         raise TopologyError(f"{member.env}: cd4ml sample-data failed: {proc.stderr.strip().splitlines()[-1:]}")
 
 
-def start_member(member: Member, env: Mapping[str, str], workers: int, timeout: float = UP_TIMEOUT_S) -> Running:
-    """`cd4ml up` for one environment in its own session; returns once it says it is up."""
+def launch(member: Member, env: Mapping[str, str], workers: int) -> Running:
+    """`cd4ml up` for one environment in its own session, its output in ``<home>/up.log``."""
     log = member.home / "up.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
@@ -259,15 +261,17 @@ def start_member(member: Member, env: Mapping[str, str], workers: int, timeout: 
                                  "--mlflow-port", str(member.spec.mlflow_port), "--workers", str(workers)],
                                 env=dict(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    running = Running(member, proc, log)
-    deadline = time.monotonic() + timeout
-    while "stack up" not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_running([running])
-            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-            raise TopologyError(f"{member.env}: cd4ml up did not come up (exit {proc.poll()}): {tail}; see {log}")
+    return Running(member, proc, log)
+
+
+def wait_up(running: Running, deadline: float) -> None:
+    """Until its `cd4ml up` says the stack is up; TopologyError (with the log's tail) when it exits or times out."""
+    while "stack up" not in running.log.read_text(errors="replace"):
+        if running.proc.poll() is not None or time.monotonic() > deadline:
+            tail = running.log.read_text(errors="replace").strip().splitlines()[-3:]
+            raise TopologyError(f"{running.member.env}: cd4ml up did not come up (exit {running.proc.poll()}): {tail}; "
+                                f"see {running.log}")
         time.sleep(1)
-    return running
 
 
 def stop_running(running: list[Running], timeout: float = 120.0) -> None:
@@ -288,13 +292,27 @@ def write_state(root: Path, running: list[Running]) -> None:
     (root / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
 
 
+def prepare(spec: TopologySpec, planned: list[Member], with_sample_data: bool) -> list[dict[str, str]]:
+    """Each stack's settings folder, secrets and environment (and sample data), in order sit, uat, prod."""
+    source = resolve_conf_dir()
+    envs = []
+    for member in planned:
+        write_conf(spec, member, source)
+        reader_password(member)  # its secrets.env now: the downstream's Connection needs the reader's password
+        upstream = next((m for m in planned if m.env == UPSTREAM.get(member.env)), None)
+        envs.append(stack_env(spec, member, upstream))
+        if with_sample_data:
+            sample_data(member, envs[-1])
+    return envs
+
+
 def up(spec: TopologySpec, *, with_sample_data: bool = False, until: Callable[[], bool] | None = None,
        say: Callable[[str], None] = print) -> int:
-    """Plan, start sit, uat and prod in that order, report where each answers, supervise until a signal."""
-    source = resolve_conf_dir()
+    """Plan, start sit, uat and prod (together: each has its secrets first), report where each answers, supervise."""
     planned = members(spec)
     root = planned[0].home.parent
     root.mkdir(parents=True, exist_ok=True)
+    envs = prepare(spec, planned, with_sample_data)
     stop = {"signal": None}
 
     def on_signal(signum, _frame) -> None:
@@ -303,17 +321,13 @@ def up(spec: TopologySpec, *, with_sample_data: bool = False, until: Callable[[]
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     running: list[Running] = []
     try:
-        for member in planned:
-            write_conf(spec, member, source)
-            upstream = next((m for m in planned if m.env == UPSTREAM.get(member.env)), None)
-            env = stack_env(spec, member, upstream)
-            if with_sample_data:
-                sample_data(member, env)
+        for member, env in zip(planned, envs):
             say(f"starting {member.env} (Airflow {member.api_url}, MLflow {member.mlflow_url}) ...")
-            running.append(start_member(member, env, spec.workers))
-            write_state(root, running)
-            if stop["signal"] is not None:
-                return 0
+            running.append(launch(member, env, spec.workers))
+        write_state(root, running)
+        deadline = time.monotonic() + UP_TIMEOUT_S
+        for item in running:
+            wait_up(item, deadline)
         say(banner(spec, planned))
         while stop["signal"] is None and not (until and until()):
             dead = [r.member.env for r in running if r.proc.poll() is not None]
