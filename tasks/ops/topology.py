@@ -398,3 +398,21 @@ def status(spec: TopologySpec) -> dict[str, dict[str, Any]]:
             "announces_on": hop_channel(spec, m.env) if m.env in DOWNSTREAM else None,
         }
     return out
+
+
+def command_env(spec: TopologySpec, env: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a `cd4ml` command of ``env`` runs with: as its stack's tasks (MLflow account, Connections)."""
+    from tasks.ops.stack import plan
+
+    planned = {m.env: m for m in members(spec, environ)}
+    member = planned[env]
+    base = stack_env(spec, member, planned.get(UPSTREAM.get(env, "")), environ)
+    return plan("scaleout", home=str(member.home), port=member.spec.port, mlflow_port=member.spec.mlflow_port,
+                base_env=base).env
+
+
+def run_in(spec: TopologySpec, env: str, args: list[str]) -> int:
+    """`cd4ml <args>` as ``env``'s deployment (e.g. lineage in prod); its exit status."""
+    if env not in ENVIRONMENTS:
+        raise TopologyError(f"run: the environment is one of {', '.join(ENVIRONMENTS)}")
+    return subprocess.run([str(_BIN / "cd4ml"), *args], env=command_env(spec, env)).returncode

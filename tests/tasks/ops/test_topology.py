@@ -73,3 +73,15 @@ def test_a_file_overrides_what_it_names_and_shared_values_are_refused(tmp_path) 
     path.write_text("sit: {pg_prefix: 'x; DROP'}\n")
     with pytest.raises(topology.TopologyError, match="sit.pg_prefix"):
         topology.read_spec(path)
+
+
+def test_a_command_runs_as_one_deployment_with_its_own_registry_account(planned, tmp_path) -> None:
+    spec, members = planned
+    env = topology.command_env(spec, "prod")
+    assert (env["CD4ML_ENV"], env["CD4ML_CONF_DIR"], env["MLFLOW_TRACKING_URI"]) == (
+        "prod", str(members["prod"].conf_dir), "http://127.0.0.1:5002")
+    prod_secrets = (members["prod"].secrets_file).read_text()
+    assert f"MLFLOW_TRACKING_PASSWORD={env['MLFLOW_TRACKING_PASSWORD']}" in prod_secrets  # prod's own writer
+    reader = json.loads(env["AIRFLOW_CONN_CD4ML_UPSTREAM_REGISTRY"])["password"]
+    assert f"CD4ML_MLFLOW_READER_PASSWORD={reader}" in members["uat"].secrets_file.read_text()  # uat's reader only
+    assert reader != topology.reader_password(members["sit"])
