@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tasks.ops.stack import StackError, group_pids, stack_secrets, stop_groups
+from tasks.ops.stack import SECRET_NAMES, StackError, group_pids, stack_secrets, stop_groups
 from tasks.settings import load_settings, resolve_conf_dir
 
 ENVIRONMENTS = ("sit", "uat", "prod")
@@ -218,7 +218,8 @@ def stack_env(spec: TopologySpec, member: Member, upstream: Member | None,
               environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of ``member``'s `cd4ml up`: its own names, the queue, and its upstream's reader account."""
     environ = os.environ if environ is None else environ
-    env = {k: v for k, v in environ.items() if not k.startswith(("AIRFLOW", "MLFLOW", "CD4ML")) or k in INHERITED}
+    env = {k: v for k, v in environ.items() if not k.startswith(("AIRFLOW", "MLFLOW", "CD4ML")) or k in INHERITED
+           or (k.startswith("AIRFLOW__") and k not in SECRET_NAMES)}  # an operator's Airflow option, never a key
     redis_host = spec.redis
     env.update({
         "CD4ML_HOME": str(member.home), "CD4ML_ENV": member.env, "CD4ML_STACK": "scaleout",

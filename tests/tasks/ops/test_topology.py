@@ -85,3 +85,13 @@ def test_a_command_runs_as_one_deployment_with_its_own_registry_account(planned,
     reader = json.loads(env["AIRFLOW_CONN_CD4ML_UPSTREAM_REGISTRY"])["password"]
     assert f"CD4ML_MLFLOW_READER_PASSWORD={reader}" in members["uat"].secrets_file.read_text()  # uat's reader only
     assert reader != topology.reader_password(members["sit"])
+
+
+def test_an_operators_airflow_option_reaches_every_stack_but_no_shared_key(planned, monkeypatch) -> None:
+    spec, members = planned
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL", "300")
+    monkeypatch.setenv("AIRFLOW__CORE__FERNET_KEY", "one-key-for-all")
+    monkeypatch.setenv("AIRFLOW_CONN_CD4ML_UPSTREAM_REGISTRY", "http://someone:else@host")
+    env = topology.stack_env(spec, members["sit"], None)
+    assert env["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] == "300"
+    assert "AIRFLOW__CORE__FERNET_KEY" not in env and "AIRFLOW_CONN_CD4ML_UPSTREAM_REGISTRY" not in env
