@@ -85,7 +85,8 @@ test-nofastdup:
 
 ## The running stacks: `cd4ml up` in scale-out mode (PostgreSQL, Redis, Celery workers, MLflow server) with a
 ## worker killed mid-task and auth refusals, the Airflow UI in headless Chromium (installed from Debian if missing),
-## and the release and deadline DAGs under a real scheduler and API server (approvals, timeouts, rollback).
+## the release and deadline DAGs under a real scheduler and API server (approvals, timeouts, rollback), and sit, uat
+## and prod as three running deployments (`cd4ml topology up`: a model walked from sit to prod by events).
 test-stack: $(STAMP) browser-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m "stack or browser"
 
