@@ -25,7 +25,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEMO_DATE ?= 2026-11-21
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv demo demo-photos demo-serving test test-nofastdup test-stack test-all test-fast browser-deps up up-scaleout down ui bench lock clean
+.PHONY: venv demo demo-photos demo-serving test test-nofastdup test-stack test-all test-fast browser-deps up up-scaleout down topology topology-down ui bench lock clean
 
 venv: $(STAMP)
 
@@ -85,7 +85,8 @@ test-nofastdup:
 
 ## The running stacks: `cd4ml up` in scale-out mode (PostgreSQL, Redis, Celery workers, MLflow server) with a
 ## worker killed mid-task and auth refusals, the Airflow UI in headless Chromium (installed from Debian if missing),
-## and the release and deadline DAGs under a real scheduler and API server (approvals, timeouts, rollback).
+## the release and deadline DAGs under a real scheduler and API server (approvals, timeouts, rollback), and sit, uat
+## and prod as three running deployments (`cd4ml topology up`: a model walked from sit to prod by events).
 test-stack: $(STAMP) browser-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m "stack or browser"
 
@@ -109,6 +110,14 @@ up-scaleout: $(STAMP)
 
 down: $(STAMP)
 	$(BIN)/cd4ml down; CD4ML_STACK=scaleout $(BIN)/cd4ml down
+
+## sit, uat and prod as three scale-out stacks (Airflow :8080/:8081/:8082, MLflow :5000/:5001/:5002), each with
+## its sample data; a model travels between them by event (README "From sit to prod"). Ctrl-C stops all three.
+topology: $(STAMP)
+	$(BIN)/cd4ml topology up --sample-data
+
+topology-down: $(STAMP)
+	$(BIN)/cd4ml topology down
 
 ## The same as `make up` (it used to be `airflow standalone`, which starts 32 worker processes).
 ui: up

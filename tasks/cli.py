@@ -288,6 +288,28 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_topology(args: argparse.Namespace) -> int:
+    from tasks.ops import topology
+
+    try:
+        spec = topology.read_spec(args.file)
+        if args.action == "up":
+            if args.workers:
+                spec = spec.model_copy(update={"workers": args.workers})
+            return topology.up(spec, with_sample_data=args.sample_data)
+        if args.action == "run":
+            return topology.run_in(spec, args.env, args.rest)
+        if args.action == "down":
+            stopped = topology.down(spec)
+            print(f"stopped {', '.join(stopped)}" if stopped else "no topology is running under this CD4ML_HOME")
+            return 0
+        print(json.dumps(topology.status(spec), indent=2))
+        return 0
+    except topology.TopologyError as exc:
+        print(f"cd4ml topology: {exc}", file=sys.stderr)
+        return 2
+
+
 @_data_plane_errors
 def _cmd_lineage(args: argparse.Namespace) -> int:
     from tasks.release.lineage import format_lineage, lineage
@@ -486,6 +508,24 @@ def _add_stack(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("down", help="stop a stack that `cd4ml up` started in another shell")
     p.add_argument("--mode", choices=["embedded", "scaleout"], default=None)
     p.set_defaults(func=_cmd_down)
+    p = sub.add_parser("topology", help="sit, uat and prod as three scale-out stacks on this machine, linked only by "
+                       "the release queue and read-only registry accounts (docs/operations.md)")
+    actions = p.add_subparsers(dest="action", required=True)
+    helps = {"up": "start the three stacks (sit, uat, prod) and supervise them; Ctrl-C stops all",
+             "down": "stop a topology started in another shell", "status": "JSON: each environment's URLs and health",
+             "run": "a cd4ml command as one environment's deployment (its MLflow account, Connections, settings), "
+                    "e.g. `cd4ml topology run prod lineage models:/digits-classifier-prod@champion`"}
+    for name, text in helps.items():
+        a = actions.add_parser(name, help=text)
+        a.add_argument("--file", help="YAML overriding the topology's defaults (ports, PostgreSQL prefixes, Redis "
+                       "databases, channel prefix; tasks/ops/topology.py); default CD4ML_TOPOLOGY")
+        if name == "up":
+            a.add_argument("--sample-data", action="store_true", help="write the sample digits into each empty landing")
+            a.add_argument("--workers", type=int, default=None, help="Celery workers per stack (default 1)")
+        if name == "run":
+            a.add_argument("env", choices=("sit", "uat", "prod"))
+            a.add_argument("rest", nargs=argparse.REMAINDER, help="the cd4ml command and its arguments")
+        a.set_defaults(func=_cmd_topology)
 
 
 def _add_models(sub: argparse._SubParsersAction) -> None:

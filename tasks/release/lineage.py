@@ -31,6 +31,8 @@ from tasks.models.registry import (
     TAG_IMPORT_MODEL,
     TAG_IMPORT_REGISTRY,
     TAG_IMPORT_VERSION,
+    TAG_RAW_VERSION,
+    TAG_SAMPLE,
     UnknownModelVersionError,
     alias_version,
     get_model_version,
@@ -117,6 +119,7 @@ def lineage(model_uri: str, home: str | None = None) -> dict[str, Any]:
     tags = dict(version.tags or {})
     if tags.get(TAG_IMPORT_REGISTRY) and tags[TAG_IMPORT_REGISTRY] != public_uri(settings.tracking_uri):
         out["copied_from"] = _source_hop(settings, tags)
+        out["recorded_data"] = _recorded_data(tags)
         return out
     if tags.get(TAG_COPIED_FROM):
         out["copied_from"] = lineage(tags[TAG_COPIED_FROM], home)
@@ -191,11 +194,22 @@ def _source_hop(settings: Settings, tags: dict[str, str], depth: int = 0) -> dic
             out["registry"] = registry
             if source_tags.get(TAG_IMPORT_REGISTRY) and depth < MAX_HOPS:
                 out["copied_from"] = _source_hop(settings, source_tags, depth + 1)
+                out["recorded_data"] = _recorded_data(source_tags)
                 return out
             return _trained(out, client, version, None)
     except (DataError, ValueError, MlflowException) as exc:  # the hop's own error types; never a server's body
         reason = str(exc) if isinstance(exc, (ModelImportError, UnknownModelVersionError)) else type(exc).__name__
         return {**hop, "unreachable": reason}
+
+
+def _recorded_data(tags: dict[str, str]) -> dict[str, Any] | None:
+    """The data an imported version was trained on as its own lineage tags record it (copied at each import).
+
+    What a reader still learns where the hop that trained it cannot be reached (prod holds no account of sit's)."""
+    if not tags.get(TAG_CURATED_TABLE):
+        return None
+    return {"table": tags[TAG_CURATED_TABLE], "version": tags.get(TAG_CURATED_VERSION),
+            "raw_version": tags.get(TAG_RAW_VERSION), "sample": tags.get(TAG_SAMPLE)}
 
 
 def _tagged_releases(tags: dict[str, str]) -> list[dict[str, Any]]:
@@ -234,6 +248,11 @@ def format_lineage(info: dict[str, Any], indent: str = "") -> str:
         lines.append(f"{indent}  copied from" + (f" registry {source['registry']}:" if source.get("registry") else ":"))
         if "unreachable" in source:
             lines.append(f"{indent}    {source['model_uri']} ({source['env']}): CANNOT REACH this hop: {source['unreachable']}")
+            data = info.get("recorded_data")
+            if data:
+                sample = f", sample {data['sample']}" if data.get("sample") else ""
+                lines.append(f"{indent}    trained on (as this version's tags record it): {data['table']} v{data['version']}"
+                             f" (raw v{data['raw_version']}{sample})")
         else:
             lines.append(format_lineage(source, indent + "    "))
         return "\n".join(lines)

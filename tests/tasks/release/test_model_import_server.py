@@ -126,6 +126,10 @@ def test_the_read_only_account_imports_and_can_write_nothing_upstream(server, si
     info = lineage(f"models:/{uat.registry.model_name}/1", home=uat.home)
     assert "HTTP 401" in info["copied_from"]["unreachable"] and info["copied_from"]["model_uri"] == f"models:/{name}/1"
     assert f"models:/{name}/1 (sit): CANNOT REACH this hop" in format_lineage(info)
+    # what the unreachable hop trained on is still told, as the imported version's own tags record it
+    recorded = info["recorded_data"]
+    assert recorded["table"] and recorded["version"] not in (None, "")
+    assert f"trained on (as this version's tags record it): {recorded['table']} v{recorded['version']}" in format_lineage(info)
     monkeypatch.setenv("AIRFLOW_CONN_CD4ML_UPSTREAM_REGISTRY",
                        json.dumps({"conn_type": "http", "login": READER, "password": server["reader"]}))
 
