@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -802,6 +803,39 @@ def _validated(values: dict[str, Any], name: str, conf: Path) -> Settings:
         raise SettingsError(f"invalid settings for env {name!r} ({conf}): {problems}") from exc
 
 
+# What a deployment (terraform/modules/airflow) hands its pods as environment variables, over the files:
+# variable -> the dotted key it sets. The hop queues are SQS there: a queue URL names the whole queue section.
+DEPLOYMENT_VARIABLES = {
+    "CD4ML_LAKE_URI": "storage.lake_uri",  # the lake bucket (terraform output lake_uri), like MLFLOW_TRACKING_URI
+    "CD4ML_UPSTREAM_REGISTRY_URI": "release.upstream_registry.tracking_uri",  # the upstream deployment's MLflow
+    "CD4ML_PUBLISH_QUEUE_URL": "release.publish",  # this environment's hop queue (terraform output hop_queue_url)
+    "CD4ML_UPSTREAM_QUEUE_URL": "release.upstream_event",  # the upstream's hop queue (variable upstream_queue_url)
+}
+AWS_CONN_ID = "aws_default"
+
+
+def _sqs_queue(url: str, current: Any) -> dict[str, Any]:
+    """The queue section an SQS URL names: scheme sqs, the queue's name as channel; a file's conn_id and poll kept."""
+    kept = {k: v for k, v in (current or {}).items() if k in ("conn_id", "poll_interval_s")} if (
+        isinstance(current, dict) and current.get("scheme") == "sqs") else {}
+    return {"conn_id": AWS_CONN_ID, **kept, "scheme": "sqs", "queue_url": url, "channel": url.rstrip("/").rsplit("/", 1)[-1]}
+
+
+def _apply_deployment_variables(values: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """Set each key of DEPLOYMENT_VARIABLES whose variable is set (non-empty), in place; validated with the rest."""
+    for variable, dotted in DEPLOYMENT_VARIABLES.items():
+        value = environ.get(variable)
+        if not value:
+            continue
+        *parents, leaf = dotted.split(".")
+        section = values
+        for key in parents:
+            if not isinstance(section.get(key), dict):
+                section[key] = {}
+            section = section[key]
+        section[leaf] = _sqs_queue(value, section.get(leaf)) if variable.endswith("_QUEUE_URL") else value
+
+
 def load_settings(
     env: str | None = None, home: str | os.PathLike[str] | None = None, conf_dir: Path | None = None
 ) -> Settings:
@@ -818,11 +852,7 @@ def load_settings(
             raise SettingsError(f"settings in {conf}: {key} is set by the loader (CD4ML_ENV / CD4ML_HOME), not in a file")
     # The files merge over the code's defaults key by key (a file naming one alert route keeps the others).
     values = _fill(_deep_merge(code_defaults(), merged), {"home": str(root), "env": name})
-    if os.environ.get("CD4ML_LAKE_URI"):  # a deployment's bucket (terraform output lake_uri), like MLFLOW_TRACKING_URI
-        values.setdefault("storage", {})["lake_uri"] = os.environ["CD4ML_LAKE_URI"]
-    if os.environ.get("CD4ML_UPSTREAM_REGISTRY_URI"):  # the upstream deployment's MLflow (terraform upstream_registry_uri)
-        release = values.setdefault("release", {})
-        release.setdefault("upstream_registry", {})["tracking_uri"] = os.environ["CD4ML_UPSTREAM_REGISTRY_URI"]
+    _apply_deployment_variables(values, os.environ)
     settings = _validated({"env": name, "home": str(root), **values}, name, conf)
     if settings.release.upstream == name:
         raise SettingsError(f"invalid settings for env {name!r} ({conf}): release.upstream cannot be the environment itself")

@@ -21,7 +21,16 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from tasks.settings import ABSENT, ENVIRONMENTS, REPO_ROOT, Settings, dotted_value, read_yaml
+from tasks.settings import (
+    ABSENT,
+    AWS_CONN_ID,
+    DEPLOYMENT_VARIABLES,
+    ENVIRONMENTS,
+    REPO_ROOT,
+    Settings,
+    dotted_value,
+    read_yaml,
+)
 
 REFERENCE = REPO_ROOT / "docs" / "configuration.md"
 _NO_DEFAULT = "(required)"
@@ -160,9 +169,11 @@ def render(conf: Path = REPO_ROOT / "conf") -> str:
         "hold only deliberate overrides, merged in that order key by key; the sit, uat and prod columns show",
         "what an environment sets (with base.yaml), a dataset column what that dataset sets over any",
         "environment; empty = the default. `{home}` is `CD4ML_HOME`, `{env}` the environment. Environment",
-        "variables over all of it: `MLFLOW_TRACKING_URI` (tracking.uri), `CD4ML_LAKE_URI` (storage.lake_uri),",
-        "`CD4ML_UPSTREAM_REGISTRY_URI` (release.upstream_registry.tracking_uri), `CD4ML_OPTUNA_STORAGE`",
-        "(tuning.storage). A key under an old name is refused with its new name.",
+        "variables over all of it: `MLFLOW_TRACKING_URI` (tracking.uri), `CD4ML_OPTUNA_STORAGE` (tuning.storage),",
+        "and what a deployment hands its pods: "
+        + ", ".join(f"`{var}` ({key})" for var, key in DEPLOYMENT_VARIABLES.items()) + "; a queue URL sets",
+        "the whole section to `scheme: sqs` with that `queue_url`, the queue's name as `channel` and `conn_id`",
+        f"`{AWS_CONN_ID}` unless the file names an sqs queue's own. A key under an old name is refused with its new name.",
         "",
     ]
     lines += ["## Set by the loader, never in a file", "", "| key | type | description |", "|---|---|---|"]

@@ -260,6 +260,13 @@ def test_each_upstream_hands_its_read_only_registry_account_to_the_downstream_al
     assert call["airflow"]["upstream_registry_uri"] == "${var.upstream_registry_uri}"
     airflow = (ROOT / "modules" / "airflow" / "main.tf").read_text()
     assert '{ name = "CD4ML_UPSTREAM_REGISTRY_URI", value = var.upstream_registry_uri }' in airflow
+    # the hop queues reach the settings too (tasks/settings.py DEPLOYMENT_VARIABLES): this one's and the upstream's
+    assert '{ name = "CD4ML_PUBLISH_QUEUE_URL", value = var.publish_queue_url }' in airflow
+    assert '{ name = "CD4ML_UPSTREAM_QUEUE_URL", value = var.upstream_queue_url }' in airflow
+    for env in ENVS:
+        wired = {unquote(k): v for block in load(ROOT / "envs" / env / "main.tf")["module"] for k, v in block.items()}
+        assert wired["airflow"]["publish_queue_url"] == "${one(module.hop_queue[*].url)}", env
+        assert wired["airflow"]["upstream_queue_url"] == "${var.upstream_queue_url}", env
 
     values = {env: load(ROOT / "envs" / env / "terraform.tfvars") for env in ENVS}
     endpoints = {env: unquote(v.get("upstream_registry_uri", '""')) for env, v in values.items()}

@@ -111,6 +111,36 @@ def test_a_deployment_names_its_upstream_registry_in_the_environment_and_it_is_c
     assert "hunter2" not in str(refused.value)
 
 
+
+def test_a_deployment_names_its_hop_queues_in_the_environment_and_they_are_checked(monkeypatch, tmp_path):
+    """terraform/modules/airflow hands the pods the hop queues' URLs: each sets its whole queue section to SQS."""
+    from tasks.settings import SettingsError, load_settings
+
+    monkeypatch.setenv("CD4ML_HOME", str(tmp_path))
+    for name in ("CD4ML_PUBLISH_QUEUE_URL", "CD4ML_UPSTREAM_QUEUE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    assert (load_settings("uat").release.publish, load_settings("uat").release.upstream_event) == (None, None)
+    monkeypatch.setenv("CD4ML_PUBLISH_QUEUE_URL", "https://sqs.eu-west-1.amazonaws.com/123456789012/cd4ml-uat-to-prod")
+    monkeypatch.setenv("CD4ML_UPSTREAM_QUEUE_URL", "https://sqs.eu-west-1.amazonaws.com/123456789012/cd4ml-sit-to-uat")
+    release = load_settings("uat").release
+    assert (release.publish.scheme, release.publish.channel, release.publish.conn_id) == (
+        "sqs", "cd4ml-uat-to-prod", "aws_default")
+    assert release.upstream_event.queue_url.endswith("/cd4ml-sit-to-uat") and release.upstream_event.channel == (
+        "cd4ml-sit-to-uat")
+    conf = tmp_path / "conf"  # a file's own sqs Connection is kept; a file's redis queue is replaced whole
+    conf.mkdir()
+    (conf / "base.yaml").write_text("")
+    (conf / "uat.yaml").write_text("release:\n  publish: {scheme: sqs, channel: x, conn_id: aws_hop,\n"
+                                   "    queue_url: 'https://sqs.eu-west-1.amazonaws.com/1/x'}\n"
+                                   "  upstream_event: {channel: cd4ml-sit-to-uat, conn_id: redis_hop}\n")
+    release = load_settings("uat", conf_dir=conf).release
+    assert (release.publish.conn_id, release.publish.channel) == ("aws_hop", "cd4ml-uat-to-prod")
+    assert (release.upstream_event.scheme, release.upstream_event.conn_id) == ("sqs", "aws_default")
+    monkeypatch.setenv("CD4ML_UPSTREAM_QUEUE_URL", "https://key:hunter2@sqs.example/1/q")
+    with pytest.raises(SettingsError) as refused:
+        load_settings("uat")
+    assert "hunter2" not in str(refused.value)
+
 def _nested(dotted: str, value) -> str:
     """YAML text setting one dotted key."""
     import yaml

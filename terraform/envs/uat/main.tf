@@ -115,6 +115,8 @@ module "airflow" {
   pod_role_arn          = module.secrets.pod_role_arn
   connections_prefix    = module.secrets.connections_prefix
   upstream_registry_uri = var.upstream_registry_uri
+  publish_queue_url     = one(module.hop_queue[*].url)
+  upstream_queue_url    = var.upstream_queue_url
 }
 
 # The release hand-off to the downstream environment (sit -> uat, uat -> prod): this environment

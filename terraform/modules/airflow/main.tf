@@ -58,6 +58,12 @@ locals {
     ], var.upstream_registry_uri == null ? [] : [
     # deploy_model: the upstream deployment's MLflow server (release.upstream_registry.tracking_uri)
     { name = "CD4ML_UPSTREAM_REGISTRY_URI", value = var.upstream_registry_uri },
+    ], var.publish_queue_url == null ? [] : [
+    # the hop queue this environment announces its champion on (release.publish, scheme sqs)
+    { name = "CD4ML_PUBLISH_QUEUE_URL", value = var.publish_queue_url },
+    ], var.upstream_queue_url == null ? [] : [
+    # the upstream's hop queue cd4ml_promote's AssetWatcher receives from (release.upstream_event, scheme sqs)
+    { name = "CD4ML_UPSTREAM_QUEUE_URL", value = var.upstream_queue_url },
   ])
   cd4ml_secret_env = [
     { name = "MLFLOW_TRACKING_PASSWORD", secretName = kubernetes_secret.airflow.metadata[0].name, secretKey = "mlflow-tracking-password" },

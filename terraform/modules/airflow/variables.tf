@@ -75,3 +75,15 @@ variable "upstream_registry_uri" {
   type        = string
   default     = null
 }
+
+variable "publish_queue_url" {
+  description = "This environment's hop queue (CD4ML_PUBLISH_QUEUE_URL: release.publish over SQS); null = no downstream (prod)."
+  type        = string
+  default     = null
+}
+
+variable "upstream_queue_url" {
+  description = "The upstream's hop queue (CD4ML_UPSTREAM_QUEUE_URL: release.upstream_event over SQS); null = no upstream (sit)."
+  type        = string
+  default     = null
+}
