@@ -7,8 +7,8 @@ but a cosine cannot tell a shifted or cropped copy from a different image of the
 brightness-tolerant correlation, ~0.4 ms a pair) tells them apart but scores one pair at a time.
 So:
 
-1. Candidates (``candidate_pairs``): each new image's ``curation.copy_candidates`` nearest
-   neighbours among the eligible images by the embedding's cosine and, for the pixel embedding,
+1. Candidates (``tasks.curation.neighbours.candidate_pairs``): each new image's ``curation.copy_candidates``
+   nearest neighbours among the eligible images by the embedding's cosine and, for the pixel embedding,
    also by the cosine of the same pixels blurred (a Gaussian of one embedding pixel: a resized or
    blurred copy is nearer its original there). Measured on the planted copies of the benchmark,
    8 of each find the original of >= 96% of copies in every cell and transformation (a resized
@@ -73,24 +73,6 @@ def blurred(matrix: np.ndarray, side: int, sigma: float = BLUR_SIGMA) -> np.ndar
     x -= x.mean(axis=1, keepdims=True)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return (x / np.where(norms == 0, 1.0, norms)).astype(np.float32)
-
-
-def candidate_pairs(views: list[np.ndarray], queries: list[int], k: int, block: int = 1024) -> set[tuple[int, int]]:
-    """(i, j), i < j: each query row and its ``k`` nearest other rows by cosine in any of ``views`` (unit rows)."""
-    n = views[0].shape[0] if views else 0
-    pairs: set[tuple[int, int]] = set()
-    if n < 2 or not queries or k <= 0:
-        return pairs
-    kk = min(k, n - 1)
-    for start in range(0, len(queries), block):
-        q = np.asarray(queries[start:start + block], dtype=np.int64)
-        for m in views:
-            sims = m[q] @ m.T
-            sims[np.arange(len(q)), q] = -np.inf
-            top = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
-            for a, row in zip(q.tolist(), top.tolist()):
-                pairs.update((min(a, b), max(a, b)) for b in row)
-    return pairs
 
 
 # ---------------------------------------------------------------- scores
