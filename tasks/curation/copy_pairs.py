@@ -13,9 +13,10 @@ So:
    blurred copy is nearer its original there). Measured on the planted copies of the benchmark,
    8 of each find the original of >= 96% of copies in every cell and transformation (a resized
    8 px digit is the hardest) and of >= 98% of all others.
-2. Scores (``CopyScores``): every candidate pair, and inside a component each member against the
-   members already kept (``tasks.curation.dedupe.dedupe_component``), gets the copy score. A pair is a copy
-   at ``curation.copy_similarity`` or above (0.9974, calibrated on the benchmark).
+2. Scores (``CopyScores``): every candidate pair gets the copy score, and only those: the scoring
+   per image is bounded whatever the size of its component (``tasks.curation.dedupe.dedupe_component``
+   decides from these and the stored scores). A pair is a copy at ``curation.copy_similarity`` or
+   above (0.9974, calibrated on the benchmark).
 3. Scores are a content-addressed cache: the ``curation_pairs`` table holds every pair ever
    scored, keyed by (sha256_a, sha256_b, config) with sha256_a < sha256_b and ``config`` naming
    the score's version, so a curation scores only pairs it has not seen and a re-run scores none.
