@@ -36,6 +36,7 @@ from multiprocessing import get_context
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.curation import copy_score
 from tasks.data import lake
@@ -172,8 +173,11 @@ def load_scores(uri: str, shas: set[str]) -> dict[tuple[str, str], float]:
     if version is None or not shas:
         return {}
     t = lake.read(uri, version, columns=["sha256_a", "sha256_b", "score"], filter=[("config", "=", score_config())])
-    return {(a, b): float(s) for a, b, s in zip(t.column("sha256_a").to_pylist(), t.column("sha256_b").to_pylist(),
-                                                t.column("score").to_pylist()) if a in shas and b in shas}
+    wanted = pa.array(sorted(shas), pa.string())
+    t = t.filter(pc.and_(pc.is_in(t.column("sha256_a"), value_set=wanted),
+                         pc.is_in(t.column("sha256_b"), value_set=wanted)))  # in Arrow: no Python row for the rest
+    return dict(zip(zip(t.column("sha256_a").to_pylist(), t.column("sha256_b").to_pylist()),
+                    t.column("score").to_numpy(zero_copy_only=False).tolist()))
 
 
 def store_scores(uri: str, rows: pa.Table, metadata: dict) -> int | None:
