@@ -39,8 +39,9 @@ sys.path.insert(0, str(REPO / "bench"))
 EXACT_BELOW = 10**9  # exact_search_below for the exact mode: above any size here
 
 
-def _decisions(settings, raw_version: int) -> dict:
-    """sha256 -> [split, component] of the kept images and sha256 -> reason of the dropped ones, for one raw version."""
+def _decisions(settings, raw_version: int, report_path: str) -> dict:
+    """sha256 -> [split, component] of the kept images, -> [reason, kept image] of the dropped ones and
+    -> [kept image] of the possible copies (kept where the class abstained), for one raw version."""
     from tasks.curation.tables import REPORT_TABLE
     from tasks.data import lake
 
@@ -50,7 +51,9 @@ def _decisions(settings, raw_version: int) -> dict:
                        columns=["raw_version", "sha256", "reason", "kept_sha256"])
     rows = [r for r in report.to_pylist() if r["raw_version"] == raw_version]
     return {"kept": {r["sha256"]: [r["split"], r["component"]] for r in curated.to_pylist()},
-            "dropped": {r["sha256"]: [r["reason"], r["kept_sha256"]] for r in rows}}
+            "dropped": {r["sha256"]: [r["reason"], r["kept_sha256"]] for r in rows},
+            "possible": {p["sha256"]: [p["partner"]] for p in
+                         json.loads(Path(report_path).read_text())["decisions"]["possible_copies"]}}
 
 
 def run_one(home: Path, full: Path, batch: Path, mode: str, out: Path) -> None:
@@ -72,25 +75,24 @@ def run_one(home: Path, full: Path, batch: Path, mode: str, out: Path) -> None:
     result["full_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["workers_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     result["full_kept"], result["full_dropped"] = done.kept, done.dropped_by_reason
-    result["full_decisions"] = _decisions(settings, raw1)
+    result["full_decisions"] = _decisions(settings, raw1, done.report_path)
     raw2 = ingest_landing(settings, run_id="scale-2", logical_date="2026-11-22", landing=batch).raw_version
     start = time.perf_counter()
     done = curate(settings, raw2, run_id="scale-batch", logical_date="2026-11-22")
     result["batch_s"] = time.perf_counter() - start
     result["batch_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["batch_kept"], result["batch_dropped"] = done.kept, done.dropped_by_reason
-    result["batch_decisions"] = _decisions(settings, raw2)
-    report = json.loads(Path(done.report_path).read_text())
-    result["search"] = report.get("similarity", {}).get("search")
+    result["batch_decisions"] = _decisions(settings, raw2, done.report_path)
+    result["search"] = json.loads(Path(done.report_path).read_text()).get("similarity", {}).get("search")
     out.write_text(json.dumps(result))
 
 
 def _differences(a: dict, b: dict) -> list[str]:
-    """Every image whose decision differs between two modes' decisions (kept split/component, or drop reason)."""
+    """Every image whose decision differs between two modes (kept split/component, drop reason, possible copy)."""
     out = []
     for sha in sorted(set(a["kept"]) | set(a["dropped"]) | set(b["kept"]) | set(b["dropped"])):
-        da = a["kept"].get(sha) or a["dropped"].get(sha)
-        db = b["kept"].get(sha) or b["dropped"].get(sha)
+        da = [a["kept"].get(sha) or a["dropped"].get(sha), a.get("possible", {}).get(sha)]
+        db = [b["kept"].get(sha) or b["dropped"].get(sha), b.get("possible", {}).get(sha)]
         if da != db:
             out.append(f"{sha[:12]}: exact {da} / index {db}")
     return out
