@@ -56,6 +56,12 @@ def _decisions(settings, raw_version: int, report_path: str) -> dict:
                          json.loads(Path(report_path).read_text())["decisions"]["possible_copies"]}}
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children (the copy-score workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def run_one(home: Path, full: Path, batch: Path, mode: str, out: Path) -> None:
     """One mode in this process: ingest + curate the full folder, then the batch; writes ``out`` (JSON)."""
     from tasks.curation.curate import curate
@@ -69,17 +75,19 @@ def run_one(home: Path, full: Path, batch: Path, mode: str, out: Path) -> None:
     start = time.perf_counter()
     raw1 = ingest_landing(settings, run_id="scale-1", logical_date="2026-11-21", landing=full).raw_version
     result["ingest_s"] = time.perf_counter() - start
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     done = curate(settings, raw1, run_id="scale-full", logical_date="2026-11-21")
     result["full_s"] = time.perf_counter() - start
+    result["full_cpu_s"] = _cpu_seconds() - cpu  # this process and its copy-score workers: less moved by the load
     result["full_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["workers_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     result["full_kept"], result["full_dropped"] = done.kept, done.dropped_by_reason
     result["full_decisions"] = _decisions(settings, raw1, done.report_path)
     raw2 = ingest_landing(settings, run_id="scale-2", logical_date="2026-11-22", landing=batch).raw_version
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     done = curate(settings, raw2, run_id="scale-batch", logical_date="2026-11-22")
     result["batch_s"] = time.perf_counter() - start
+    result["batch_cpu_s"] = _cpu_seconds() - cpu
     result["batch_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["batch_kept"], result["batch_dropped"] = done.kept, done.dropped_by_reason
     result["batch_decisions"] = _decisions(settings, raw2, done.report_path)
@@ -136,8 +144,11 @@ def _print(sizes: list[int], runs: dict[int, dict[str, dict]], load: tuple[float
     for a, b in zip(index_sizes, index_sizes[1:]):
         ta, tb = runs[a]["index"]["full_s"], runs[b]["index"]["full_s"]
         summary["exponents"][f"{a}->{b}"] = math.log(tb / ta) / math.log(b / a)
+        ca, cb = runs[a]["index"]["full_cpu_s"], runs[b]["index"]["full_cpu_s"]
+        summary["exponents"][f"{a}->{b} cpu"] = math.log(cb / ca) / math.log(b / a)
         print(f"\ngrowth exponent of the full curation (index), {a:,} -> {b:,}: "
-              f"{summary['exponents'][f'{a}->{b}']:.2f}")
+              f"{summary['exponents'][f'{a}->{b}']:.2f} in seconds, {summary['exponents'][f'{a}->{b} cpu']:.2f} "
+              f"in CPU seconds ({ca:.0f} -> {cb:.0f})")
     for n in sizes:
         if "exact" in runs[n] and "index" in runs[n]:
             for stage in ("full", "batch"):
