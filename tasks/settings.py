@@ -176,7 +176,15 @@ class CurationSettings(_Section):
     copy_similarity: float = Field(
         0.9974, gt=0.0, le=1.0, description="Copy score to a kept image at or above which an image is dropped as its copy "
         "(calibrated by bench/dedup_calibration.py).")
-    copy_candidates: int = Field(8, ge=1, le=256, description="Nearest neighbours of each new image given a copy score.")
+    copy_candidates: int = Field(8, ge=1, le=256, description="Nearest neighbours of each new image given a copy score, "
+        "in each view of the embedding (tasks/curation/neighbours.py).")
+    similar_neighbours: int = Field(
+        32, ge=1, le=1024, description="Nearest neighbours of each new image by the embedding that join its component when "
+        "their cosine reaches near_duplicate_threshold (the same neighbour graph gives the copy candidates).")
+    exact_search_below: int = Field(
+        5000, ge=0, description="Eligible images below which neighbours come from an exact cosine product (numpy); from "
+        "there on from a faiss HNSW index per embedding version, stored next to the curated tables and extended with each "
+        "batch (tasks/curation/neighbours.py).")
     copy_min_separation: float = Field(
         3.0, ge=0.0, description="Robust z of copy_similarity above a class's bulk (each image's -log(1 - copy score) to its "
         "nearest scored image of the class: (threshold - median) / lower spread) below which curation drops no near_duplicate "

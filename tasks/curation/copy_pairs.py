@@ -7,15 +7,16 @@ but a cosine cannot tell a shifted or cropped copy from a different image of the
 brightness-tolerant correlation, ~0.4 ms a pair) tells them apart but scores one pair at a time.
 So:
 
-1. Candidates (``candidate_pairs``): each new image's ``curation.copy_candidates`` nearest
-   neighbours among the eligible images by the embedding's cosine and, for the pixel embedding,
+1. Candidates (``tasks.curation.neighbours.candidate_pairs``): each new image's ``curation.copy_candidates``
+   nearest neighbours among the eligible images by the embedding's cosine and, for the pixel embedding,
    also by the cosine of the same pixels blurred (a Gaussian of one embedding pixel: a resized or
    blurred copy is nearer its original there). Measured on the planted copies of the benchmark,
    8 of each find the original of >= 96% of copies in every cell and transformation (a resized
    8 px digit is the hardest) and of >= 98% of all others.
-2. Scores (``CopyScores``): every candidate pair, and inside a component each member against the
-   members already kept (``tasks.curation.dedupe.dedupe_component``), gets the copy score. A pair is a copy
-   at ``curation.copy_similarity`` or above (0.9974, calibrated on the benchmark).
+2. Scores (``CopyScores``): every candidate pair gets the copy score, and only those: the scoring
+   per image is bounded whatever the size of its component (``tasks.curation.dedupe.dedupe_component``
+   decides from these and the stored scores). A pair is a copy at ``curation.copy_similarity`` or
+   above (0.9974, calibrated on the benchmark).
 3. Scores are a content-addressed cache: the ``curation_pairs`` table holds every pair ever
    scored, keyed by (sha256_a, sha256_b, config) with sha256_a < sha256_b and ``config`` naming
    the score's version, so a curation scores only pairs it has not seen and a re-run scores none.
@@ -35,6 +36,7 @@ from multiprocessing import get_context
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.curation import copy_score
 from tasks.data import lake
@@ -73,24 +75,6 @@ def blurred(matrix: np.ndarray, side: int, sigma: float = BLUR_SIGMA) -> np.ndar
     x -= x.mean(axis=1, keepdims=True)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return (x / np.where(norms == 0, 1.0, norms)).astype(np.float32)
-
-
-def candidate_pairs(views: list[np.ndarray], queries: list[int], k: int, block: int = 1024) -> set[tuple[int, int]]:
-    """(i, j), i < j: each query row and its ``k`` nearest other rows by cosine in any of ``views`` (unit rows)."""
-    n = views[0].shape[0] if views else 0
-    pairs: set[tuple[int, int]] = set()
-    if n < 2 or not queries or k <= 0:
-        return pairs
-    kk = min(k, n - 1)
-    for start in range(0, len(queries), block):
-        q = np.asarray(queries[start:start + block], dtype=np.int64)
-        for m in views:
-            sims = m[q] @ m.T
-            sims[np.arange(len(q)), q] = -np.inf
-            top = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
-            for a, row in zip(q.tolist(), top.tolist()):
-                pairs.update((min(a, b), max(a, b)) for b in row)
-    return pairs
 
 
 # ---------------------------------------------------------------- scores
@@ -189,8 +173,11 @@ def load_scores(uri: str, shas: set[str]) -> dict[tuple[str, str], float]:
     if version is None or not shas:
         return {}
     t = lake.read(uri, version, columns=["sha256_a", "sha256_b", "score"], filter=[("config", "=", score_config())])
-    return {(a, b): float(s) for a, b, s in zip(t.column("sha256_a").to_pylist(), t.column("sha256_b").to_pylist(),
-                                                t.column("score").to_pylist()) if a in shas and b in shas}
+    wanted = pa.array(sorted(shas), pa.string())
+    t = t.filter(pc.and_(pc.is_in(t.column("sha256_a"), value_set=wanted),
+                         pc.is_in(t.column("sha256_b"), value_set=wanted)))  # in Arrow: no Python row for the rest
+    return dict(zip(zip(t.column("sha256_a").to_pylist(), t.column("sha256_b").to_pylist()),
+                    t.column("score").to_numpy(zero_copy_only=False).tolist()))
 
 
 def store_scores(uri: str, rows: pa.Table, metadata: dict) -> int | None:

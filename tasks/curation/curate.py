@@ -17,9 +17,10 @@ What happens to each image of the raw version, in order (the first rule that app
    split, so near-copies never straddle splits; it drops nothing by itself. Features are
    computed once per image and kept in ``curation_embeddings`` (``tasks.curation.curation_features``);
    only images that have no component yet are compared, against all eligible images of the raw
-   version.
-4. Copies (``tasks.curation.copy_pairs``): each new image's ``copy_candidates`` nearest neighbours by the
-   embedding (and, for pixels, by the blurred embedding) get the copy score
+   version, through their ``similar_neighbours`` nearest images (``tasks.curation.neighbours``: an
+   exact search below ``exact_search_below`` eligible images, a stored faiss index above).
+4. Copies (``tasks.curation.copy_pairs``): each new image's ``copy_candidates`` nearest neighbours in the same
+   graph, by the embedding (and, for pixels, by the blurred embedding), get the copy score
    (``tasks.curation.copy_score``: alignment-, blur- and brightness-tolerant correlation); a pair at or
    above ``copy_similarity`` is a copy. Scores are cached in ``curation_pairs``.
 5. Inside a component (dropping, precise: ``dedupe_component``): members are walked first

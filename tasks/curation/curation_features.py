@@ -24,12 +24,12 @@ original bytes when they are a PNG or JPEG whose shorter side is at least ``EXPO
 else the upright L/RGB pixels upscaled (bilinear) to that shorter side and saved as PNG (fastdup
 skips images under 10x10 px, and the sample digits are 8x8).
 
-Similarity is an exact, blocked cosine product of the new images against all eligible ones,
-in numpy. Measured here on 10,000 images (2 shared cores): fastdup's exact ``Flat`` k-NN over
-precomputed embeddings took 4.7 s at 64 dimensions and 47.5 s at 576, its ``HNSW32`` 12.3 s at
-576, while the numpy product took 1.1 s and 1.9 s for all-against-all; for a 1% batch against
-everything it is milliseconds. The product also returns every pair at or above the threshold,
-where a k-NN graph stops at k neighbours.
+Similarity (which images are near each other) is ``tasks.curation.neighbours``: an exact cosine
+product below ``curation.exact_search_below`` eligible images, a stored faiss HNSW index above.
+Measured here on 10,000 images (2 shared cores): fastdup's exact ``Flat`` k-NN over precomputed
+embeddings took 4.7 s at 64 dimensions and 47.5 s at 576, its ``HNSW32`` 12.3 s at 576, while the
+numpy product took 1.1 s and 1.9 s for all-against-all; the product's cost grows with the square
+of the images, the index's about linearly (bench/README.md, issue 25).
 
 Every fastdup run costs at least one second whatever its size: its engine calls ``sleep(1)``
 (seen with gdb: ``sleep`` from ``do_main`` in ``libfastdup_shared.so``; 10, 100 and 1,000
@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 
 
 EXPORT_MIN_SIDE = 32  # px, shorter side of the copy fastdup reads; fastdup skips images under 10x10
-SEARCH_BLOCK = 1024  # query rows per matrix product: bounds memory at BLOCK x N floats
 GALLERY_IMAGES = 20  # images (or pairs) per gallery
 
 FEATURES_SCHEMA = pa.schema(
@@ -363,41 +362,6 @@ class UnionFind:
 
     def roots(self) -> np.ndarray:
         return np.fromiter((self.find(i) for i in range(len(self.parent))), dtype=np.int64, count=len(self.parent))
-
-
-def link_similar(
-    matrix: np.ndarray, queries: list[int], threshold: float, sets: UnionFind, keep: int = GALLERY_IMAGES
-) -> tuple[int, list[tuple[int, int, float]]]:
-    """Union every query row with every row at cosine >= ``threshold``; (pairs found, the ``keep`` most similar).
-
-    ``matrix`` rows are unit-length; a pair of two query rows counts once and a row is never
-    paired with itself. Per block of queries only one edge per (query, current set) is applied,
-    so a large cluster of look-alikes costs a union per query rather than one per pair.
-    """
-    n = matrix.shape[0]
-    if not queries or n < 2:
-        return 0, []
-    is_query = np.zeros(n, dtype=bool)
-    is_query[queries] = True
-    found = 0
-    best: list[tuple[float, int, int]] = []
-    for start in range(0, len(queries), SEARCH_BLOCK):
-        q = np.asarray(queries[start:start + SEARCH_BLOCK], dtype=np.int64)
-        sims = matrix[q] @ matrix.T
-        qi, cj = np.nonzero(sims >= threshold)
-        a, b = q[qi], cj.astype(np.int64)
-        mask = (a != b) & ~(is_query[b] & (b < a))
-        a, b, s = a[mask], b[mask], sims[qi[mask], cj[mask]]
-        if not len(a):
-            continue
-        found += len(a)
-        top = np.argsort(-s, kind="stable")[:keep]
-        best.extend(zip(s[top].tolist(), a[top].tolist(), b[top].tolist()))
-        roots = sets.roots()
-        for code in np.unique(a * n + roots[b]).tolist():
-            sets.union(code // n, code % n)
-    best.sort(key=lambda t: (-t[0], t[1], t[2]))
-    return found, [(i, j, s) for s, i, j in best[:keep]]
 
 
 # ---------------------------------------------------------------- galleries

@@ -8,8 +8,6 @@ from typing import Any
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.curation_features import Features
 
-WALK_SCORED_MEMBERS = 64  # components up to this size score each member against every kept member
-
 
 def pixel_key(features: Features, sha: str) -> str:
     return features.by_sha[sha].pixel_digest or sha
@@ -65,9 +63,9 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
     images). Walking in order, a member is dropped only when it is a copy of a member already
     KEPT with its label (not of something that was itself dropped, nor of a chain A~B~C), as
     ``exact_duplicate`` or ``near_duplicate`` of that image, with the score in the detail;
-    otherwise it is kept. Pairs that are not scored yet are scored against the kept members in
-    components of up to ``WALK_SCORED_MEMBERS`` members (larger ones use the candidate pairs'
-    scores only). A member that is a known copy of a member with another label is quarantined
+    otherwise it is kept. Only scored pairs count: each image's candidate pairs (its
+    ``copy_candidates`` nearest neighbours, ``tasks.curation.neighbours``) and the stored scores, so
+    the scoring per image is bounded whatever the component's size. A member that is a known copy of a member with another label is quarantined
     (``label_conflict``) with that member: nobody can tell which label is right. Members only
     linked through the component (grouped generously for split assignment) are all kept.
     In a class of ``abstain`` (``tasks.curation.separation``, ``tasks.curation.class_guard``) a
@@ -100,9 +98,6 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
             removed.append((sha, "label_conflict", None,
                             f"copy ({how}) of {order[k][:12]} labelled {label[k]!r}, this one {label[i]!r}"))
             continue
-        if len(order) <= WALK_SCORED_MEMBERS:  # small: score each kept member of its label now
-            scores.score_many((sha, order[k]) for k in kept
-                              if label[k] == label[i] and pixel_key(features, order[k]) != pixel_key(features, sha))
         originals = [(order[k], how) for k, how in known_copies(i) if k in kept_set and label[k] == label[i]]
         if not originals:
             kept.append(i)

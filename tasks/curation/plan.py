@@ -24,7 +24,6 @@ from tasks.curation.copy_pairs import (
     PAIRS_TABLE,
     CopyScores,
     blurred,
-    candidate_pairs,
     load_scores,
     score_config,
     store_scores,
@@ -38,13 +37,13 @@ from tasks.curation.curation_features import (
     clear_dir,
     compute_features,
     feature_config,
-    link_similar,
     load_features,
     merge_features,
     store_features,
 )
 from tasks.curation.dedupe import dedupe_component, pixel_key
 from tasks.curation.fastdup_optional import require_embedding
+from tasks.curation.neighbours import NeighbourGraph, candidate_pairs, index_dir, neighbour_graph, similar_pairs
 from tasks.curation.outliers import is_constant, screen
 from tasks.curation.separation import separation_by_class
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
@@ -97,7 +96,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
                      "stored_before": len(stored.by_sha)},
         "similarity": {"queries": len(graph.pending), "corpus": len(eligible),
                        "pairs_at_or_above_threshold": graph.found,
-                       "search": "exact cosine, new images against all eligible images (numpy)"},
+                       "search": graph.search},
         "copies": {"candidates": len(graph.candidates), "copy_edges": graph.copy_edges,
                    "pairs_scored": len(graph.scores.fresh),
                    "pairs_stored_before": len(graph.scores.known) - len(graph.scores.fresh), "score": score_config(),
@@ -145,6 +144,7 @@ class _Graph:
     duplicates: list[tuple[str, str, float]] = field(default_factory=list)
     candidates: set[tuple[int, int]] = field(default_factory=set)
     copy_edges: int = 0
+    search: str = ""
 
     def components(self) -> list[list[str]]:
         members: dict[int, list[str]] = {}
@@ -170,12 +170,27 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
     for i in pending:
         sets.union(i, first_of_pixels[pixel_key(features, eligible[i])])
     matrix = features.matrix[[features.row_of[s] for s in eligible]] if eligible else features.matrix[:0]
-    found, best = link_similar(matrix, pending, cfg.near_duplicate_threshold, sets)
+    neighbours = _neighbours(settings, eligible, matrix, pending)
+    similar = similar_pairs(neighbours, cfg.similar_neighbours, cfg.near_duplicate_threshold)
+    for a, b, _ in similar:
+        sets.union(a, b)
+    best = sorted(similar, key=lambda t: (-t[2], t[0], t[1]))[:GALLERY_IMAGES]
     scores = CopyScores(lambda sha: by_sha[sha]["image"],
                         load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
-    candidates, copy_edges = _link_copies(cfg, eligible, matrix, pending, scores, sets)
-    return _Graph(eligible, sets, pending, scores, found, [(eligible[a], eligible[b], s) for a, b, s in best],
-                  candidates, copy_edges)
+    candidates, copy_edges = _link_copies(cfg, eligible, neighbours, scores, sets)
+    return _Graph(eligible, sets, pending, scores, len(similar), [(eligible[a], eligible[b], s) for a, b, s in best],
+                  candidates, copy_edges, neighbours.search)
+
+
+def _neighbours(settings: Settings, eligible: list[str], matrix: np.ndarray, pending: list[int]) -> NeighbourGraph:
+    """Each new image's nearest eligible images by the embedding (and, for pixels, by the blurred embedding)."""
+    cfg = settings.curation
+    views = [matrix]
+    if cfg.embedding == "pixels" and len(matrix) and matrix.shape[1] == cfg.feature_size ** 2:
+        views.append(blurred(matrix, cfg.feature_size))
+    k = max(cfg.similar_neighbours, cfg.copy_candidates)
+    return neighbour_graph(views, eligible, pending, k, cfg.exact_search_below,
+                           index_dir(settings.storage.lake_uri, settings.reports_path), feature_config(cfg))
 
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],
@@ -247,13 +262,13 @@ def _dedupe(groups: dict[str, list[str]], assignments: dict[str, Assignment], fe
     return kept_rows
 
 
-def _link_copies(cfg: Any, eligible: list[str], matrix: np.ndarray, pending: list[int], scores: CopyScores,
+def _link_copies(cfg: Any, eligible: list[str], neighbours: NeighbourGraph, scores: CopyScores,
                  sets: UnionFind) -> tuple[set[tuple[int, int]], int]:
     """Score the new images' candidate pairs; a copy joins its original's component (copies never straddle splits).
 
     Returns (candidate pairs, how many were copies).
     """
-    candidates = _copy_candidates(cfg, matrix, pending)
+    candidates = candidate_pairs(neighbours, cfg.copy_candidates)
     scores.score_many((eligible[i], eligible[j]) for i, j in candidates)
     copy_edges = 0
     for i, j in candidates:
@@ -261,14 +276,6 @@ def _link_copies(cfg: Any, eligible: list[str], matrix: np.ndarray, pending: lis
             sets.union(i, j)
             copy_edges += 1
     return candidates, copy_edges
-
-
-def _copy_candidates(cfg: Any, matrix: np.ndarray, pending: list[int]) -> set[tuple[int, int]]:
-    """Candidate pairs (eligible indices) of the new images: nearest neighbours by the embedding (and blurred)."""
-    views = [matrix]
-    if cfg.embedding == "pixels" and len(matrix) and matrix.shape[1] == cfg.feature_size ** 2:
-        views.append(blurred(matrix, cfg.feature_size))
-    return candidate_pairs(views, pending, cfg.copy_candidates)
 
 
 def store_caches(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> None:

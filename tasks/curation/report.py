@@ -134,7 +134,9 @@ def report_body(
             "split_bridge": "a new image that would join recorded components of different splits is quarantined "
                             "(dropped as a duplicate instead when it is a copy of one of their images)",
             "similarity": f"components (splits): cosine of {settings.curation.embedding} embeddings >= "
-                          f"{settings.curation.near_duplicate_threshold}, identical decoded pixels, or a copy; "
+                          f"{settings.curation.near_duplicate_threshold} to one of a new image's "
+                          f"{settings.curation.similar_neighbours} nearest neighbours, identical decoded pixels, "
+                          f"or a copy; "
                           f"copies: copy score of each new image's {settings.curation.copy_candidates} nearest "
                           f"neighbours (embedding and blurred embedding) >= {settings.curation.copy_similarity}",
         },

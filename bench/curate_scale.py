@@ -1,0 +1,186 @@
+"""Curation at growing sizes (issue 25): full run, a 1% batch, peak memory, and the index against the exact search.
+
+For each ``--images`` size, bench/curate.py's generator writes the images once (32x32 grey PNGs
+derived from the real digits, 2% planted near-copies, 0.2% bad) and a 1% batch of the same kind
+in a second folder. Then, each in a fresh CD4ML_HOME and its own process (so peak RSS is its own):
+
+* ``index``: the default settings (``exact_search_below`` 5,000: the faiss index at these sizes);
+* ``exact`` (sizes up to ``--exact-up-to``): the same with ``exact_search_below`` above the size,
+  so the neighbour graph comes from the exact cosine product, on the same images.
+
+Each process ingests the full folder (raw v1, not timed as curation), curates it (timed; peak RSS of
+the curating process and of its copy-score workers), ingests the batch (raw v2) and curates again
+(timed: the 1% batch as a share of the full run of the same process). The decisions (kept images
+with their split and component, dropped images with their reason) of both modes are compared at
+each size where both ran, and every difference is listed.
+
+Usage: PYTHONPATH=.:plugins nice -n 10 python bench/curate_scale.py --images 10000 100000 [--exact-up-to 10000]
+(prints a Markdown table; writes bench/results/curate_scale.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+EXACT_BELOW = 10**9  # exact_search_below for the exact mode: above any size here
+
+
+def _decisions(settings, raw_version: int, report_path: str) -> dict:
+    """sha256 -> [split, component] of the kept images, -> [reason, kept image] of the dropped ones and
+    -> [kept image] of the possible copies (kept where the class abstained), for one raw version."""
+    from tasks.curation.tables import REPORT_TABLE
+    from tasks.data import lake
+
+    curated = lake.read(settings.curated_table, lake.current_version(settings.curated_table),
+                        columns=["sha256", "split", "component"])
+    report = lake.read(settings.table_uri(REPORT_TABLE), lake.current_version(settings.table_uri(REPORT_TABLE)),
+                       columns=["raw_version", "sha256", "reason", "kept_sha256"])
+    rows = [r for r in report.to_pylist() if r["raw_version"] == raw_version]
+    return {"kept": {r["sha256"]: [r["split"], r["component"]] for r in curated.to_pylist()},
+            "dropped": {r["sha256"]: [r["reason"], r["kept_sha256"]] for r in rows},
+            "possible": {p["sha256"]: [p["partner"]] for p in
+                         json.loads(Path(report_path).read_text())["decisions"]["possible_copies"]}}
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children (the copy-score workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def run_one(home: Path, full: Path, batch: Path, mode: str, out: Path) -> None:
+    """One mode in this process: ingest + curate the full folder, then the batch; writes ``out`` (JSON)."""
+    from tasks.curation.curate import curate
+    from tasks.data.ingest import ingest_landing
+    from tasks.settings import load_settings
+
+    base = load_settings("sit", home=home)
+    update = {"exact_search_below": EXACT_BELOW} if mode == "exact" else {}
+    settings = base.model_copy(update={"curation": base.curation.model_copy(update=update)})
+    result: dict = {"mode": mode}
+    start = time.perf_counter()
+    raw1 = ingest_landing(settings, run_id="scale-1", logical_date="2026-11-21", landing=full).raw_version
+    result["ingest_s"] = time.perf_counter() - start
+    start, cpu = time.perf_counter(), _cpu_seconds()
+    done = curate(settings, raw1, run_id="scale-full", logical_date="2026-11-21")
+    result["full_s"] = time.perf_counter() - start
+    result["full_cpu_s"] = _cpu_seconds() - cpu  # this process and its copy-score workers: less moved by the load
+    result["full_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["workers_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    result["full_kept"], result["full_dropped"] = done.kept, done.dropped_by_reason
+    result["full_decisions"] = _decisions(settings, raw1, done.report_path)
+    raw2 = ingest_landing(settings, run_id="scale-2", logical_date="2026-11-22", landing=batch).raw_version
+    start, cpu = time.perf_counter(), _cpu_seconds()
+    done = curate(settings, raw2, run_id="scale-batch", logical_date="2026-11-22")
+    result["batch_s"] = time.perf_counter() - start
+    result["batch_cpu_s"] = _cpu_seconds() - cpu
+    result["batch_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["batch_kept"], result["batch_dropped"] = done.kept, done.dropped_by_reason
+    result["batch_decisions"] = _decisions(settings, raw2, done.report_path)
+    result["search"] = json.loads(Path(done.report_path).read_text()).get("similarity", {}).get("search")
+    out.write_text(json.dumps(result))
+
+
+def _differences(a: dict, b: dict) -> list[str]:
+    """Every image whose decision differs between two modes (kept split/component, drop reason, possible copy)."""
+    out = []
+    for sha in sorted(set(a["kept"]) | set(a["dropped"]) | set(b["kept"]) | set(b["dropped"])):
+        da = [a["kept"].get(sha) or a["dropped"].get(sha), a.get("possible", {}).get(sha)]
+        db = [b["kept"].get(sha) or b["dropped"].get(sha), b.get("possible", {}).get(sha)]
+        if da != db:
+            out.append(f"{sha[:12]}: exact {da} / index {db}")
+    return out
+
+
+def _measure(root: Path, n: int, modes: list[str]) -> dict[str, dict]:
+    from curate import write_images  # bench/curate.py's generator
+
+    full, batch = root / f"full_{n}", root / f"batch_{n}"
+    start = time.perf_counter()
+    mix = write_images(full, n, seed=1, prefix="a")
+    write_images(batch, max(1, n // 100), seed=2, prefix="b")
+    print(f"{n:,} images {mix} written in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    results = {}
+    for mode in modes:
+        out = root / f"{mode}_{n}.json"
+        home = root / f"home_{mode}_{n}"
+        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'plugins'}"}
+        subprocess.run([sys.executable, __file__, "--run", str(home), str(full), str(batch), mode, str(out)],
+                       check=True, env=env)
+        results[mode] = json.loads(out.read_text())
+        print(f"{n:,} {mode}: full {results[mode]['full_s']:.1f} s, batch {results[mode]['batch_s']:.1f} s",
+              file=sys.stderr, flush=True)
+        shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(full, ignore_errors=True)
+    shutil.rmtree(batch, ignore_errors=True)
+    return results
+
+
+def _print(sizes: list[int], runs: dict[int, dict[str, dict]], load: tuple[float, float]) -> dict:
+    print(f"\n{os.cpu_count()} cores, load average {load[0]:.1f} before / {load[1]:.1f} after\n")
+    print("| images | mode | full curation s | images/s | peak RSS MB (workers) | 1% batch s | batch / full | kept | dropped |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for n in sizes:
+        for mode, r in runs[n].items():
+            print(f"| {n:,} | {mode} | {r['full_s']:.1f} | {n / r['full_s']:.0f} | {r['full_peak_rss_mb']:.0f} "
+                  f"({r['workers_peak_rss_mb']:.0f}) | {r['batch_s']:.1f} | {r['batch_s'] / r['full_s']:.1%} | "
+                  f"{r['full_kept']:,} | {r['full_dropped']} |")
+    summary: dict = {"exponents": {}, "differences": {}}
+    index_sizes = [n for n in sizes if "index" in runs[n]]
+    for a, b in zip(index_sizes, index_sizes[1:]):
+        ta, tb = runs[a]["index"]["full_s"], runs[b]["index"]["full_s"]
+        summary["exponents"][f"{a}->{b}"] = math.log(tb / ta) / math.log(b / a)
+        ca, cb = runs[a]["index"]["full_cpu_s"], runs[b]["index"]["full_cpu_s"]
+        summary["exponents"][f"{a}->{b} cpu"] = math.log(cb / ca) / math.log(b / a)
+        print(f"\ngrowth exponent of the full curation (index), {a:,} -> {b:,}: "
+              f"{summary['exponents'][f'{a}->{b}']:.2f} in seconds, {summary['exponents'][f'{a}->{b} cpu']:.2f} "
+              f"in CPU seconds ({ca:.0f} -> {cb:.0f})")
+    for n in sizes:
+        if "exact" in runs[n] and "index" in runs[n]:
+            for stage in ("full", "batch"):
+                diff = _differences(runs[n]["exact"][f"{stage}_decisions"], runs[n]["index"][f"{stage}_decisions"])
+                summary["differences"][f"{n}/{stage}"] = diff
+                print(f"\n{n:,} images, {stage} run: {len(diff)} decisions differ between exact search and index")
+                for line in diff[:20]:
+                    print(f"- {line}")
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--images", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--exact-up-to", type=int, default=10_000, help="also run the exact search up to this size")
+    parser.add_argument("--run", nargs=5, metavar=("HOME", "FULL", "BATCH", "MODE", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        home, full, batch, mode, out = args.run
+        run_one(Path(home), Path(full), Path(batch), mode, Path(out))
+        return
+    root = Path(tempfile.mkdtemp(prefix="cd4ml-bench-scale-"))
+    load_before = os.getloadavg()
+    runs = {n: _measure(root, n, (["exact"] if n <= args.exact_up_to else []) + ["index"]) for n in args.images}
+    summary = _print(args.images, runs, (load_before[0], os.getloadavg()[0]))
+    slim = {n: {m: {k: v for k, v in r.items() if not k.endswith("_decisions")} for m, r in modes.items()}
+            for n, modes in runs.items()}
+    target = REPO / "bench" / "results" / "curate_scale.json"
+    target.write_text(json.dumps({"runs": slim, **summary}, indent=1, sort_keys=True) + "\n")
+    print(f"\nwrote {target}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

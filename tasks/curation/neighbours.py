@@ -1,0 +1,220 @@
+"""The neighbour graph: each new image's nearest eligible images, the one source of grouping and copy candidates.
+
+Every new image (eligible, not in the assignment record) gets its ``k`` nearest eligible images by
+the cosine of each view of the embedding (the embedding itself and, for pixels, the blurred one:
+``tasks.curation.copy_pairs.blurred``), nearest first, ties by position. From that one graph:
+
+* grouping (``link_neighbours``): a query joins each of its ``curation.similar_neighbours`` nearest
+  images of the first view whose cosine reaches ``near_duplicate_threshold``;
+* copy candidates (``candidate_pairs``): a query and each of its ``curation.copy_candidates``
+  nearest images in every view get a copy score (``tasks.curation.copy_pairs``).
+
+How the neighbours are found (the decisions above do not depend on it, only the recall does):
+
+* below ``curation.exact_search_below`` eligible images, an exact blocked cosine product in numpy
+  (milliseconds to seconds: cheaper than any index at that size);
+* from there on, a faiss HNSW index of inner products (``IndexHNSWFlat``, unit rows: inner product
+  = cosine) per embedding version and view, kept in ``curation_index/`` next to the curated tables
+  (the home's lake folder; a remote lake keeps it in the environment's local folder). It is built
+  once from every eligible image and extended with the images a batch adds; its ids are the row of
+  a sha256 in a sidecar list. Images in the index that are not eligible in this raw version (bad
+  images, images no longer in it) are skipped: the search asks for ``SEARCH_SLACK`` more neighbours
+  than it needs. Additions run on one thread and in sha256 order, so the same history of batches
+  builds the same index; a search is deterministic for a given index.
+
+Why faiss (docs/curation.md, "Nearest neighbours"): MIT licence, Meta's maintained library with
+wheels for CPython 3.11 on x86_64 (abi3), exact and approximate indexes behind one API, incremental
+``add``, indexes read and written as one file (and memory-mappable read-only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SEARCH_BLOCK = 1024  # query rows per exact matrix product: bounds memory at BLOCK x N floats
+SEARCH_SLACK = 16  # neighbours asked beyond k: room for indexed images that are not eligible now
+HNSW_M = 32  # graph degree of the HNSW index
+HNSW_EF_CONSTRUCTION = 80
+HNSW_EF_SEARCH = 128  # at least; raised to twice the neighbours asked
+INDEX_FOLDER = "curation_index"
+
+
+@dataclass(frozen=True)
+class NeighbourGraph:
+    """Per view, for each query (a row of ``queries``), its nearest eligible images: ``ids`` -1 where none."""
+
+    queries: np.ndarray  # int64 eligible positions, one row each
+    ids: list[np.ndarray]  # per view: (len(queries), k) int64 eligible positions, nearest first
+    sims: list[np.ndarray]  # per view: (len(queries), k) float32 cosines
+    search: str  # how they were found, for the report
+
+
+def index_dir(lake_uri: str, reports_path: Path) -> Path:
+    """Where the indexes live: the lake's own folder when it is local, else the environment's local folder."""
+    parsed = urlparse(lake_uri)
+    if parsed.scheme in ("", "file"):
+        return Path(parsed.path if parsed.scheme else lake_uri) / INDEX_FOLDER
+    return reports_path.parent / INDEX_FOLDER
+
+
+def neighbour_graph(views: Sequence[np.ndarray], eligible: Sequence[str], queries: Sequence[int], k: int,
+                    exact_below: int, folder: Path, version: str) -> NeighbourGraph:
+    """The ``k`` nearest eligible images of each query in every view (unit rows, one per eligible image)."""
+    q = np.asarray(queries, dtype=np.int64)
+    n = len(eligible)
+    kk = min(k, n - 1) if n > 1 else 0
+    if not len(q) or kk <= 0:
+        empty = np.zeros((len(q), 0), dtype=np.int64)
+        return NeighbourGraph(q, [empty for _ in views], [empty.astype(np.float32) for _ in views], "none")
+    if n < exact_below:
+        found = [_exact(v, q, kk) for v in views]
+        search = f"exact cosine (numpy), {n} eligible images < exact_search_below {exact_below}"
+    else:
+        found = [_indexed(v, eligible, q, kk, folder, f"{version};view={i}") for i, v in enumerate(views)]
+        search = (f"faiss HNSW (M={HNSW_M}, efConstruction={HNSW_EF_CONSTRUCTION}, efSearch>={HNSW_EF_SEARCH}), "
+                  f"{n} eligible images >= exact_search_below {exact_below}")
+    ids = [f[0] for f in found]
+    return NeighbourGraph(q, ids, [_cosines(v, q, i) for v, i in zip(views, ids)], search)
+
+
+def _cosines(matrix: np.ndarray, q: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Each (query, neighbour) cosine computed one way whichever search found it: a threshold decides alike."""
+    out = np.full(ids.shape, -np.inf, dtype=np.float32)
+    for start in range(0, len(q), SEARCH_BLOCK):  # blocks: (block, k, dim) floats at a time
+        rows = slice(start, start + SEARCH_BLOCK)
+        safe = np.where(ids[rows] >= 0, ids[rows], 0)
+        sims = np.einsum("qd,qkd->qk", matrix[q[rows]].astype(np.float64), matrix[safe].astype(np.float64))
+        out[rows] = np.where(ids[rows] >= 0, sims, -np.inf)
+    return out
+
+
+def _exact(matrix: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top ``k`` other rows of each query by cosine, nearest first, ties by position."""
+    ids = np.empty((len(q), k), dtype=np.int64)
+    sims = np.empty((len(q), k), dtype=np.float32)
+    for start in range(0, len(q), SEARCH_BLOCK):
+        block = q[start:start + SEARCH_BLOCK]
+        s = matrix[block] @ matrix.T
+        s[np.arange(len(block)), block] = -np.inf
+        top = np.argpartition(-s, k - 1, axis=1)[:, :k]
+        top_s = np.take_along_axis(s, top, axis=1)
+        order = np.lexsort((top, -top_s), axis=1)
+        ids[start:start + len(block)] = np.take_along_axis(top, order, axis=1)
+        sims[start:start + len(block)] = np.take_along_axis(top_s, order, axis=1)
+    return ids, sims
+
+
+def _indexed(matrix: np.ndarray, eligible: Sequence[str], q: np.ndarray, k: int, folder: Path, version: str
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` eligible neighbours of each query from the stored index, extended first with unindexed rows."""
+    index = ShaIndex.open(folder, version, matrix.shape[1])
+    index.extend(eligible, matrix)
+    ids, sims = index.search(matrix[q], k + 1 + SEARCH_SLACK)
+    pos = {sha: i for i, sha in enumerate(eligible)}
+    out_ids = np.full((len(q), k), -1, dtype=np.int64)
+    out_sims = np.full((len(q), k), -np.inf, dtype=np.float32)
+    for r, (self_pos, row_ids, row_sims) in enumerate(zip(q.tolist(), ids, sims)):
+        hits = [(float(s), p) for s, p in ((s, pos.get(index.sha(i), -1)) for i, s in zip(row_ids, row_sims) if i >= 0)
+                if p >= 0 and p != self_pos]
+        hits.sort(key=lambda h: (-h[0], h[1]))
+        for c, (s, p) in enumerate(hits[:k]):
+            out_ids[r, c], out_sims[r, c] = p, s
+    return out_ids, out_sims
+
+
+class ShaIndex:
+    """A faiss HNSW inner-product index whose ids are positions in a stored list of sha256s."""
+
+    def __init__(self, path: Path, index, shas: list[str]) -> None:
+        self.path, self.index, self.shas = path, index, shas
+        self._known = set(shas)
+
+    @classmethod
+    def open(cls, folder: Path, version: str, dim: int) -> ShaIndex:
+        import faiss
+
+        name = hashlib.sha256(version.encode()).hexdigest()[:16]
+        path = folder / f"{name}.faiss"
+        shas_path = path.with_suffix(".shas")
+        if path.exists() and shas_path.exists():
+            index = faiss.read_index(str(path))
+            shas = shas_path.read_text().split()
+            if index.ntotal == len(shas) and index.d == dim:
+                return cls(path, index, shas)
+            log.warning("curate: neighbour index %s does not match its sha list: rebuilt", path.name)
+        index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        return cls(path, index, [])
+
+    def sha(self, i: int) -> str:
+        return self.shas[i]
+
+    def extend(self, shas: Sequence[str], matrix: np.ndarray) -> int:
+        """Add the rows of ``shas`` not indexed yet (sha256 order, one thread) and store the index; how many."""
+        import faiss
+
+        new = sorted((s, r) for r, s in enumerate(shas) if s not in self._known)
+        if not new:
+            return 0
+        rows = np.ascontiguousarray(matrix[[r for _, r in new]], dtype=np.float32)
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)  # HNSW insertion in parallel depends on thread timing
+        try:
+            self.index.add(rows)
+        finally:
+            faiss.omp_set_num_threads(threads)
+        self.shas.extend(s for s, _ in new)
+        self._known.update(s for s, _ in new)
+        self._store()
+        return len(new)
+
+    def search(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        self.index.hnsw.efSearch = max(HNSW_EF_SEARCH, 2 * k)
+        sims, ids = self.index.search(np.ascontiguousarray(rows, dtype=np.float32), min(k, self.index.ntotal))
+        return ids, sims
+
+    def _store(self) -> None:
+        """Index then sha list, each written aside and renamed: a crash leaves a pair that mismatches or none."""
+        import faiss
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".faiss.{os.getpid()}.tmp")
+        faiss.write_index(self.index, str(tmp))
+        os.replace(tmp, self.path)
+        tmp_shas = self.path.with_suffix(f".shas.{os.getpid()}.tmp")
+        tmp_shas.write_text("\n".join(self.shas) + "\n")
+        os.replace(tmp_shas, self.path.with_suffix(".shas"))
+
+
+def candidate_pairs(graph: NeighbourGraph, k: int) -> set[tuple[int, int]]:
+    """(i, j), i < j: each query and its ``k`` nearest images in every view."""
+    pairs: set[tuple[int, int]] = set()
+    for ids in graph.ids:
+        for a, row in zip(graph.queries.tolist(), ids[:, :k].tolist()):
+            pairs.update((min(a, b), max(a, b)) for b in row if b >= 0)
+    return pairs
+
+
+def similar_pairs(graph: NeighbourGraph, k: int, threshold: float) -> list[tuple[int, int, float]]:
+    """(i, j, cosine), i < j: each query and its ``k`` nearest images of the first view at ``threshold`` or above.
+
+    A pair found from both sides counts once.
+    """
+    if not graph.ids:
+        return []
+    seen: dict[tuple[int, int], float] = {}
+    for a, row, sims in zip(graph.queries.tolist(), graph.ids[0][:, :k].tolist(), graph.sims[0][:, :k].tolist()):
+        for b, s in zip(row, sims):
+            if b >= 0 and s >= threshold:
+                seen.setdefault((min(a, b), max(a, b)), s)
+    return [(a, b, s) for (a, b), s in seen.items()]

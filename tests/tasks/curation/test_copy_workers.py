@@ -1,0 +1,45 @@
+"""Copy scores in worker processes: a caller without a ``__main__`` guard gets every score in-process, never a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+SCRIPT = textwrap.dedent('''
+    import io
+    import itertools
+
+    import numpy as np
+    from PIL import Image
+
+    from tasks.curation import copy_pairs
+    from tasks.curation.copy_pairs import CopyScores
+
+    rng = np.random.default_rng(0)
+    images = {}
+    for i in range(64):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (8, 8)).astype(np.uint8), mode="L").save(buf, format="PNG")
+        images[f"{i:064d}"] = buf.getvalue()
+    pairs = list(itertools.combinations(sorted(images), 2))
+    assert len(pairs) >= copy_pairs.PARALLEL_FROM
+    scores = CopyScores(images.__getitem__, workers=2)
+    scores.score_many(pairs)
+    print("scored", len(scores.fresh))
+''')
+
+
+def test_a_script_without_a_main_guard_is_scored_in_process(tmp_path: Path) -> None:
+    script = tmp_path / "no_guard.py"
+    script.write_text(SCRIPT)  # no `if __name__ == "__main__":`: spawned workers re-run it and cannot start
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'plugins'}"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "scored 2016" in done.stdout.splitlines()[-1]
+    assert "scoring 2016 pairs in this process" in done.stderr

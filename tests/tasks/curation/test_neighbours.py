@@ -1,0 +1,59 @@
+"""The neighbour graph: the stored index finds what the exact search finds, skips what is not eligible, and grows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tasks.curation.neighbours import ShaIndex, candidate_pairs, index_dir, neighbour_graph, similar_pairs
+
+
+def _unit_rows(n: int, dim: int = 64, seed: int = 0) -> np.ndarray:
+    m = np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
+    return m / np.linalg.norm(m, axis=1, keepdims=True)
+
+
+def _shas(n: int, prefix: str = "") -> list[str]:
+    return [f"{prefix}{i:06d}".rjust(64, "0") for i in range(n)]
+
+
+def test_index_finds_the_exact_neighbours(tmp_path: Path) -> None:
+    m = _unit_rows(2000)
+    m[700] = m[3]  # an exact copy and a near one of query rows
+    m[901] = (m[9] + 0.02 * m[901]) / np.linalg.norm(m[9] + 0.02 * m[901])
+    shas, queries = _shas(2000), list(range(0, 2000, 3))
+    exact = neighbour_graph([m], shas, queries, 8, exact_below=10**9, folder=tmp_path, version="v")
+    indexed = neighbour_graph([m], shas, queries, 8, exact_below=0, folder=tmp_path, version="v")
+    assert exact.search.startswith("exact") and indexed.search.startswith("faiss")
+    assert candidate_pairs(indexed, 8) == candidate_pairs(exact, 8)
+    assert similar_pairs(indexed, 8, 0.97) == similar_pairs(exact, 8, 0.97)
+    assert {(a, b) for a, b, _ in similar_pairs(exact, 8, 0.97)} == {(3, 700), (9, 901)}
+    assert not any(i == q for q, row in zip(queries, exact.ids[0].tolist()) for i in row)  # never itself
+
+
+def test_index_skips_images_that_are_not_eligible_now(tmp_path: Path) -> None:
+    m = _unit_rows(600, seed=1)
+    shas = _shas(600)
+    neighbour_graph([m], shas, [0], 5, exact_below=0, folder=tmp_path, version="v")  # indexes all 600
+    keep = [i for i in range(600) if i % 2 == 0]
+    graph = neighbour_graph([m[keep]], [shas[i] for i in keep], [0], 5, exact_below=0, folder=tmp_path, version="v")
+    exact = neighbour_graph([m[keep]], [shas[i] for i in keep], [0], 5, exact_below=10**9, folder=tmp_path,
+                            version="v")
+    assert graph.ids[0].tolist() == exact.ids[0].tolist()
+
+
+def test_index_is_stored_once_per_version_and_extended(tmp_path: Path) -> None:
+    m = _unit_rows(300, seed=2)
+    shas = _shas(300)
+    neighbour_graph([m[:200]], shas[:200], [0], 4, exact_below=0, folder=tmp_path, version="v1")
+    assert ShaIndex.open(tmp_path, "v1;view=0", 64).index.ntotal == 200
+    neighbour_graph([m], shas, [250], 4, exact_below=0, folder=tmp_path, version="v1")
+    reopened = ShaIndex.open(tmp_path, "v1;view=0", 64)
+    assert reopened.index.ntotal == 300 and reopened.shas == sorted(shas)
+    assert ShaIndex.open(tmp_path, "v2;view=0", 64).index.ntotal == 0  # another embedding version: its own index
+
+
+def test_a_local_lake_keeps_the_index_next_to_its_tables(tmp_path: Path) -> None:
+    assert index_dir(str(tmp_path / "lake"), tmp_path / "env" / "reports") == tmp_path / "lake" / "curation_index"
+    assert index_dir("s3://bucket/lake", tmp_path / "env" / "reports") == tmp_path / "env" / "curation_index"
