@@ -713,11 +713,12 @@ REMOVED_KEYS: dict[str, str] = {
 }
 
 
-def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` over ``base`` key by key (nested mappings merged, anything else replaced); neither is changed."""
     out = dict(base)
     for key, value in (override or {}).items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -851,15 +852,15 @@ def load_settings(
     name = resolve_env(env)
     conf = resolve_conf_dir(conf_dir)
     root = Path(home or os.environ.get("CD4ML_HOME") or Path.cwd() / ".cd4ml").resolve()
-    merged = _deep_merge(read_yaml(conf / "base.yaml"), read_yaml(conf / f"{name}.yaml"))
+    merged = deep_merge(read_yaml(conf / "base.yaml"), read_yaml(conf / f"{name}.yaml"))
     dataset = dataset_name()
     if dataset:  # what the data needs (classes, channels, size, model) over every environment's settings
-        merged = _deep_merge(merged, read_yaml(conf / "datasets" / f"{dataset}.yaml"))
+        merged = deep_merge(merged, read_yaml(conf / "datasets" / f"{dataset}.yaml"))
     for key in ("env", "home"):
         if key in merged:
             raise SettingsError(f"settings in {conf}: {key} is set by the loader (CD4ML_ENV / CD4ML_HOME), not in a file")
     # The files merge over the code's defaults key by key (a file naming one alert route keeps the others).
-    values = _fill(_deep_merge(code_defaults(), merged), {"home": str(root), "env": name})
+    values = _fill(deep_merge(code_defaults(), merged), {"home": str(root), "env": name})
     _apply_deployment_variables(values, os.environ)
     settings = _validated({"env": name, "home": str(root), **values}, name, conf)
     if settings.release.upstream == name:

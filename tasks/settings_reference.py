@@ -28,6 +28,7 @@ from tasks.settings import (
     ENVIRONMENTS,
     REPO_ROOT,
     Settings,
+    deep_merge,
     dotted_value,
     read_yaml,
 )
@@ -132,17 +133,11 @@ def _escaped(text: str) -> str:
 def _override_files(conf: Path) -> dict[str, dict[str, Any]]:
     """Column name -> the keys that file sets: each environment (over base.yaml), then each dataset."""
     base = read_yaml(conf / "base.yaml")
-    columns = {env: _over(base, read_yaml(conf / f"{env}.yaml")) for env in ENVIRONMENTS}
+    columns = {env: deep_merge(base, read_yaml(conf / f"{env}.yaml")) for env in ENVIRONMENTS}
     for path in sorted((conf / "datasets").glob("*.yaml")):
         columns[f"dataset {path.stem}"] = read_yaml(path)
     return columns
 
-
-def _over(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = _over(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def _section_table(section: str, model: type[BaseModel], columns: dict[str, dict[str, Any]]) -> list[str]:

@@ -77,7 +77,7 @@ class Deployment:
 
 
 def _fast_conf(target: Path) -> Path:
-    from tasks.ops.topology import _merged
+    from tasks.settings import deep_merge as _merged
 
     target.mkdir(parents=True)
     for name in ("base.yaml", *(f"{e}.yaml" for e in ENVS)):
