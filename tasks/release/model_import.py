@@ -298,7 +298,7 @@ def alert_unverifiable(settings: Settings, upstream: Upstream, source: ModelVers
     send(Alert(summary=f"upstream {upstream.env} {source.name} v{source.version} carries no integrity manifest or "
                        "lineage tags: not imported", severity="critical", source="model-import", env=settings.env,
                dedup_key=f"{settings.env}:{UNVERIFIABLE_KIND}:{upstream.env}:{source.name}:v{source.version}",
-               kind="source_unverifiable", details={"source_registry": upstream.public_uri, "source_env": upstream.env},
+               kind=UNVERIFIABLE_KIND, details={"source_registry": upstream.public_uri, "source_env": upstream.env},
                error=str(error)[:300], versions={"model_name": source.name, "version": int(source.version)}), settings)
 
 
@@ -332,11 +332,16 @@ def _tags(settings: Settings, upstream: Upstream, source: ModelVersion) -> dict[
 # --------------------------------------------------------------------------- this environment
 
 
+def _same_source(have: Mapping[str, str], tags: Mapping[str, str]) -> bool:
+    """Whether a version's tags name the same upstream registry, model and version as ``tags``."""
+    return all(have.get(k) == tags.get(k) for k in _SAME_SOURCE)
+
+
 def _existing(client: MlflowClient, name: str, tags: Mapping[str, str], shared: bool) -> ModelVersion | None:
     """The version an earlier import of the same source made (a copy made before provenance tags, too)."""
     for version in client.search_model_versions(f"name = '{name}'"):
         have = version.tags or {}
-        if all(have.get(k) == tags[k] for k in _SAME_SOURCE):
+        if _same_source(have, tags):
             return version
         if shared and not have.get(TAG_IMPORT_REGISTRY) and have.get(TAG_COPIED_FROM) == tags[TAG_COPIED_FROM]:
             return version
@@ -369,9 +374,7 @@ def _converged(client: MlflowClient, made: ModelVersion) -> tuple[ModelVersion, 
     looks again: the one holding a higher number deletes its version (and run) and returns the
     lowest, so both racers answer with the same version and one remains, without a lock.
     """
-    source = {k: (made.tags or {}).get(k) for k in _SAME_SOURCE}
-    twins = [v for v in client.search_model_versions(f"name = '{made.name}'")
-             if all((v.tags or {}).get(k) == value for k, value in source.items())]
+    twins = [v for v in client.search_model_versions(f"name = '{made.name}'") if _same_source(v.tags or {}, made.tags or {})]
     first = min(twins, key=lambda v: int(v.version), default=made)
     if int(first.version) >= int(made.version):
         return made, False

@@ -42,13 +42,6 @@ def run_airflow(args: list[str], env: dict[str, str], timeout: int = 600) -> sub
     return subprocess.run([str(airflow), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _merged(base: dict, override: dict) -> dict:
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def edited_conf(target: Path, everywhere: dict, per_file: dict[str, dict] | None = None) -> Path:
     """A copy of the repo's conf/ in ``target`` with overrides merged in (all files, then per file name).
 
@@ -57,12 +50,12 @@ def edited_conf(target: Path, everywhere: dict, per_file: dict[str, dict] | None
     """
     import yaml
 
-    from tasks.settings import REPO_ROOT
+    from tasks.settings import REPO_ROOT, deep_merge
 
     target.mkdir(parents=True)
     for name in ("base.yaml", "sit.yaml", "uat.yaml", "prod.yaml"):
         data = yaml.safe_load((REPO_ROOT / "conf" / name).read_text()) or {}
-        data = _merged(_merged(data, everywhere), (per_file or {}).get(name, {}))
+        data = deep_merge(deep_merge(data, everywhere), (per_file or {}).get(name, {}))
         (target / name).write_text(yaml.safe_dump(data, sort_keys=False))
     return target
 
