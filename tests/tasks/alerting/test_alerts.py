@@ -129,7 +129,7 @@ def test_every_alert_kind_has_a_runbook_and_every_raised_kind_is_known():
         for path in (REPO_ROOT / folder).rglob("*.py"):
             code = path.read_text()
             if "Alert(" in code or "alert_from_context(" in code:  # files that raise alerts
-                raised |= set(re.findall(r'kind="([a-z_]+)"', code))
+                raised |= set(re.findall(r'(?:kind=|_KIND = )"([a-z_]+)"', code))  # literal or named constant
     raised |= {f"approval_{d}" for d in ("rejected", "timeout")} | {"rollback"}  # tasks/release/release.py's _alert(kind)
     assert raised <= set(ALERT_KINDS), raised - set(ALERT_KINDS)
     assert set(ALERT_KINDS) <= raised | {"task_failed"}, set(ALERT_KINDS) - raised  # every kind is raised somewhere
