@@ -13,6 +13,10 @@ server and the ``cd4ml`` command, in order (the tests build on each other):
    lost; uat's cd4ml_reconcile imports it; prod gets it by event and a person's approval.
 4. a rollback in prod moves prod's champion only; uat's reader account gets 403 on every write to
    sit's registry.
+5. bad input against sit's running registry, each a clear error with nothing imported: hand-made sit
+   versions without integrity manifest, without lineage tags, with MLmodel changed on sit's disk after
+   its manifest (one alert each, however often retried); refused credentials; an unreachable
+   registry; sit without champion.
 
 Marked ``stack`` (`make test-stack`). Durations: bench/README.md ("Three deployments").
 """
@@ -393,3 +397,85 @@ def test_a_rollback_in_prod_leaves_uat_alone_and_uats_reader_cannot_write_sit(to
               ("DELETE", "registered-models/delete", {"name": sit.model_name})]
     assert [_mlflow(sit, m, path, body, account=account)[0] for m, path, body in writes] == [403] * len(writes)
     assert _champion(sit) == 2 and len(_versions(sit)) == 2
+
+
+_HAND_REGISTER = """
+import json
+from pathlib import Path
+
+import mlflow
+
+from tasks.models.integrity import CLIENT_WRITTEN, record_manifest
+from tasks.models.registry import mlflow_client
+from tasks.settings import load_settings
+
+sit = load_settings("sit")
+client, name = mlflow_client(sit), sit.registry.model_name
+champion = client.get_model_version_by_alias(name, "champion")
+folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{champion.version}",
+                                                  tracking_uri=sit.tracking_uri, registry_uri=sit.tracking_uri))
+(folder / CLIENT_WRITTEN).unlink(missing_ok=True)
+lineage = {k: v for k, v in champion.tags.items()
+           if k in ("cd4ml.curated_table", "cd4ml.curated_version", "cd4ml.raw_version", "cd4ml.env")}
+experiment = client.get_experiment_by_name(sit.tracking.experiment).experiment_id
+made = {}
+for case, tags, manifest in (("no_manifest", lineage, False), ("no_lineage", {}, True), ("changed", lineage, True)):
+    run = client.create_run(experiment)
+    client.log_artifacts(run.info.run_id, str(folder), "model")
+    client.set_terminated(run.info.run_id)
+    version = client.create_model_version(name, f"runs:/{run.info.run_id}/model", run_id=run.info.run_id, tags=tags)
+    if manifest:
+        record_manifest(sit, client, client.get_model_version(name, version.version))
+    made[case] = {"version": int(version.version), "artifacts": run.info.artifact_uri}
+print(json.dumps(made))
+"""
+
+
+def _import_refused(d: Deployment, *args: str, **extra: str) -> str:
+    """`cd4ml import-model` in ``d`` that must fail: its stderr (the error, one clear line)."""
+    proc = subprocess.run([str(BIN / "cd4ml"), "import-model", "--env", d.name, *args], env={**d.cli_env, **extra},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc.stderr
+
+
+def test_bad_or_changed_upstream_versions_import_nothing_each_with_a_clear_error(topo) -> None:
+    """Against sit's running registry: three hand-made sit versions (no manifest, no lineage, a file changed on
+    sit's disk after its manifest), refused credentials, an unreachable registry, an upstream without champion."""
+    sit, uat = topo["sit"], topo["uat"]
+    made = subprocess.run([str(BIN / "python"), "-c", _HAND_REGISTER], env=sit.cli_env, capture_output=True,
+                          text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    made = json.loads(made.stdout.strip().splitlines()[-1])
+    stored = made["changed"]["artifacts"].removeprefix("mlflow-artifacts:/")
+    mlmodel = Path(sit.cli_env["CD4ML_MLFLOW_ARTIFACTS"], stored, "model", "MLmodel")
+    mlmodel.write_text(mlmodel.read_text() + "\n# changed on sit's disk after registration\n")
+    before = _versions(uat)
+
+    for _ in range(2):  # the event, then the reconcile: each refusal alerts once per upstream version
+        err = _import_refused(uat, "--source-version", str(made["changed"]["version"]))
+        assert "'MLmodel'" in err and "changed" in err, err
+        assert "no valid integrity manifest" in _import_refused(uat, "--source-version", str(made["no_manifest"]["version"]))
+        assert "no lineage tags" in _import_refused(uat, "--source-version", str(made["no_lineage"]["version"]))
+
+    reader = json.loads(uat.cli_env["AIRFLOW_CONN_CD4ML_UPSTREAM_REGISTRY"])
+    wrong = json.dumps({**reader, "password": "not-the-readers-password-7f3a"})
+    err = _import_refused(uat, AIRFLOW_CONN_CD4ML_UPSTREAM_REGISTRY=wrong)
+    assert "refused" in err and "HTTP 401" in err and "not-the-readers" not in err and reader["password"] not in err, err
+    err = _import_refused(uat, CD4ML_UPSTREAM_REGISTRY_URI=f"http://127.0.0.1:{free_port()}")
+    assert "did not answer" in err, err
+
+    champion = _champion(sit)
+    assert _mlflow(sit, "DELETE", "registered-models/alias", {"name": sit.model_name, "alias": "champion"})[0] == 200
+    try:
+        assert "has no champion" in _import_refused(uat)
+    finally:
+        assert _mlflow(sit, "POST", "registered-models/alias",
+                       {"name": sit.model_name, "alias": "champion", "version": str(champion)})[0] == 200
+
+    assert _versions(uat) == before and _champion(uat) == 2  # nothing imported, nothing moved
+    alerts = json.loads(_cd4ml(uat, "alerts", "--env", "uat", "--all", "--json"))
+    keys = sorted(a["dedup_key"] for a in alerts if a["kind"] in ("model_tampered", "source_unverifiable"))
+    assert keys == sorted([f"uat:model_tampered:{sit.model_name}:v{made['changed']['version']}",
+                           *(f"uat:source_unverifiable:sit:{sit.model_name}:v{made[c]['version']}"
+                             for c in ("no_manifest", "no_lineage"))]), alerts
