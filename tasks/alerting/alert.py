@@ -35,7 +35,7 @@ ALERT_KINDS = (
     "release_refused",  # a promotion without a recorded gate or approval was refused (e.g. a task marked success by hand)
     "model_degraded",  # the champion's live metrics broke a monitoring rule (accuracy, recall, calibration, shift)
     "model_tampered",  # a model version's files differ from the manifest recorded at registration: it was not loaded
-    "source_unverifiable",  # an upstream version to import carries no integrity manifest or lineage: not imported
+    "source_unverifiable",  # an upstream version to import has no manifest, lineage or upstream gate pass: not imported
     "announce_failed",  # a new champion could not be announced on the hop's queue: the downstream's reconcile imports it
 )
 # Kinds that say "this DAG is broken or late": a later successful run of the same DAG resolves them.

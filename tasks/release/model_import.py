@@ -9,9 +9,10 @@ anything is written here:
    Connection ``conn_id`` names, never from settings); every request is bounded (``timeout_s``,
    ``attempts``); a refused account (HTTP 401/403) and an unreachable registry are typed errors;
 2. the source: the upstream's champion (or the version asked for) under the upstream's model name
-   from the settings; it must carry lineage tags (which data it saw) and an integrity manifest (else
-   ``UnverifiableSourceError`` and one ``source_unverifiable`` alert per upstream version), and
-   must not have been rolled back;
+   from the settings; it must carry lineage tags (which data it saw), the upstream's own gate pass
+   (``cd4ml.gate.decision: pass``: a version the upstream never gated is never imported, whoever
+   names it) and an integrity manifest (else ``UnverifiableSourceError`` and one
+   ``source_unverifiable`` alert per upstream version), and must not have been rolled back;
 3. every downloaded file against that manifest: a changed, missing or extra file is a
    ``ModelIntegrityError`` naming it, with one ``model_tampered`` alert.
 
@@ -73,6 +74,7 @@ from tasks.models.registry import (
     set_version_tags,
     trained_on,
 )
+from tasks.release.evaluate import PASS
 from tasks.release.release import TAG_GATE_DECISION, TAG_LAST_RELEASE, ReleaseError, RolledBackError
 from tasks.settings import Settings, check_registry_uri, load_settings
 
@@ -282,6 +284,9 @@ def _checked_source(source: ModelVersion) -> dict[str, str]:
                                       "nothing imported") from None
     if (source.tags or {}).get(TAG_ROLLED_BACK):
         raise RolledBackError(f"{where} was rolled back: it is not imported")
+    if (source.tags or {}).get(TAG_GATE_DECISION) != PASS:
+        raise UnverifiableSourceError(f"{where} has not passed its own environment's gate ({TAG_GATE_DECISION} is not "
+                                      f"{PASS!r}): nothing imported")
     try:
         return integrity.recorded_manifest(source)
     except integrity.ModelIntegrityError:

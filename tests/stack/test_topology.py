@@ -14,7 +14,7 @@ server and the ``cd4ml`` command, in order (the tests build on each other):
 4. a rollback in prod moves prod's champion only; uat's reader account gets 403 on every write to
    sit's registry.
 5. bad input against sit's running registry, each a clear error with nothing imported: hand-made sit
-   versions without integrity manifest, without lineage tags, with MLmodel changed on sit's disk after
+   versions without integrity manifest, without lineage tags, without sit's gate pass, with MLmodel changed on sit's disk after
    its manifest (one alert each, however often retried); refused credentials; an unreachable
    registry; sit without champion.
 
@@ -416,10 +416,13 @@ folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/
                                                   tracking_uri=sit.tracking_uri, registry_uri=sit.tracking_uri))
 (folder / CLIENT_WRITTEN).unlink(missing_ok=True)
 lineage = {k: v for k, v in champion.tags.items()
-           if k in ("cd4ml.curated_table", "cd4ml.curated_version", "cd4ml.raw_version", "cd4ml.env")}
+           if k in ("cd4ml.curated_table", "cd4ml.curated_version", "cd4ml.raw_version", "cd4ml.env",
+                    "cd4ml.gate.decision")}
 experiment = client.get_experiment_by_name(sit.tracking.experiment).experiment_id
 made = {}
-for case, tags, manifest in (("no_manifest", lineage, False), ("no_lineage", {}, True), ("changed", lineage, True)):
+ungated = {k: v for k, v in lineage.items() if k != "cd4ml.gate.decision"}
+for case, tags, manifest in (("no_manifest", lineage, False), ("no_lineage", {}, True), ("never_gated", ungated, True),
+                             ("changed", lineage, True)):
     run = client.create_run(experiment)
     client.log_artifacts(run.info.run_id, str(folder), "model")
     client.set_terminated(run.info.run_id)
@@ -440,8 +443,8 @@ def _import_refused(d: Deployment, *args: str, **extra: str) -> str:
 
 
 def test_bad_or_changed_upstream_versions_import_nothing_each_with_a_clear_error(topo) -> None:
-    """Against sit's running registry: three hand-made sit versions (no manifest, no lineage, a file changed on
-    sit's disk after its manifest), refused credentials, an unreachable registry, an upstream without champion."""
+    """Against sit's running registry: four hand-made sit versions (no manifest, no lineage, no gate pass, a file
+    changed on sit's disk after its manifest), refused credentials, an unreachable registry, an upstream without champion."""
     sit, uat = topo["sit"], topo["uat"]
     made = subprocess.run([str(BIN / "python"), "-c", _HAND_REGISTER], env=sit.cli_env, capture_output=True,
                           text=True, timeout=300)
@@ -457,6 +460,8 @@ def test_bad_or_changed_upstream_versions_import_nothing_each_with_a_clear_error
         assert "'MLmodel'" in err and "changed" in err, err
         assert "no valid integrity manifest" in _import_refused(uat, "--source-version", str(made["no_manifest"]["version"]))
         assert "no lineage tags" in _import_refused(uat, "--source-version", str(made["no_lineage"]["version"]))
+        assert "has not passed its own environment's gate" in _import_refused(
+            uat, "--source-version", str(made["never_gated"]["version"]))
 
     reader = json.loads(uat.cli_env["AIRFLOW_CONN_CD4ML_UPSTREAM_REGISTRY"])
     wrong = json.dumps({**reader, "password": "not-the-readers-password-7f3a"})
@@ -478,4 +483,4 @@ def test_bad_or_changed_upstream_versions_import_nothing_each_with_a_clear_error
     keys = sorted(a["dedup_key"] for a in alerts if a["kind"] in ("model_tampered", "source_unverifiable"))
     assert keys == sorted([f"uat:model_tampered:{sit.model_name}:v{made['changed']['version']}",
                            *(f"uat:source_unverifiable:sit:{sit.model_name}:v{made[c]['version']}"
-                             for c in ("no_manifest", "no_lineage"))]), alerts
+                             for c in ("no_manifest", "no_lineage", "never_gated"))]), alerts

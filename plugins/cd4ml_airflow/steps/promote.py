@@ -24,11 +24,14 @@ def copy_candidate(settings, context) -> dict:
             f"{settings.env} deploys code (release.pattern: deploy_code): its candidates come from "
             "cd4ml_train; trigger this DAG with the Param `version` to gate and promote a registered version"
         )
-    source = params["source_version"]
-    if source is None:
-        events = context.get("triggering_asset_events") or {}
-        source = upstream_version(event.extra for asset_events in events.values() for event in asset_events)
+    source = params["source_version"]  # by hand: that version, if the upstream's gate passed it
+    events = context.get("triggering_asset_events") or {}
+    announced = upstream_version(event.extra for asset_events in events.values() for event in asset_events)
+    # An announcement only says "look again": what is imported is the upstream's champion now, read from its
+    # registry (a stale, repeated or forged message cannot choose a version)
     imported = import_model(settings, source, credentials=upstream_credentials(settings))
+    if source is None and announced not in (None, imported.source_version):
+        print(f"the announcement named v{announced}; the upstream's champion is now v{imported.source_version}")
     print(f"candidate: {settings.registry.model_name} v{imported.version} imported from {imported.source} in "
           f"{imported.source_registry}" + (" (reused)" if imported.reused else ""))
     return imported.to_dict()

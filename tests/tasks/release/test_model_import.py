@@ -90,7 +90,7 @@ def _lineage_tags(sit: Any, model: Any) -> dict[str, str]:
 
     tags = MlflowClient(sit.tracking_uri, sit.tracking_uri).get_model_version(model.name, str(model.version)).tags
     return {k: v for k, v in tags.items() if k in ("cd4ml.curated_table", "cd4ml.curated_version", "cd4ml.raw_version",
-                                                   "cd4ml.env")}
+                                                   "cd4ml.env", "cd4ml.gate.decision")}  # and sit's gate pass
 
 
 def test_the_upstream_champion_is_imported_verified_tagged_once_and_gated_downstream(upstream, uat) -> None:
@@ -161,22 +161,30 @@ def test_a_file_changed_upstream_after_registration_is_refused_naming_it_with_on
     assert len(alerts) == 1 and alerts[0].dedup_key == f"uat:model_tampered:{model.name}:v{version}"
 
 
-def test_an_upstream_version_without_manifest_or_lineage_is_a_clear_error_importing_nothing(upstream, uat) -> None:
+def test_an_upstream_version_without_manifest_lineage_or_gate_pass_is_a_clear_error_importing_nothing(upstream, uat) -> None:
     from tasks.alerting.incidents import open_incidents
     from tasks.release.model_import import UnverifiableSourceError, import_model
 
     sit, model = upstream
     no_manifest, _ = _hand_registered(sit, model, _lineage_tags(sit, model), manifest=False)
     no_lineage, _ = _hand_registered(sit, model, {}, manifest=True)
+    # registered with lineage and manifest, but sit's gate never passed it (failed, or never ran): whoever names
+    # it (a Param, a forged announcement), it does not travel on
+    failed = {**_lineage_tags(sit, model), "cd4ml.gate.decision": "fail"}
+    never_gated = {k: v for k, v in failed.items() if k != "cd4ml.gate.decision"}
+    ungated = [_hand_registered(sit, model, tags, manifest=True)[0] for tags in (failed, never_gated)]
     for _ in range(2):  # the event, then the reconcile: one alert per upstream version
         with pytest.raises(UnverifiableSourceError, match="no valid integrity manifest"):
             import_model(uat, source_version=no_manifest)
         with pytest.raises(UnverifiableSourceError, match="no lineage tags"):
             import_model(uat, source_version=no_lineage)
+        for version in ungated:
+            with pytest.raises(UnverifiableSourceError, match="has not passed its own environment's gate"):
+                import_model(uat, source_version=version)
     assert _versions(uat) == []
     alerts = {i.dedup_key: i for i in open_incidents(uat) if i.kind == "source_unverifiable"}
     key = f"uat:source_unverifiable:sit:{model.name}:v"
-    assert sorted(alerts) == sorted(f"{key}{v}" for v in (no_manifest, no_lineage))
+    assert sorted(alerts) == sorted(f"{key}{v}" for v in (no_manifest, no_lineage, *ungated))
     assert "no valid integrity manifest" in alerts[f"{key}{no_manifest}"].alert.error
     assert "no lineage tags" in alerts[f"{key}{no_lineage}"].alert.error
     assert all(a.severity == "critical" and a.alert.versions["model_name"] == model.name for a in alerts.values())

@@ -69,7 +69,8 @@ def sit_champion(server: dict[str, str], tmp_path_factory: pytest.TempPathFactor
         name = sit.registry.model_name
         client.create_registered_model(name)
         version = client.create_model_version(name, f"runs:/{run.info.run_id}/model", run_id=run.info.run_id, tags={
-            "cd4ml.env": "sit", "cd4ml.curated_table": "s3://sit-lake/curated_images", "cd4ml.curated_version": "4"})
+            "cd4ml.env": "sit", "cd4ml.curated_table": "s3://sit-lake/curated_images", "cd4ml.curated_version": "4",
+            "cd4ml.gate.decision": "pass"})
         import mlflow
 
         mlflow.set_registry_uri(server["uri"])  # MLflow resolves models:/ through the process-wide registry URI
