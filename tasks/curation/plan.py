@@ -62,6 +62,7 @@ class Plan:
     dropped: list[dict[str, Any]]
     assignments: dict[str, Assignment]  # the whole record after this curation
     record_changed: bool
+    record_changes: set[str] | None  # record rows added or renamed now; None: the record is written whole
     new_images: int
     feature_rows: pa.Table  # features computed now, to store
     pair_rows: pa.Table  # copy scores computed now, to store
@@ -118,6 +119,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         dropped=dropped,
         assignments=assignments,
         record_changed=new_images > 0 or bool(renamed),
+        record_changes={s for s, a in assignments.items() if record.get(s) != a} if record else None,
         new_images=new_images,
         feature_rows=fresh,
         duplicates=graph.duplicates,
