@@ -105,7 +105,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
                        "search": graph.search},
         "copies": {"candidates": len(graph.candidates), "copy_edges": graph.copy_edges,
                    "pairs_scored": len(graph.scores.fresh),
-                   "pairs_stored_before": len(graph.scores.known) - len(graph.scores.fresh), "score": score_config(),
+                   "pairs_stored_before": graph.scores.stored.count, "score": score_config(),
                    "threshold": cfg.copy_similarity},
         "assignments": {"table": settings.table_uri(COMPONENTS_TABLE), "read_version": record_version,
                         "recorded_before": len(record), "new": new_images, "merged_keys": len(renamed)},
