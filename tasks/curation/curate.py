@@ -56,8 +56,10 @@ So a component's split is always ``split_for`` of its key (under the ratios in f
 was first seen), near-duplicates never straddle splits, and adding data never moves an
 image between splits: not test -> train, not any other way. Changing ``split_salt`` starts a
 fresh record (and reshuffles every split): the record is only read when its salt matches.
-Writes are ordered so that a crash anywhere can be re-run: features, then the record, then the
-curated snapshot, then the report rows, JSON report and galleries.
+Writes are ordered so that a crash anywhere can be re-run: the caches (features, pair scores, the
+nearest-score summary ``tasks.curation.nearest``), then the record (the rows added or renamed), then
+the curated snapshot (the batch's kept rows appended when no row of the current version changes,
+else whole), then the report rows, JSON report and galleries.
 
 Every dropped or quarantined image is a row of the ``curation_report`` Delta table (reason,
 detail, component, kept representative, label, raw version, config hash, curated version, run

@@ -8,7 +8,8 @@ that its copies stand out from its bulk:
 * each image of the class gets its nearest score: its highest copy score to another image of the
   class among the pairs scored so far (the candidate pairs of ``tasks.curation.copy_pairs``; an
   image with identical pixels is not a neighbour here: an exact duplicate is no evidence about
-  distinct images);
+  distinct images), kept per image in the ``curation_nearest`` summary that a batch updates
+  (``tasks.curation.nearest``) rather than rescanned;
 * scores are compared as ``x = -log(1 - score)`` (the residual on a log scale: 0.99 -> 4.6,
   0.9974 -> 5.95, 0.9993 -> 7.3), where the bulk of distinct images is roughly symmetric;
 * the bulk is described by robust statistics of its LOWER half, which copies (at the top) do not
