@@ -15,7 +15,7 @@ same map as the full scan (``full_nearest``), and the same decisions. The summar
 it was written against the current version of ``curation_pairs`` under the same score config (both
 in its commit's metadata); otherwise (first run, a crash between the two writes, another writer,
 a known image whose label or pixels changed) the map is computed in full and the table rewritten.
-A batch upserts only the rows that changed (``lake.upsert_batches``); a retry finds the summary
+A batch upserts only the rows that changed (one MERGE commit, ``lake.upsert_rows``); a retry finds the summary
 already at the pairs' version with nothing to add, and writes nothing.
 """
 
@@ -168,7 +168,7 @@ def store_nearest(uri: str, nearest: NearestMap, pairs_version: int | None, meta
     if rows.num_rows == 0:  # nothing changed but the pairs moved on: stamp the new version
         lake.overwrite(uri, _table(nearest.rows, sorted(nearest.rows)), meta)
         return
-    lake.upsert_batches(uri, lambda: rows.to_batches(), NEAREST_SCHEMA, "sha256", meta)
+    lake.upsert_rows(uri, rows, "sha256", meta)  # one commit: a crash leaves the old stamp or the new rows
 
 
 def _table(rows: dict[str, Row], shas: list[str]) -> pa.Table:
