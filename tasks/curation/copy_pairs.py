@@ -44,7 +44,11 @@ from tasks.data import lake
 log = logging.getLogger(__name__)
 
 PAIRS_TABLE = "curation_pairs"
-PARALLEL_FROM = 1500  # pairs: below this, worker start-up (~0.5 s) costs more than it saves
+# Pairs: below this, scoring stays in this process. Two spawned workers take ~0.8 s to start (measured on
+# the 2 shared cores, numpy and PIL imported), a pair ~0.4 ms: two workers only save wall time from
+# ~2 x 0.8 s / 0.4 ms = 4,000 pairs, and always cost their start-up in CPU. A 1% batch (~13 pairs an
+# image) stays in-process up to ~30,000 images.
+PARALLEL_FROM = 4000
 CHUNK = 250  # pairs per worker task
 BLUR_SIGMA = 1.0  # embedding pixels: the second candidate search's blur
 
@@ -84,22 +88,58 @@ def _score_chunk(chunk: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
     return [copy_score.copy_score(a, b) for a, b in chunk]
 
 
+class StoredPairs:
+    """Stored scores as arrays, looked up by image on demand: no Python object per stored pair.
+
+    ``shas`` are the images the codes refer to; each pair is kept from both sides, sorted by its
+    first image, so an image's partners are one ``searchsorted`` slice (in the order of the stored
+    rows, as a dict built row by row had them).
+    """
+
+    def __init__(self, shas: list[str], a: np.ndarray, b: np.ndarray, scores: np.ndarray) -> None:
+        self.shas = shas
+        self.count = len(a)
+        first = np.stack([a, b], axis=1).ravel().astype(np.int64)  # row by row: a's side, then b's
+        order = np.argsort(first, kind="stable")
+        self._first = first[order]
+        self._second = np.stack([b, a], axis=1).ravel()[order]
+        self._scores = np.repeat(np.asarray(scores, dtype=np.float64), 2)[order]
+        self._code: dict[str, int] | None = None
+
+    @classmethod
+    def from_dict(cls, pairs: dict[tuple[str, str], float]) -> StoredPairs:
+        shas = sorted({s for pair in pairs for s in pair})
+        code = {s: i for i, s in enumerate(shas)}
+        keys = list(pairs)
+        return cls(shas, np.asarray([code[a] for a, _ in keys], dtype=np.int64),
+                   np.asarray([code[b] for _, b in keys], dtype=np.int64), np.asarray([pairs[k] for k in keys]))
+
+    def partners(self, sha: str) -> dict[str, float]:
+        if self._code is None:
+            self._code = {s: i for i, s in enumerate(self.shas)}
+        code = self._code.get(sha)
+        if code is None or not self.count:
+            return {}
+        lo, hi = np.searchsorted(self._first, [code, code + 1])
+        return dict(zip([self.shas[j] for j in self._second[lo:hi].tolist()], self._scores[lo:hi].tolist()))
+
+
 class CopyScores:
     """Copy scores of pairs of images, by sha256: stored ones, and new ones computed on demand.
 
     ``image_of(sha)`` gives an image's bytes (its signature is computed once). ``fresh`` holds
     the pairs scored here, to be stored; an image whose signature cannot be computed scores 0
-    against everything (curation has already set aside what does not decode).
+    against everything (curation has already set aside what does not decode). Stored scores stay
+    in arrays (``StoredPairs``); an image's partners are gathered the first time they are asked for.
     """
 
-    def __init__(self, image_of: Callable[[str], bytes], stored: dict[tuple[str, str], float] | None = None,
-                 workers: int | None = None) -> None:
+    def __init__(self, image_of: Callable[[str], bytes],
+                 stored: StoredPairs | dict[tuple[str, str], float] | None = None, workers: int | None = None) -> None:
         self._image_of = image_of
-        self.known: dict[tuple[str, str], float] = {}
+        self.stored = stored if isinstance(stored, StoredPairs) else StoredPairs.from_dict(stored or {})
         self.fresh: dict[tuple[str, str], float] = {}
-        self._partners: dict[str, dict[str, float]] = {}  # sha -> {scored partner: score}
-        for (a, b), v in (stored or {}).items():
-            self._remember((a, b), v)
+        self._fresh_of: dict[str, dict[str, float]] = {}  # sha -> {partner scored here: score}
+        self._partners: dict[str, dict[str, float]] = {}  # sha -> {scored partner: score}, gathered on demand
         self._sigs: dict[str, np.ndarray | None] = {}
         self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
 
@@ -108,23 +148,29 @@ class CopyScores:
         return (a, b) if a < b else (b, a)
 
     def _remember(self, pair: tuple[str, str], v: float, fresh: bool = False) -> None:
-        self.known[pair] = v
         if fresh:
             self.fresh[pair] = v
-        self._partners.setdefault(pair[0], {})[pair[1]] = v
-        self._partners.setdefault(pair[1], {})[pair[0]] = v
+        for x, y in (pair, pair[::-1]):
+            self._fresh_of.setdefault(x, {})[y] = v
+            if x in self._partners:
+                self._partners[x][y] = v
 
     def partners(self, sha: str) -> dict[str, float]:
-        """Every image ``sha`` has a known score with, and the score."""
-        return self._partners.get(sha, {})
+        """Every image ``sha`` has a known score with (stored or scored here), and the score."""
+        got = self._partners.get(sha)
+        if got is None:
+            got = self.stored.partners(sha)
+            got.update(self._fresh_of.get(sha, {}))
+            self._partners[sha] = got
+        return got
 
     def get(self, a: str, b: str) -> float | None:
         """The score if known (stored or computed), else None."""
-        return self.known.get(self.key(a, b))
+        return self.partners(a).get(b)
 
     def score_many(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Compute every unknown pair of ``pairs`` (in worker processes when many)."""
-        todo = sorted({self.key(a, b) for a, b in pairs if a != b} - set(self.known))
+        todo = sorted({self.key(a, b) for a, b in pairs if a != b and self.get(a, b) is None})
         if not todo:
             return
         sigs = {s: self._signature(s) for pair in todo for s in pair}
@@ -167,17 +213,22 @@ class CopyScores:
 # ---------------------------------------------------------------- the cache table
 
 
-def load_scores(uri: str, shas: set[str]) -> dict[tuple[str, str], float]:
-    """Stored scores of pairs whose two images are both in ``shas``, under the current score config."""
+def load_scores(uri: str, shas: set[str]) -> StoredPairs:
+    """Stored scores of pairs whose two images are both in ``shas``, under the current score config.
+
+    Three columns, filtered and coded in Arrow: no Python object per pair.
+    """
     version = lake.current_version(uri)
+    wanted_shas = sorted(shas)
+    empty = StoredPairs(wanted_shas, *(np.zeros(0, dtype=np.int64) for _ in range(2)), np.zeros(0))
     if version is None or not shas:
-        return {}
+        return empty
     t = lake.read(uri, version, columns=["sha256_a", "sha256_b", "score"], filter=[("config", "=", score_config())])
-    wanted = pa.array(sorted(shas), pa.string())
-    t = t.filter(pc.and_(pc.is_in(t.column("sha256_a"), value_set=wanted),
-                         pc.is_in(t.column("sha256_b"), value_set=wanted)))  # in Arrow: no Python row for the rest
-    return dict(zip(zip(t.column("sha256_a").to_pylist(), t.column("sha256_b").to_pylist()),
-                    t.column("score").to_numpy(zero_copy_only=False).tolist()))
+    wanted = pa.array(wanted_shas, pa.string())
+    a, b = (pc.index_in(t.column(c), value_set=wanted) for c in ("sha256_a", "sha256_b"))
+    both = pc.and_(pc.is_valid(a), pc.is_valid(b))
+    return StoredPairs(wanted_shas, a.filter(both).to_numpy(), b.filter(both).to_numpy(),
+                       t.column("score").filter(both).to_numpy())
 
 
 def store_scores(uri: str, rows: pa.Table, metadata: dict) -> int | None:

@@ -56,8 +56,10 @@ So a component's split is always ``split_for`` of its key (under the ratios in f
 was first seen), near-duplicates never straddle splits, and adding data never moves an
 image between splits: not test -> train, not any other way. Changing ``split_salt`` starts a
 fresh record (and reshuffles every split): the record is only read when its salt matches.
-Writes are ordered so that a crash anywhere can be re-run: features, then the record, then the
-curated snapshot, then the report rows, JSON report and galleries.
+Writes are ordered so that a crash anywhere can be re-run: the caches (features, pair scores, the
+nearest-score summary ``tasks.curation.nearest``), then the record (the rows added or renamed), then
+the curated snapshot (the batch's kept rows appended when no row of the current version changes,
+else whole), then the report rows, JSON report and galleries.
 
 Every dropped or quarantined image is a row of the ``curation_report`` Delta table (reason,
 detail, component, kept representative, label, raw version, config hash, curated version, run
@@ -163,8 +165,7 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
         "new_images": plan.new_images,
         "embedded": plan.feature_rows.num_rows,
     }
-    version = lake.overwrite(settings.curated_table, plan.curated, metadata,
-                             configuration=lake.stats_columns_config(CURATED_SCHEMA))
+    version = _write_snapshot(settings, plan, metadata)
     write_report_rows(settings, raw_version, config_hash, version, plan.dropped, run_id, logical)
     galleries = _galleries(settings, raw, plan, raw_version, config_hash)
     report = report_path_for(settings, raw_version, config_hash)
@@ -189,16 +190,48 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
 def _record_assignments(settings: Settings, plan: Plan, base_meta: dict[str, Any]) -> int | None:
     """The assignment record version this curation uses; a changed record is written first.
 
-    Before the snapshot: a retry after a crash re-plans against this record.
+    Before the snapshot: a retry after a crash re-plans against this record. Only the rows this
+    curation added or renamed are written (one MERGE commit), unless the record starts afresh.
     """
     components_uri = settings.table_uri(COMPONENTS_TABLE)
     if not plan.record_changed:
         return lake.current_version(components_uri)
-    return lake.overwrite(
-        components_uri, record_table(plan.assignments),
-        {**base_meta, "step": "curate_components", "split_salt": settings.curation.split_salt,
-         "new_images": plan.new_images},
-    )
+    metadata = {**base_meta, "step": "curate_components", "split_salt": settings.curation.split_salt,
+                "new_images": plan.new_images}
+    if plan.record_changes is None:
+        return lake.overwrite(components_uri, record_table(plan.assignments), metadata)
+    changed = record_table({s: plan.assignments[s] for s in plan.record_changes})
+    version = lake.upsert_rows(components_uri, changed, "sha256", metadata)
+    return version if version is not None else lake.current_version(components_uri)
+
+
+def _write_snapshot(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> int:
+    """The curated snapshot of this raw version: the newly kept rows appended when every row of the
+    current version is kept as it is, else the whole snapshot (a version is always the full snapshot)."""
+    uri = settings.curated_table
+    table = lake.open_table(uri) if lake.exists(uri) else None
+    added = _appended(table, plan.curated) if table is not None else None
+    if added is not None and added.num_rows:  # against the version compared: a concurrent commit refuses it
+        version, _ = lake.append_stream(uri, pa.RecordBatchReader.from_batches(CURATED_SCHEMA, added.to_batches()),
+                                        metadata, table)
+        if version is not None:
+            return version
+    return lake.overwrite(uri, plan.curated, metadata, configuration=lake.stats_columns_config(CURATED_SCHEMA))
+
+
+SNAPSHOT_KEY_COLUMNS = ["sha256", "label", "split", "component", "width", "height"]  # the image follows the sha256
+
+
+def _appended(table: Any, curated: pa.Table) -> pa.Table | None:
+    """The rows of ``curated`` to append to ``table``'s snapshot, or None when a row there changes or goes."""
+    prior = lake.scan(table, columns=SNAPSHOT_KEY_COLUMNS).sort_by("sha256")
+    known = pc.is_in(curated.column("sha256"), value_set=prior.column("sha256"))
+    staying = curated.filter(known).select(SNAPSHOT_KEY_COLUMNS).sort_by("sha256")
+    if prior.num_rows == 0 or staying.num_rows != prior.num_rows:
+        return None
+    if not all(staying.column(c).equals(prior.column(c)) for c in SNAPSHOT_KEY_COLUMNS):
+        return None
+    return curated.filter(pc.invert(known))
 
 
 def _shown_images(raw: pa.Table, wanted: list[str]) -> dict[str, bytes]:

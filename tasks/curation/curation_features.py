@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from PIL import Image, ImageOps
 
 from tasks.curation.fastdup_optional import fastdup_installed, import_fastdup
@@ -296,8 +297,7 @@ def load_features(uri: str, config: str, shas: set[str]) -> Features:
     if version is None or not shas:
         return Features({}, {}, np.zeros((0, 1), dtype=np.float32))
     table = lake.read(uri, version, filter=[("config", "=", config)])
-    keep = [i for i, s in enumerate(table.column("sha256").to_pylist()) if s in shas]
-    table = table.take(pa.array(keep, type=pa.int64())) if len(keep) < table.num_rows else table
+    table = table.filter(pc.is_in(table.column("sha256"), value_set=pa.array(sorted(shas), pa.string())))
     return _as_features(table)
 
 

@@ -43,10 +43,12 @@ from tasks.curation.curation_features import (
 )
 from tasks.curation.dedupe import dedupe_component, pixel_key
 from tasks.curation.fastdup_optional import require_embedding
+from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
 from tasks.curation.neighbours import NeighbourGraph, candidate_pairs, index_dir, neighbour_graph, similar_pairs
 from tasks.curation.outliers import is_constant, screen
 from tasks.curation.separation import separation_by_class
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
+from tasks.data import lake
 from tasks.settings import Settings
 
 log = logging.getLogger("tasks.curation.curate")  # one logger for the whole curation
@@ -60,9 +62,11 @@ class Plan:
     dropped: list[dict[str, Any]]
     assignments: dict[str, Assignment]  # the whole record after this curation
     record_changed: bool
+    record_changes: set[str] | None  # record rows added or renamed now; None: the record is written whole
     new_images: int
     feature_rows: pa.Table  # features computed now, to store
     pair_rows: pa.Table  # copy scores computed now, to store
+    nearest: NearestMap | None = None  # each eligible image's nearest score (the separation test's input), to store
     duplicates: list[tuple[str, str, float]] = field(default_factory=list)
     outliers: list[tuple[str, str, str, ImageFeatures]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -85,7 +89,9 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), record, features, by_sha, graph.scores, cfg, raw_version, run_id)
     dropped.extend(bridges)
-    kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, features, by_sha, graph, dropped)
+    nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
+                          lambda s: by_sha[s]["label"], lambda s: pixel_key(features, s), graph.scores)
+    kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, features, by_sha, graph, nearest, dropped)
     decisions = _decisions(decisions, kept_bad, by_sha)
 
     kept_rows.sort(key=lambda r: r["sha256"])
@@ -99,7 +105,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
                        "search": graph.search},
         "copies": {"candidates": len(graph.candidates), "copy_edges": graph.copy_edges,
                    "pairs_scored": len(graph.scores.fresh),
-                   "pairs_stored_before": len(graph.scores.known) - len(graph.scores.fresh), "score": score_config(),
+                   "pairs_stored_before": graph.scores.stored.count, "score": score_config(),
                    "threshold": cfg.copy_similarity},
         "assignments": {"table": settings.table_uri(COMPONENTS_TABLE), "read_version": record_version,
                         "recorded_before": len(record), "new": new_images, "merged_keys": len(renamed)},
@@ -113,11 +119,13 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         dropped=dropped,
         assignments=assignments,
         record_changed=new_images > 0 or bool(renamed),
+        record_changes={s for s, a in assignments.items() if record.get(s) != a} if record else None,
         new_images=new_images,
         feature_rows=fresh,
         duplicates=graph.duplicates,
         outliers=outliers,
         info=info,
+        nearest=nearest,
     )
 
 
@@ -194,7 +202,7 @@ def _neighbours(settings: Settings, eligible: list[str], matrix: np.ndarray, pen
 
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],
-                       features: Features, by_sha: dict[str, dict[str, Any]], graph: "_Graph",
+                       features: Features, by_sha: dict[str, dict[str, Any]], graph: "_Graph", nearest: NearestMap,
                        dropped: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Kept rows, with drops added to ``dropped``, after the class tests: separation first, then the class guard.
 
@@ -202,8 +210,8 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
     a class that would still lose more than its share (``tasks.curation.class_guard``) abstains
     too, and the components are deduplicated again with it (scores are cached: nothing is re-scored).
     """
-    seps = separation_by_class(graph.eligible, lambda s: by_sha[s]["label"], lambda s: pixel_key(features, s),
-                               graph.scores, cfg.copy_similarity, cfg.copy_min_separation, cfg.copy_min_class_images)
+    seps = separation_by_class({by_sha[s]["label"] for s in graph.eligible}, nearest.by_label(), cfg.copy_similarity,
+                               cfg.copy_min_separation, cfg.copy_min_class_images)
     abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
     constant = {s for s in by_sha if is_constant(features.by_sha[s])}
     while True:
@@ -285,6 +293,9 @@ def store_caches(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> No
     if plan.pair_rows.num_rows:
         store_scores(settings.table_uri(PAIRS_TABLE), plan.pair_rows,
                      {**metadata, "step": "curate_pairs", "score_config": score_config()})
+    if plan.nearest is not None:  # after the pairs: stamped with the pairs' version it is complete for
+        store_nearest(settings.table_uri(NEAREST_TABLE), plan.nearest,
+                      lake.current_version(settings.table_uri(PAIRS_TABLE)), metadata)
 
 
 def plan_in_workdir(settings: Settings, raw: pa.Table, raw_version: int, run_id: str) -> Plan:

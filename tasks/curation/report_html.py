@@ -197,7 +197,7 @@ def _thumbnail_png(data: bytes) -> bytes | None:
             size = (max(1, round(w * scale)), max(1, round(h * scale)))
             img = img.resize(size, Image.NEAREST if scale > 1 else Image.LANCZOS)
             buf = io.BytesIO()
-            img.save(buf, format="PNG", optimize=True)
+            img.save(buf, format="PNG")  # optimize=True: 8x the time (0.67 ms a 64 px digit) for ~5% fewer bytes
             return buf.getvalue()
     except Exception as exc:  # a page for people: an image it cannot show costs one thumbnail, never the page
         log.debug("curate: no thumbnail (%s)", type(exc).__name__)

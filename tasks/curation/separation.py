@@ -8,7 +8,8 @@ that its copies stand out from its bulk:
 * each image of the class gets its nearest score: its highest copy score to another image of the
   class among the pairs scored so far (the candidate pairs of ``tasks.curation.copy_pairs``; an
   image with identical pixels is not a neighbour here: an exact duplicate is no evidence about
-  distinct images);
+  distinct images), kept per image in the ``curation_nearest`` summary that a batch updates
+  (``tasks.curation.nearest``) rather than rescanned;
 * scores are compared as ``x = -log(1 - score)`` (the residual on a log scale: 0.99 -> 4.6,
   0.9974 -> 5.95, 0.9993 -> 7.3), where the bulk of distinct images is roughly symmetric;
 * the bulk is described by robust statistics of its LOWER half, which copies (at the top) do not
@@ -25,12 +26,10 @@ docs/curation.md, "When the rule abstains").
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import numpy as np
-
-from tasks.curation.copy_pairs import CopyScores
 
 LOWER_QUANTILE = 0.10
 NORMAL_Q10 = 1.2816  # standard normal's median - q10
@@ -61,19 +60,6 @@ class ClassSeparation:
         return {k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(self).items()}
 
 
-def nearest_scores(shas: Iterable[str], label_of: Callable[[str], str], pixels_of: Callable[[str], str],
-                   scores: CopyScores) -> dict[str, list[float]]:
-    """label -> each image's highest scored copy score to another image of its label (other pixels)."""
-    members = set(shas)
-    out: dict[str, list[float]] = {}
-    for sha in sorted(members):
-        best = [v for o, v in scores.partners(sha).items()
-                if o in members and label_of(o) == label_of(sha) and pixels_of(o) != pixels_of(sha)]
-        if best:
-            out.setdefault(label_of(sha), []).append(max(best))
-    return out
-
-
 def separation(label: str, nearest: list[float], threshold: float, min_z: float, min_images: int) -> ClassSeparation:
     """Whether ``threshold`` lies clear of the bulk of this class's nearest scores (see the module doc)."""
     x = np.asarray([residual_log(v) for v in nearest], dtype=np.float64)
@@ -96,11 +82,8 @@ def separation(label: str, nearest: list[float], threshold: float, min_z: float,
                            f"{min_z:g}): distinct images of this class score like copies")
 
 
-def separation_by_class(shas: Iterable[str], label_of: Callable[[str], str], pixels_of: Callable[[str], str],
-                        scores: CopyScores, threshold: float, min_z: float, min_images: int
-                        ) -> dict[str, ClassSeparation]:
-    """label -> its ``ClassSeparation`` for every label of ``shas`` (a label with no scored pair: too few images)."""
-    shas = list(shas)
-    nearest = nearest_scores(shas, label_of, pixels_of, scores)
-    labels = sorted({label_of(s) for s in shas})
-    return {lab: separation(lab, nearest.get(lab, []), threshold, min_z, min_images) for lab in labels}
+def separation_by_class(labels: Iterable[str], nearest: dict[str, list[float]], threshold: float, min_z: float,
+                        min_images: int) -> dict[str, ClassSeparation]:
+    """label -> its ``ClassSeparation`` for every label (``nearest``: label -> its images' nearest scores,
+    ``tasks.curation.nearest``; a label without any: too few images)."""
+    return {lab: separation(lab, nearest.get(lab, []), threshold, min_z, min_images) for lab in sorted(set(labels))}

@@ -565,6 +565,17 @@ def upsert_batches(
     return retry_on_conflict(attempt, f"upsert into {uri}")
 
 
+def upsert_rows(uri: str, rows: pa.Table, key: str, metadata: dict[str, Any]) -> int | None:
+    """Insert new keys and replace existing ones in ONE commit (a MERGE; the rows are held in memory).
+
+    For a few rows against a table that exists: a reader never sees half of them. Returns the
+    version, or None when nothing changed.
+    """
+    if rows.num_rows == 0:
+        return None
+    return _with_retry(lambda: _merge_upsert(uri, rows, key, metadata), f"upsert into {uri}")
+
+
 def _merge_upsert(uri: str, rows: pa.Table, key: str, metadata: dict[str, Any]) -> int | None:
     result = (
         DeltaTable(uri)

@@ -17,6 +17,7 @@ TABLES = (
     "curation_components",
     "curation_embeddings",
     "curation_pairs",
+    "curation_nearest",
     "ingest_manifest",
     "ingest_zones",
     "dataset_tags",

@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent('''
 
     rng = np.random.default_rng(0)
     images = {}
-    for i in range(64):
+    for i in range(96):
         buf = io.BytesIO()
         Image.fromarray(rng.integers(0, 255, (8, 8)).astype(np.uint8), mode="L").save(buf, format="PNG")
         images[f"{i:064d}"] = buf.getvalue()
@@ -41,5 +41,5 @@ def test_a_script_without_a_main_guard_is_scored_in_process(tmp_path: Path) -> N
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "scored 2016" in done.stdout.splitlines()[-1]
-    assert "scoring 2016 pairs in this process" in done.stderr
+    assert "scored 4560" in done.stdout.splitlines()[-1]
+    assert "scoring 4560 pairs in this process" in done.stderr

@@ -1,0 +1,177 @@
+"""The stored nearest-score summary: each eligible image's nearest copy score, updated by a batch.
+
+The class separation test (``tasks.curation.separation``) needs, for every eligible image, its
+highest copy score to another eligible image of its label with other pixels (its "nearest"). Found
+by scanning every image's scored partners, that is a cost per table on every batch. So the
+``curation_nearest`` table keeps one row per eligible image of the last curation (sha256, label,
+pixel key, nearest score, the partner that gave it), and a curation only applies what can change it:
+
+* images that became eligible get their nearest from their own scored partners (stored or new);
+* their pairs, and every pair scored now, raise the nearest of the other image when higher;
+* an image whose nearest partner is no longer eligible is recomputed from its own partners.
+
+The maximum over a grown set of pairs is the old maximum or one of the new pairs, so this gives the
+same map as the full scan (``full_nearest``), and the same decisions. The summary is used only when
+it was written against the current version of ``curation_pairs`` under the same score config (both
+in its commit's metadata); otherwise (first run, a crash between the two writes, another writer,
+a known image whose label or pixels changed) the map is computed in full and the table rewritten.
+A batch upserts only the rows that changed (one MERGE commit, ``lake.upsert_rows``); a retry finds the summary
+already at the pairs' version with nothing to add, and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from tasks.curation.copy_pairs import CopyScores, score_config
+from tasks.data import lake
+
+NEAREST_TABLE = "curation_nearest"
+
+NEAREST_SCHEMA = pa.schema(
+    [
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("label", pa.string(), nullable=False),
+        pa.field("pixel_key", pa.string(), nullable=False),
+        pa.field("nearest", pa.float64(), nullable=True),  # None: no scored partner of its label
+        pa.field("partner", pa.string(), nullable=True),
+    ]
+)
+
+Row = tuple[str, str, float | None, str | None]  # (label, pixel key, nearest score, partner)
+
+
+@dataclass
+class NearestMap:
+    """Every eligible image's row, and what a store must write: ``changed`` rows, or all (``full``)."""
+
+    rows: dict[str, Row]
+    changed: set[str]
+    full: bool
+    pairs_version: int | None  # the curation_pairs version the stored summary was checked against
+
+    def by_label(self) -> dict[str, list[float]]:
+        """label -> the nearest scores of its images that have one (what ``separation`` tests)."""
+        out: dict[str, list[float]] = {}
+        for label, _, score, _ in self.rows.values():
+            if score is not None:
+                out.setdefault(label, []).append(score)
+        return out
+
+
+class _Best:
+    """Row builders over the current eligible images, labels, pixel keys and scores."""
+
+    def __init__(self, eligible: set[str], label_of: Callable[[str], str], pixels_of: Callable[[str], str],
+                 scores: CopyScores) -> None:
+        self.eligible, self.label_of, self.pixels_of, self.scores = eligible, label_of, pixels_of, scores
+
+    def row(self, sha: str) -> Row:
+        """``sha``'s nearest among its scored partners (the full scan, for one image)."""
+        label, pixels = self.label_of(sha), self.pixels_of(sha)
+        best: tuple[float, str] | None = None
+        for other, v in self.scores.partners(sha).items():
+            if other in self.eligible and self.label_of(other) == label and self.pixels_of(other) != pixels:
+                if best is None or v > best[0] or (v == best[0] and other < best[1]):
+                    best = (v, other)
+        return (label, pixels, None, None) if best is None else (label, pixels, best[0], best[1])
+
+    def raise_to(self, rows: dict[str, Row], sha: str, other: str, v: float) -> None:
+        """Raise ``sha``'s nearest to the pair (sha, other) when it counts and is higher."""
+        label, pixels, current, _ = rows[sha]
+        if (other in self.eligible and self.label_of(other) == label and self.pixels_of(other) != pixels
+                and (current is None or v > current)):
+            rows[sha] = (label, pixels, v, other)
+
+
+def full_nearest(eligible: Sequence[str], label_of: Callable[[str], str], pixels_of: Callable[[str], str],
+                 scores: CopyScores, pairs_version: int | None = None) -> NearestMap:
+    """Every eligible image's nearest from all its scored partners."""
+    best = _Best(set(eligible), label_of, pixels_of, scores)
+    rows = {sha: best.row(sha) for sha in eligible}
+    return NearestMap(rows, set(rows), True, pairs_version)
+
+
+def update_nearest(prior: dict[str, Row], eligible: Sequence[str], label_of: Callable[[str], str],
+                   pixels_of: Callable[[str], str], scores: CopyScores) -> tuple[dict[str, Row], set[str], bool] | None:
+    """(rows, changed, removed any) from the stored rows, the newly eligible images and the pairs scored now.
+
+    None when a known image's label or pixels changed: the caller computes in full.
+    """
+    now = set(eligible)
+    best = _Best(now, label_of, pixels_of, scores)
+    kept = [s for s in eligible if s in prior]
+    if any(prior[s][0] != label_of(s) or prior[s][1] != pixels_of(s) for s in kept):
+        return None
+    gone = {s for s in prior if s not in now}
+    rows = {s: prior[s] for s in kept}
+    if gone:  # nearest partners that left: recompute those images from their own partners
+        for s, row in rows.items():
+            if row[3] in gone:
+                rows[s] = best.row(s)
+    added = [s for s in eligible if s not in prior]
+    for s in added:
+        rows[s] = best.row(s)
+    for s in added:
+        for other, v in scores.partners(s).items():
+            if other in rows:
+                best.raise_to(rows, other, s, v)
+    for (a, b), v in scores.fresh.items():
+        if a in rows and b in rows:
+            best.raise_to(rows, a, b, v)
+            best.raise_to(rows, b, a, v)
+    changed = {s for s, row in rows.items() if prior.get(s) != row}
+    return rows, changed, bool(gone)
+
+
+def nearest_map(uri: str, pairs_uri: str, eligible: Sequence[str], label_of: Callable[[str], str],
+                pixels_of: Callable[[str], str], scores: CopyScores) -> NearestMap:
+    """The nearest map of this curation: the stored summary updated when it is current, else the full scan."""
+    pairs_version = lake.current_version(pairs_uri)
+    prior = _stored(uri, pairs_version)
+    updated = None if prior is None else update_nearest(prior, eligible, label_of, pixels_of, scores)
+    if updated is None:
+        return full_nearest(eligible, label_of, pixels_of, scores, pairs_version)
+    rows, changed, removed = updated
+    return NearestMap(rows, changed, removed, pairs_version)
+
+
+def _stored(uri: str, pairs_version: int | None) -> dict[str, Row] | None:
+    """The stored rows when written against ``pairs_version`` under this score config, else None."""
+    version = lake.current_version(uri)
+    if version is None or pairs_version is None:
+        return None
+    head = lake.commit_at(uri, version)
+    if head is None or head.metadata.get("score_config") != score_config() \
+            or head.metadata.get("pairs_version") != str(pairs_version):
+        return None
+    t = lake.read(uri, version, columns=["sha256", "label", "pixel_key", "nearest", "partner"])
+    return dict(zip(t.column("sha256").to_pylist(),
+                    zip(t.column("label").to_pylist(), t.column("pixel_key").to_pylist(),
+                        t.column("nearest").to_pylist(), t.column("partner").to_pylist())))
+
+
+def store_nearest(uri: str, nearest: NearestMap, pairs_version: int | None, metadata: dict) -> None:
+    """Write the changed rows (all of them after a full scan or a removal), stamped with the pairs' version."""
+    meta = {**metadata, "step": "curate_nearest", "score_config": score_config(), "pairs_version": str(pairs_version)}
+    if nearest.full:
+        lake.overwrite(uri, _table(nearest.rows, sorted(nearest.rows)), meta)
+        return
+    current = lake.current_version(uri)
+    head = lake.commit_at(uri, current) if current is not None else None
+    if not nearest.changed and head is not None and head.metadata.get("pairs_version") == str(pairs_version):
+        return  # a retry: already stored against these pairs
+    rows = _table(nearest.rows, sorted(nearest.changed))
+    if rows.num_rows == 0:  # nothing changed but the pairs moved on: stamp the new version
+        lake.overwrite(uri, _table(nearest.rows, sorted(nearest.rows)), meta)
+        return
+    lake.upsert_rows(uri, rows, "sha256", meta)  # one commit: a crash leaves the old stamp or the new rows
+
+
+def _table(rows: dict[str, Row], shas: list[str]) -> pa.Table:
+    picked = [rows[s] for s in shas]
+    return pa.table({"sha256": shas, "label": [r[0] for r in picked], "pixel_key": [r[1] for r in picked],
+                     "nearest": [r[2] for r in picked], "partner": [r[3] for r in picked]}, schema=NEAREST_SCHEMA)

@@ -1,0 +1,138 @@
+"""A batch's incremental paths decide as a full recomputation does, and a retried batch writes the same tables.
+
+* the nearest-score summary (``tasks.curation.nearest``) updated by new images, new pairs and images
+  that left equals the full scan over the same scores;
+* a batch curated with the stored summary decides exactly as one whose summary is gone (full scan);
+* a batch retried after a crash behind its caches and its record writes the same snapshot, record and
+  summary as one that ran once; its snapshot is the first one with the batch's rows appended.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageEnhance
+
+from tasks.curation import nearest as nearest_module
+from tasks.curation.copy_pairs import PAIRS_TABLE, CopyScores
+from tasks.curation.curate import _record_assignments, curate
+from tasks.curation.curation_features import feature_config
+from tasks.curation.nearest import NEAREST_TABLE, full_nearest, update_nearest
+from tasks.curation.plan import plan_in_workdir, store_caches
+from tasks.curation.tables import COMPONENTS_TABLE
+from tasks.data import lake
+from tasks.data.ingest import ingest_landing
+from tasks.settings import load_settings
+from tests.factories.curation import IMAGES, LABELS, encode, outcome, plant
+
+
+def _scores(pairs: dict[tuple[str, str], float], fresh: dict[tuple[str, str], float]) -> CopyScores:
+    scores = CopyScores(lambda sha: b"", stored=pairs)
+    for pair, v in fresh.items():
+        scores._remember(CopyScores.key(*pair), v, fresh=True)
+    return scores
+
+
+def test_updated_nearest_equals_the_full_scan() -> None:
+    rng = random.Random(3)
+    shas = [f"{i:04d}" for i in range(80)]
+    label = {s: str(rng.randrange(3)) for s in shas}
+    pixels = {s: (f"p{int(s) // 2}" if int(s) < 10 else s) for s in shas}  # a few exact duplicates
+    pairs = {CopyScores.key(a, b): rng.random() for a in shas for b in shas if a < b and rng.random() < 0.08}
+    before = [s for s in shas[:60] if s not in ("0007", "0031")]
+    now = [s for s in shas if s not in ("0012", "0044")]  # two images left, 20 + 2 joined
+    stored = {p: v for p, v in pairs.items() if rng.random() < 0.7}
+    fresh = {p: v for p, v in pairs.items() if p not in stored}
+    prior = full_nearest(before, label.__getitem__, pixels.__getitem__,
+                         _scores({p: v for p, v in stored.items() if p[0] in before and p[1] in before}, {})).rows
+    scores_now = _scores({p: v for p, v in stored.items() if p[0] in now and p[1] in now},
+                         {p: v for p, v in fresh.items() if p[0] in now and p[1] in now})
+    rows, changed, removed = update_nearest(prior, now, label.__getitem__, pixels.__getitem__, scores_now)
+    full = full_nearest(now, label.__getitem__, pixels.__getitem__, scores_now).rows
+    assert removed
+    assert {s: r[:3] for s, r in rows.items()} == {s: r[:3] for s, r in full.items()}
+    assert changed == {s for s in now if prior.get(s) != rows[s]}
+    relabelled = {**label, before[0]: "other"}
+    assert update_nearest(prior, now, relabelled.__getitem__, pixels.__getitem__, scores_now) is None
+
+
+@pytest.fixture
+def batch_home(tmp_path: Path, settings) -> tuple[Path, int]:
+    """A home with 400 digits curated (raw 0) and a batch ingested (raw 1): 60 more digits and 2 brighter copies."""
+    first = tmp_path / "first"
+    for i in range(400):
+        plant(first, f"d{i:04d}.png", LABELS[i], encode(Image.fromarray(IMAGES[i], mode="L"), "PNG", optimize=False))
+    raw1 = ingest_landing(settings, run_id="i1", logical_date="2026-11-21", landing=first).raw_version
+    curate(settings, raw1, run_id="c1", logical_date="2026-11-21")
+    batch = tmp_path / "batch"
+    for i in range(400, 460):
+        plant(batch, f"d{i:04d}.png", LABELS[i], encode(Image.fromarray(IMAGES[i], mode="L"), "PNG", optimize=False))
+    for i in (3, 17):
+        brighter = ImageEnhance.Brightness(Image.fromarray(IMAGES[i], mode="L")).enhance(1.05)
+        plant(batch, f"copy{i:04d}.png", LABELS[i], encode(brighter, "PNG"))
+    raw2 = ingest_landing(settings, run_id="i2", logical_date="2026-11-22", landing=batch).raw_version
+    return settings.home, raw2
+
+
+def _copy(home: Path, to: Path):
+    shutil.copytree(home, to, symlinks=True)
+    return load_settings("sit", home=to)
+
+
+def _tables(settings, result) -> dict[str, list]:
+    """What a curation leaves behind: decisions, the record, the summary (without run ids)."""
+    def rows(uri: str, cols: list[str]) -> list:
+        t = lake.read(uri, lake.current_version(uri), columns=cols)
+        return sorted(zip(*(t.column(c).to_pylist() for c in cols)))
+    return {"outcome": sorted(outcome(settings, result).items()),
+            "record": rows(settings.table_uri(COMPONENTS_TABLE), ["sha256", "component", "split", "first_raw_version"]),
+            "nearest": rows(settings.table_uri(NEAREST_TABLE), ["sha256", "label", "pixel_key", "nearest"]),
+            "pairs": rows(settings.table_uri(PAIRS_TABLE), ["sha256_a", "sha256_b", "score"])}
+
+
+def _report_decisions(result) -> dict:
+    import json
+
+    decisions = json.loads(Path(result.report_path).read_text())["decisions"]
+    return {k: decisions[k] for k in ("abstained", "possible_copies", "separation")}
+
+
+def test_a_batch_decides_as_a_full_recomputation(batch_home, tmp_path, monkeypatch) -> None:
+    home, raw2 = batch_home
+    full_settings = _copy(home, tmp_path / "full")
+    shutil.rmtree(Path(full_settings.table_uri(NEAREST_TABLE)))  # no summary: the full scan
+    full = curate(full_settings, raw2, run_id="c2", logical_date="2026-11-22")
+    batch_settings = _copy(home, tmp_path / "batch_run")
+
+    def no_full_scan(*args, **kwargs):
+        raise AssertionError("the batch rescanned every image's pairs")
+
+    monkeypatch.setattr(nearest_module, "full_nearest", no_full_scan)
+    batch = curate(batch_settings, raw2, run_id="c2", logical_date="2026-11-22")
+    assert _tables(batch_settings, batch) == _tables(full_settings, full)
+    assert _report_decisions(batch) == _report_decisions(full)
+
+
+def test_a_retried_batch_writes_the_same_tables(batch_home, tmp_path) -> None:
+    home, raw2 = batch_home
+    once_settings = _copy(home, tmp_path / "once")
+    before = lake.current_version(once_settings.curated_table)
+    once = curate(once_settings, raw2, run_id="c2", logical_date="2026-11-22")
+    old, new = (lake.open_table(once_settings.curated_table, v) for v in (before, once.curated_version))
+    assert set(old.file_uris()) < set(new.file_uris())  # no recorded row changed: the batch's rows appended
+
+    retried_settings = _copy(home, tmp_path / "retried")
+    meta = {"run_id": "c2", "logical_date": "2026-11-22", "raw_version": str(raw2),
+            "config_hash": retried_settings.section_hash("curation")}
+    raw = lake.read(retried_settings.raw_table, raw2, columns=["sha256", "image", "width", "height", "label"])
+    crashed = plan_in_workdir(retried_settings, raw, raw2, "c2")  # an attempt that died after caches and record
+    store_caches(retried_settings, crashed, {**meta, "feature_config": feature_config(retried_settings.curation)})
+    _record_assignments(retried_settings, crashed, meta)
+    retried = curate(retried_settings, raw2, run_id="c2", logical_date="2026-11-22")
+    assert _tables(retried_settings, retried) == _tables(once_settings, once)
+    assert _report_decisions(retried) == _report_decisions(once)
+    again = curate(retried_settings, raw2, run_id="c2", logical_date="2026-11-22")
+    assert again.curated_version == retried.curated_version  # reused: nothing written
