@@ -23,9 +23,6 @@ export GIT_PYTHON_REFRESH := quiet
 export PYTHONPATH := $(CURDIR):$(CURDIR)/plugins
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 DEMO_DATE ?= 2026-11-21
-# Test processes: a file's tests stay in one (--dist loadfile); for the stacks, the three-deployment file in one
-# and the other stack files in the other (tests/conftest.py's xdist groups). TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: venv demo demo-photos demo-serving test test-nofastdup test-stack test-all test-fast browser-deps up up-scaleout down topology topology-down ui bench lock clean
@@ -77,7 +74,7 @@ demo-serving: $(STAMP)
 ## Unit tests, DAG integrity tests and whole-DAG runs in a temporary AIRFLOW_HOME (under 20 min on 2 cores).
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -n $(TEST_WORKERS) --dist loadfile -m "not stack and not browser"
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -m "not stack and not browser"
 
 ## The install without fastdup (WITH_FASTDUP=0, its own .venv-nofastdup): the curation tests, the dependency
 ## check and the fastdup-free tests run there (README "Licences"; the time it adds: bench/README.md).
@@ -91,7 +88,7 @@ test-nofastdup:
 ## the release and deadline DAGs under a real scheduler and API server (approvals, timeouts, rollback), and sit, uat
 ## and prod as three running deployments (`cd4ml topology up`: a model walked from sit to prod by events).
 test-stack: $(STAMP) browser-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -n $(TEST_WORKERS) --dist loadgroup -m "stack or browser"
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m "stack or browser"
 
 test-all: test test-stack
 

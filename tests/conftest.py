@@ -11,14 +11,6 @@ os.environ.setdefault("FASTDUP_PRODUCTION", "1")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Two xdist groups for `make test-stack` (``--dist loadgroup``): the three deployments' file in one process,
-    every other running-stack test in the other, in file order (their module fixtures start one stack each)."""
-    for item in items:
-        if item.get_closest_marker("stack") or item.get_closest_marker("browser"):
-            item.add_marker(pytest.mark.xdist_group("topology" if item.path.name == "test_topology.py" else "stacks"))
-
-
 @pytest.fixture
 def cd4ml_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "cd4ml"
