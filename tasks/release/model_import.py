@@ -275,16 +275,17 @@ def _source(client: MlflowClient, upstream: Upstream, source_version: int | None
 
 
 def _checked_source(source: ModelVersion) -> dict[str, str]:
-    """The source's manifest, once its lineage, manifest and release history allow an import."""
+    """The source's manifest, once its lineage, gate pass, manifest and release history allow an import."""
     where = f"upstream {source.name} v{source.version}"
     try:
         trained_on(source)
     except LineageError:
         raise UnverifiableSourceError(f"{where} has no lineage tags (which data it was trained on): "
                                       "nothing imported") from None
-    if (source.tags or {}).get(TAG_ROLLED_BACK):
+    tags = source.tags or {}
+    if tags.get(TAG_ROLLED_BACK):
         raise RolledBackError(f"{where} was rolled back: it is not imported")
-    if (source.tags or {}).get(TAG_GATE_DECISION) != PASS:
+    if tags.get(TAG_GATE_DECISION) != PASS:
         raise UnverifiableSourceError(f"{where} has not passed its own environment's gate ({TAG_GATE_DECISION} is not "
                                       f"{PASS!r}): nothing imported")
     try:
@@ -300,8 +301,8 @@ def alert_unverifiable(settings: Settings, upstream: Upstream, source: ModelVers
     from tasks.alerting.delivery import send
 
     log.error("%s", error)
-    send(Alert(summary=f"upstream {upstream.env} {source.name} v{source.version} carries no integrity manifest or "
-                       "lineage tags: not imported", severity="critical", source="model-import", env=settings.env,
+    send(Alert(summary=f"upstream {upstream.env} {source.name} v{source.version} cannot be verified (no integrity "
+                       "manifest, lineage tags or gate pass of its own): not imported", severity="critical", source="model-import", env=settings.env,
                dedup_key=f"{settings.env}:{UNVERIFIABLE_KIND}:{upstream.env}:{source.name}:v{source.version}",
                kind=UNVERIFIABLE_KIND, details={"source_registry": upstream.public_uri, "source_env": upstream.env},
                error=str(error)[:300], versions={"model_name": source.name, "version": int(source.version)}), settings)
