@@ -72,9 +72,12 @@ demo-serving: $(STAMP)
 	@echo "dashboard: $$(ls -d $(CD4ML_HOME)/$(CD4ML_ENV)/reports/monitoring/*/v*/*/index.html | tail -1)"
 
 ## Unit tests, DAG integrity tests and whole-DAG runs in a temporary AIRFLOW_HOME (under 20 min on 2 cores).
+## TEST_PROCESSES pytest processes (pytest-xdist), a test file per process at a time; TEST_PROCESSES=0: one process.
+TEST_PROCESSES ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -m "not stack and not browser"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile --durations=15 \
+	  -m "not stack and not browser"
 
 ## The install without fastdup (WITH_FASTDUP=0, its own .venv-nofastdup): the curation tests, the dependency
 ## check and the fastdup-free tests run there (README "Licences"; the time it adds: bench/README.md).
@@ -87,8 +90,10 @@ test-nofastdup:
 ## worker killed mid-task and auth refusals, the Airflow UI in headless Chromium (installed from Debian if missing),
 ## the release and deadline DAGs under a real scheduler and API server (approvals, timeouts, rollback), and sit, uat
 ## and prod as three running deployments (`cd4ml topology up`: a model walked from sit to prod by events).
+## Two processes: the three deployments (xdist group "topology") beside the other stacks (group "stacks").
 test-stack: $(STAMP) browser-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m "stack or browser"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadgroup --durations=10 \
+	  -m "stack or browser"
 
 test-all: test test-stack
 
