@@ -233,6 +233,6 @@ def load_scores(uri: str, shas: set[str]) -> StoredPairs:
 
 def store_scores(uri: str, rows: pa.Table, metadata: dict) -> int | None:
     """Add pairs not stored yet; a re-run adds nothing and commits nothing."""
-    version, _ = lake.merge_new_rows(uri, rows, ["sha256_a", "sha256_b", "config"], metadata,
-                                     configuration=lake.stats_columns_config(PAIRS_SCHEMA))
+    version, _ = lake.append_new_rows(uri, rows, ["sha256_a", "sha256_b", "config"], metadata,
+                                      configuration=lake.stats_columns_config(PAIRS_SCHEMA))
     return version

@@ -362,8 +362,8 @@ def merge_features(stored: Features, new_rows: pa.Table) -> Features:
 
 def store_features(uri: str, rows: pa.Table, metadata: dict[str, Any]) -> int | None:
     """Add rows whose (sha256, config) is new; a re-run adds nothing and commits nothing."""
-    version, _ = lake.merge_new_rows(uri, rows, ["sha256", "config"], metadata,
-                                     configuration=lake.stats_columns_config(FEATURES_SCHEMA), merge_schema=True)
+    version, _ = lake.append_new_rows(uri, rows, ["sha256", "config"], metadata,
+                                      configuration=lake.stats_columns_config(FEATURES_SCHEMA), merge_schema=True)
     return version
 
 

@@ -277,6 +277,55 @@ def _props(metadata: dict[str, Any]) -> CommitProperties:
     return CommitProperties(custom_metadata={META_PREFIX + k: str(v) for k, v in metadata.items()})
 
 
+def append_new_rows(
+    uri: str,
+    rows: pa.Table,
+    key: str | list[str],
+    metadata: dict[str, Any],
+    configuration: dict[str, str] | None = None,
+    merge_schema: bool = False,
+) -> tuple[int | None, int]:
+    """Append the rows whose key is not in the table yet: ``merge_new_rows`` without a MERGE's memory.
+
+    delta-rs' MERGE holds the target's files in memory (measured: +64 MB to add 200 rows to a
+    20,000-row curation feature table, growing with the table). Here only the key columns are read,
+    in record batches, the rows already there are left out and the rest appended (``append_stream``)
+    against the version whose keys were read: a concurrent commit refuses it and the keys are read
+    again. A re-run adds nothing and commits nothing. A table that does not exist yet, or whose
+    columns differ from ``rows`` (a schema that grew), goes through ``merge_new_rows``.
+    """
+    keys = [key] if isinstance(key, str) else list(key)
+    if rows.num_rows == 0:
+        return None, 0
+    if not exists(uri) or pa.schema(open_table(uri).schema().to_arrow()).names != rows.schema.names:
+        return merge_new_rows(uri, rows, keys, metadata, configuration, merge_schema)
+
+    def attempt() -> tuple[int | None, int]:
+        table = open_table(uri)
+        new = rows.filter(pc.invert(pc.is_in(_joined_key(rows, keys), value_set=_present_keys(uri, table, rows, keys))))
+        if new.num_rows == 0:
+            return None, 0
+        return append_stream(uri, pa.RecordBatchReader.from_batches(new.schema, new.to_batches()), metadata, table,
+                             configuration)
+
+    return _with_retry(attempt, f"append to {uri}")
+
+
+def _joined_key(table: pa.Table | pa.RecordBatch, keys: list[str]) -> pa.Array:
+    """One string per row from its key columns (string_view cast to string: Arrow's kernels lack it)."""
+    cols = [pc.cast(table.column(k), pa.string()) for k in keys]
+    joined = cols[0] if len(cols) == 1 else pc.binary_join_element_wise(*cols, "\x1f")
+    return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
+
+
+def _present_keys(uri: str, table: DeltaTable, rows: pa.Table, keys: list[str]) -> pa.Array:
+    """The keys of ``rows`` that ``table`` holds, reading its key columns a record batch at a time."""
+    wanted = _joined_key(rows, keys)
+    found = [stored.filter(pc.is_in(stored, value_set=wanted))
+             for stored in (_joined_key(b, keys) for b in scan_batches(uri, table.version(), keys, batch_rows=65_536))]
+    return pa.concat_arrays(found) if found else pa.array([], pa.string())
+
+
 def merge_new_rows(
     uri: str,
     rows: pa.Table,
