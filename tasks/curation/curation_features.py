@@ -17,7 +17,7 @@ that changes the numbers (feature size, the statistics' version, and for ``embed
 its export size and fastdup's version), so changing one of
 them re-embeds everything under the new name and an old row is never misread. The table is a
 content-addressed cache, not a dataset version: it is read at its newest version and only
-ever grows (MERGE of unseen keys).
+ever grows (rows of unseen keys appended: ``lake.append_new_rows``).
 
 The exported copy is what fastdup reads (only for ``embedding: fastdup`` and the galleries): the
 original bytes when they are a PNG or JPEG whose shorter side is at least ``EXPORT_MIN_SIDE``,
