@@ -108,7 +108,8 @@ def stored_views(folder: Path, version: str, eligible: Sequence[str],
     """Each view of the eligible images, positions as in ``eligible``: view 0 the unit embedding, then ``derived``.
 
     The files are extended first with the images they lack (``vectors_of(shas)``: their unit rows,
-    in that order; a derived view is computed from those rows only).
+    in that order; a derived view is computed from those rows only, a block of rows at a time: the
+    blurred view's float64 scratch is a block's, not the batch's, and a row's value does not depend on it).
     """
     views: list[RowView] = []
     fetched: dict[tuple[str, ...], np.ndarray] = {}
@@ -119,7 +120,9 @@ def stored_views(folder: Path, version: str, eligible: Sequence[str],
             key = tuple(missing)
             if key not in fetched:
                 fetched[key] = np.asarray(vectors_of(missing), dtype=np.float32)
-            store.append(missing, fetched[key] if derive is None else derive(fetched[key]))
+            base = fetched[key]
+            store.append(missing, base if derive is None else np.concatenate(  # a block at a time: bounded scratch
+                [derive(base[start:start + COPY_ROWS]) for start in range(0, len(base), COPY_ROWS)]))
         rows = np.fromiter((store.row_of[s] for s in eligible), dtype=np.int64, count=len(eligible))
         views.append(RowView(store.array if store.array is not None else np.zeros((0, 1), np.float32), rows))
     return views

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.curation import vectors
 from tasks.curation.copy_pairs import blurred
 from tasks.curation.vectors import RowView, VectorFile, stored_views
 
@@ -46,7 +47,8 @@ def test_a_batch_extends_the_file_and_a_retry_adds_nothing(tmp_path: Path) -> No
     assert asked == [shas[:200], shas[200:]] and _files(tmp_path) == written
 
 
-def test_a_missing_or_stale_file_is_rebuilt_with_the_same_rows(tmp_path: Path) -> None:
+def test_a_missing_or_stale_file_is_rebuilt_with_the_same_rows(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(vectors, "COPY_ROWS", 7)  # copies and blurs a block at a time
     m = _unit_rows(120, seed=1)
     shas = _shas(120)
 
