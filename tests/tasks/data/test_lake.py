@@ -21,6 +21,15 @@ def test_append_adds_only_new_keys_as_a_merge_would(tmp_path):
     assert lake.history(uri)[0].metadata["run_id"] == "r2"
 
 
+def test_overwrite_stream_replaces_the_contents_in_one_commit(tmp_path):
+    uri = str(tmp_path / "t")
+    assert lake.overwrite_stream(uri, _rows(["a", "b"]), {"run_id": "r1"}) == 0  # created
+    assert lake.overwrite_stream(uri, _rows(["c", "d", "e"]), {"run_id": "r2"}) == 1
+    assert lake.read(uri, 1, ["k"]).column("k").to_pylist() == ["c", "d", "e"]
+    assert sorted(lake.read(uri, 0, ["k"]).column("k").to_pylist()) == ["a", "b"]  # the old version stays
+    assert lake.history(uri)[0].metadata["run_id"] == "r2"
+
+
 def test_merge_inserts_only_new_keys_and_skips_empty_commits(tmp_path):
     uri = str(tmp_path / "t")
     cfg = lake.stats_columns_config(_rows(["a"]).schema)
