@@ -14,7 +14,8 @@ the rows it reads (the queries and their neighbours), not the table. Row ``r`` i
 * Rebuilt when missing or stale (rows, dimension or sha list disagree) from the ``curation_embeddings``
   Delta table, the source of truth: only the rows the curation needs, read by key.
 * Idempotent: an image already in the file is never appended again, so a retried batch (after a
-  crash anywhere) leaves the same file as a batch that ran once.
+  crash anywhere) leaves the same file as a batch that ran once. Two curations at once extend a
+  view's files one after the other (a ``flock`` on ``<name>.vectors.lock``), so rows and list agree.
 
 The values are the ones ``tasks.curation.curation_features`` computes (row by row: a row's unit
 vector and blurred view do not depend on the other rows), so the decisions do not depend on
@@ -23,10 +24,12 @@ whether a row came from memory, the file or a rebuild.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +105,21 @@ class RowView:
         return out if dtype is None else out.astype(dtype)
 
 
+@contextmanager
+def _extending(folder: Path, key: str) -> Iterator[None]:
+    """An exclusive lock on ``key``'s files while they are read and extended (``flock``: freed if the process dies).
+
+    The mapping a search holds stays valid after another process renames a newer file over it.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.vectors.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def stored_views(folder: Path, version: str, eligible: Sequence[str],
                  vectors_of: Callable[[list[str]], np.ndarray],
                  derived: Sequence[Callable[[np.ndarray], np.ndarray]] = ()) -> list[RowView]:
@@ -114,15 +132,16 @@ def stored_views(folder: Path, version: str, eligible: Sequence[str],
     views: list[RowView] = []
     fetched: dict[tuple[str, ...], np.ndarray] = {}
     for i, derive in enumerate([None, *derived]):
-        store = VectorFile.open(folder, f"{version};view={i}")
-        missing = store.missing(eligible)
-        if missing:
-            key = tuple(missing)
-            if key not in fetched:
-                fetched[key] = np.asarray(vectors_of(missing), dtype=np.float32)
-            base = fetched[key]
-            store.append(missing, base if derive is None else np.concatenate(  # a block at a time: bounded scratch
-                [derive(base[start:start + COPY_ROWS]) for start in range(0, len(base), COPY_ROWS)]))
+        with _extending(folder, f"{version};view={i}"):  # another curation's extension waits: rows and list agree
+            store = VectorFile.open(folder, f"{version};view={i}")
+            missing = store.missing(eligible)
+            if missing:
+                key = tuple(missing)
+                if key not in fetched:
+                    fetched[key] = np.asarray(vectors_of(missing), dtype=np.float32)
+                base = fetched[key]
+                store.append(missing, base if derive is None else np.concatenate(  # a block at a time: bounded
+                    [derive(base[start:start + COPY_ROWS]) for start in range(0, len(base), COPY_ROWS)]))
         rows = np.fromiter((store.row_of[s] for s in eligible), dtype=np.int64, count=len(eligible))
         views.append(RowView(store.array if store.array is not None else np.zeros((0, 1), np.float32), rows))
     return views

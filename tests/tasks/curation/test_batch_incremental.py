@@ -98,7 +98,7 @@ def _tables(settings, result) -> dict[str, list]:
 
 def _vector_files(settings) -> dict[str, bytes]:
     folder = index_dir(settings.storage.lake_uri, settings.reports_path)
-    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.vectors.*"))}
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.vectors.*")) if p.suffix in (".npy", ".shas")}
 
 
 def _rows(vector_files: dict[str, bytes]) -> list[int]:
