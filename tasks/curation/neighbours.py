@@ -22,6 +22,9 @@ How the neighbours are found (the decisions above do not depend on it, only the 
   than it needs. Additions run on one thread and in sha256 order, so the same history of batches
   builds the same index; a search is deterministic for a given index.
 
+The vectors are not held in memory: each view is read by position from its memory-mapped file
+(``tasks.curation.vectors``), only the rows a search adds, queries and compares.
+
 Why faiss (docs/curation.md, "Nearest neighbours"): MIT licence, Meta's maintained library with
 wheels for CPython 3.11 on x86_64 (abi3), exact and approximate indexes behind one API, incremental
 ``add``, indexes read and written as one file (and memory-mappable read-only).
