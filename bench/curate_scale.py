@@ -106,7 +106,7 @@ def _differences(a: dict, b: dict) -> list[str]:
     return out
 
 
-def _measure(root: Path, n: int, modes: list[str]) -> dict[str, dict]:
+def _measure(root: Path, n: int, modes: list[str], keep: Path | None = None) -> dict[str, dict]:
     from curate import write_images  # bench/curate.py's generator
 
     full, batch = root / f"full_{n}", root / f"batch_{n}"
@@ -122,6 +122,9 @@ def _measure(root: Path, n: int, modes: list[str]) -> dict[str, dict]:
         subprocess.run([sys.executable, __file__, "--run", str(home), str(full), str(batch), mode, str(out)],
                        check=True, env=env)
         results[mode] = json.loads(out.read_text())
+        if keep is not None:  # with every decision: to compare two commits on the same images
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(out, keep / out.name)
         print(f"{n:,} {mode}: full {results[mode]['full_s']:.1f} s, batch {results[mode]['batch_s']:.1f} s",
               file=sys.stderr, flush=True)
         shutil.rmtree(home, ignore_errors=True)
@@ -167,6 +170,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--exact-up-to", type=int, default=10_000, help="also run the exact search up to this size")
     parser.add_argument("--out", default="bench/results/curate_scale.json", help="the JSON written (from the repo)")
+    parser.add_argument("--keep", help="a folder to copy each run's JSON into, with every decision")
     parser.add_argument("--run", nargs=5, metavar=("HOME", "FULL", "BATCH", "MODE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
@@ -175,7 +179,8 @@ def main() -> None:
         return
     root = Path(tempfile.mkdtemp(prefix="cd4ml-bench-scale-"))
     load_before = os.getloadavg()
-    runs = {n: _measure(root, n, (["exact"] if n <= args.exact_up_to else []) + ["index"]) for n in args.images}
+    keep = Path(args.keep) if args.keep else None
+    runs = {n: _measure(root, n, (["exact"] if n <= args.exact_up_to else []) + ["index"], keep) for n in args.images}
     summary = _print(args.images, runs, (load_before[0], os.getloadavg()[0]))
     summary["load_average"] = [load_before[0], os.getloadavg()[0]]
     slim = {n: {m: {k: v for k, v in r.items() if not k.endswith("_decisions")} for m, r in modes.items()}

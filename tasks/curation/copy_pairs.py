@@ -216,23 +216,30 @@ class CopyScores:
 def load_scores(uri: str, shas: set[str]) -> StoredPairs:
     """Stored scores of pairs whose two images are both in ``shas``, under the current score config.
 
-    Three columns, filtered and coded in Arrow: no Python object per pair.
+    Streamed in record batches of three columns (and the config), each coded in Arrow against ``shas``:
+    memory holds the pairs kept as integer codes, never the table's strings; no Python object per pair.
     """
     version = lake.current_version(uri)
     wanted_shas = sorted(shas)
-    empty = StoredPairs(wanted_shas, *(np.zeros(0, dtype=np.int64) for _ in range(2)), np.zeros(0))
     if version is None or not shas:
-        return empty
-    t = lake.read(uri, version, columns=["sha256_a", "sha256_b", "score"], filter=[("config", "=", score_config())])
+        return StoredPairs(wanted_shas, *(np.zeros(0, dtype=np.int64) for _ in range(2)), np.zeros(0))
     wanted = pa.array(wanted_shas, pa.string())
-    a, b = (pc.index_in(t.column(c), value_set=wanted) for c in ("sha256_a", "sha256_b"))
-    both = pc.and_(pc.is_valid(a), pc.is_valid(b))
-    return StoredPairs(wanted_shas, a.filter(both).to_numpy(), b.filter(both).to_numpy(),
-                       t.column("score").filter(both).to_numpy())
+    config = score_config()
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for batch in lake.scan_batches(uri, version, ["sha256_a", "sha256_b", "score", "config"], batch_rows=65_536):
+        # Cast first: files written by a MERGE hold string_view, which Arrow's kernels lack.
+        same = pc.equal(pc.cast(batch.column("config"), pa.string()), config)
+        a, b = (pc.index_in(pc.cast(batch.column(c), pa.string()), value_set=wanted) for c in ("sha256_a", "sha256_b"))
+        keep = pc.and_(same, pc.and_(pc.is_valid(a), pc.is_valid(b)))
+        parts.append((a.filter(keep).to_numpy(zero_copy_only=False).astype(np.int64),
+                      b.filter(keep).to_numpy(zero_copy_only=False).astype(np.int64),
+                      batch.column("score").filter(keep).to_numpy(zero_copy_only=False)))
+    a, b, scores = (np.concatenate([p[i] for p in parts]) if parts else np.zeros(0) for i in range(3))
+    return StoredPairs(wanted_shas, a.astype(np.int64), b.astype(np.int64), scores.astype(np.float64))
 
 
 def store_scores(uri: str, rows: pa.Table, metadata: dict) -> int | None:
     """Add pairs not stored yet; a re-run adds nothing and commits nothing."""
-    version, _ = lake.merge_new_rows(uri, rows, ["sha256_a", "sha256_b", "config"], metadata,
-                                     configuration=lake.stats_columns_config(PAIRS_SCHEMA))
+    version, _ = lake.append_new_rows(uri, rows, ["sha256_a", "sha256_b", "config"], metadata,
+                                      configuration=lake.stats_columns_config(PAIRS_SCHEMA))
     return version

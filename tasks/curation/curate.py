@@ -216,7 +216,7 @@ def _write_snapshot(settings: Settings, plan: Plan, metadata: dict[str, Any]) ->
                                         metadata, table)
         if version is not None:
             return version
-    return lake.overwrite(uri, plan.curated, metadata, configuration=lake.stats_columns_config(CURATED_SCHEMA))
+    return lake.overwrite_stream(uri, plan.curated, metadata, configuration=lake.stats_columns_config(CURATED_SCHEMA))
 
 
 SNAPSHOT_KEY_COLUMNS = ["sha256", "label", "split", "component", "width", "height"]  # the image follows the sha256

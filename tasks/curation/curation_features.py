@@ -17,7 +17,7 @@ that changes the numbers (feature size, the statistics' version, and for ``embed
 its export size and fastdup's version), so changing one of
 them re-embeds everything under the new name and an old row is never misread. The table is a
 content-addressed cache, not a dataset version: it is read at its newest version and only
-ever grows (MERGE of unseen keys).
+ever grows (rows of unseen keys appended: ``lake.append_new_rows``).
 
 The exported copy is what fastdup reads (only for ``embedding: fastdup`` and the galleries): the
 original bytes when they are a PNG or JPEG whose shorter side is at least ``EXPORT_MIN_SIDE``,
@@ -291,22 +291,50 @@ def _run_fastdup(files: list[str], work_dir: Path) -> tuple[dict[str, np.ndarray
     return vectors, invalid
 
 
-def load_features(uri: str, config: str, shas: set[str]) -> Features:
-    """The stored features of ``shas`` under ``config`` (missing ones are simply absent)."""
+FACT_COLUMNS = ("pixel_digest", "blur", "mean", "min", "max", "error", "contrast", "family")
+
+
+def load_features(uri: str, config: str, shas: set[str], vectors: bool = True) -> Features:
+    """The stored features of ``shas`` under ``config`` (missing ones are simply absent).
+
+    Streamed in record batches, keeping only the rows of ``shas``; without ``vectors`` the embedding
+    column is not read at all (the neighbour search reads the vectors from their memory-mapped file:
+    ``tasks.curation.vectors``), so memory holds the facts of these images, not the table.
+    """
     version = lake.current_version(uri)
     if version is None or not shas:
         return Features({}, {}, np.zeros((0, 1), dtype=np.float32))
-    table = lake.read(uri, version, filter=[("config", "=", config)])
-    table = table.filter(pc.is_in(table.column("sha256"), value_set=pa.array(sorted(shas), pa.string())))
+    stored = set(pa.schema(lake.open_table(uri, version).schema().to_arrow()).names)  # older tables lack some
+    columns = ["sha256", *(c for c in FACT_COLUMNS if c in stored), *(["embedding"] if vectors else [])]
+    wanted = pa.array(sorted(shas), pa.string())
+    schema = pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in [*columns, "config"]])
+    parts = []
+    for batch in lake.scan_batches(uri, version, schema.names, batch_rows=65_536):
+        # Cast first: files written by a MERGE hold string_view, which Arrow's filters have no kernel for.
+        part = pa.table(batch).cast(schema)
+        keep = pc.and_(pc.equal(part.column("config"), config), pc.is_in(part.column("sha256"), value_set=wanted))
+        parts.append(part.filter(keep).drop_columns(["config"]))
+    table = pa.concat_tables(parts) if parts else schema.empty_table()
     return _as_features(table)
+
+
+def stored_vectors(uri: str, config: str, shas: list[str]) -> np.ndarray:
+    """The unit embeddings of ``shas`` (every one stored without error), one row each in that order: a rebuild."""
+    features = load_features(uri, config, set(shas))
+    missing = [s for s in shas if s not in features.row_of]
+    if missing:
+        raise KeyError(f"{len(missing)} images have no stored embedding under {config}, e.g. {missing[0]}")
+    return features.matrix[[features.row_of[s] for s in shas]]
 
 
 def _as_features(table: pa.Table) -> Features:
     shas = table.column("sha256").to_pylist()
-    names = ("pixel_digest", "blur", "mean", "min", "max", "error", "contrast", "family")
+    names = FACT_COLUMNS
     # A table written before the columns were added has no such column: None (its rows are another config).
     cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * len(shas) for c in names}
     by_sha = {sha: ImageFeatures(*(cols[c][i] for c in names)) for i, sha in enumerate(shas)}
+    if "embedding" not in table.column_names:  # facts only: the vectors are read from their file
+        return Features(by_sha, {}, np.zeros((0, 1), dtype=np.float32))
     emb = table.column("embedding")
     valid = [i for i, (sha, ok) in enumerate(zip(shas, emb.is_valid().to_pylist())) if ok and by_sha[sha].error is None]
     if not valid:
@@ -334,8 +362,8 @@ def merge_features(stored: Features, new_rows: pa.Table) -> Features:
 
 def store_features(uri: str, rows: pa.Table, metadata: dict[str, Any]) -> int | None:
     """Add rows whose (sha256, config) is new; a re-run adds nothing and commits nothing."""
-    version, _ = lake.merge_new_rows(uri, rows, ["sha256", "config"], metadata,
-                                     configuration=lake.stats_columns_config(FEATURES_SCHEMA), merge_schema=True)
+    version, _ = lake.append_new_rows(uri, rows, ["sha256", "config"], metadata,
+                                      configuration=lake.stats_columns_config(FEATURES_SCHEMA), merge_schema=True)
     return version
 
 

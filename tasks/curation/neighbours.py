@@ -22,6 +22,9 @@ How the neighbours are found (the decisions above do not depend on it, only the 
   than it needs. Additions run on one thread and in sha256 order, so the same history of batches
   builds the same index; a search is deterministic for a given index.
 
+The vectors are not held in memory: each view is read by position from its memory-mapped file
+(``tasks.curation.vectors``), only the rows a search adds, queries and compares.
+
 Why faiss (docs/curation.md, "Nearest neighbours"): MIT licence, Meta's maintained library with
 wheels for CPython 3.11 on x86_64 (abi3), exact and approximate indexes behind one API, incremental
 ``add``, indexes read and written as one file (and memory-mappable read-only).
@@ -35,6 +38,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -67,9 +71,13 @@ def index_dir(lake_uri: str, reports_path: Path) -> Path:
     return reports_path.parent / INDEX_FOLDER
 
 
-def neighbour_graph(views: Sequence[np.ndarray], eligible: Sequence[str], queries: Sequence[int], k: int,
+def neighbour_graph(views: Sequence[Any], eligible: Sequence[str], queries: Sequence[int], k: int,
                     exact_below: int, folder: Path, version: str) -> NeighbourGraph:
-    """The ``k`` nearest eligible images of each query in every view (unit rows, one per eligible image)."""
+    """The ``k`` nearest eligible images of each query in every view (unit rows, one per eligible image).
+
+    A view is an array or a ``tasks.curation.vectors.RowView`` (rows gathered by position from a
+    memory-mapped file): the index search reads only the rows it adds, queries and compares.
+    """
     q = np.asarray(queries, dtype=np.int64)
     n = len(eligible)
     kk = min(k, n - 1) if n > 1 else 0
@@ -77,7 +85,7 @@ def neighbour_graph(views: Sequence[np.ndarray], eligible: Sequence[str], querie
         empty = np.zeros((len(q), 0), dtype=np.int64)
         return NeighbourGraph(q, [empty for _ in views], [empty.astype(np.float32) for _ in views], "none")
     if n < exact_below:
-        found = [_exact(v, q, kk) for v in views]
+        found = [_exact(np.asarray(v), q, kk) for v in views]  # below the threshold: every row, few
         search = f"exact cosine (numpy), {n} eligible images < exact_search_below {exact_below}"
     else:
         found = [_indexed(v, eligible, q, kk, folder, f"{version};view={i}") for i, v in enumerate(views)]
@@ -87,7 +95,7 @@ def neighbour_graph(views: Sequence[np.ndarray], eligible: Sequence[str], querie
     return NeighbourGraph(q, ids, [_cosines(v, q, i) for v, i in zip(views, ids)], search)
 
 
-def _cosines(matrix: np.ndarray, q: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def _cosines(matrix: Any, q: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Each (query, neighbour) cosine computed one way whichever search found it: a threshold decides alike."""
     out = np.full(ids.shape, -np.inf, dtype=np.float32)
     for start in range(0, len(q), SEARCH_BLOCK):  # blocks: (block, k, dim) floats at a time
@@ -114,7 +122,7 @@ def _exact(matrix: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
     return ids, sims
 
 
-def _indexed(matrix: np.ndarray, eligible: Sequence[str], q: np.ndarray, k: int, folder: Path, version: str
+def _indexed(matrix: Any, eligible: Sequence[str], q: np.ndarray, k: int, folder: Path, version: str
              ) -> tuple[np.ndarray, np.ndarray]:
     """Top ``k`` eligible neighbours of each query from the stored index, extended first with unindexed rows."""
     index = ShaIndex.open(folder, version, matrix.shape[1])
@@ -159,7 +167,7 @@ class ShaIndex:
     def sha(self, i: int) -> str:
         return self.shas[i]
 
-    def extend(self, shas: Sequence[str], matrix: np.ndarray) -> int:
+    def extend(self, shas: Sequence[str], matrix: Any) -> int:
         """Add the rows of ``shas`` not indexed yet (sha256 order, one thread) and store the index; how many."""
         import faiss
 

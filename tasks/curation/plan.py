@@ -40,6 +40,7 @@ from tasks.curation.curation_features import (
     load_features,
     merge_features,
     store_features,
+    stored_vectors,
 )
 from tasks.curation.dedupe import dedupe_component, pixel_key
 from tasks.curation.fastdup_optional import require_embedding
@@ -48,6 +49,7 @@ from tasks.curation.neighbours import NeighbourGraph, candidate_pairs, index_dir
 from tasks.curation.outliers import is_constant, screen
 from tasks.curation.separation import separation_by_class
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
+from tasks.curation.vectors import stored_views
 from tasks.data import lake
 from tasks.settings import Settings
 
@@ -133,7 +135,7 @@ def _features(settings: Settings, by_sha: dict[str, dict[str, Any]], run_id: str
               ) -> tuple[Features, pa.Table]:
     """(stored features of these images, rows computed now for the rest): each image is embedded once."""
     cfg = settings.curation
-    stored = load_features(settings.table_uri(EMBEDDINGS_TABLE), feature_config(cfg), set(by_sha))
+    stored = load_features(settings.table_uri(EMBEDDINGS_TABLE), feature_config(cfg), set(by_sha), vectors=False)
     missing = [s for s in by_sha if s not in stored.by_sha]
     fresh = (compute_features([(s, by_sha[s]["image"]) for s in missing], cfg, work, run_id) if missing
              else FEATURES_SCHEMA.empty_table())
@@ -177,8 +179,7 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
         first_of_pixels.setdefault(pixel_key(features, sha), pos[sha])
     for i in pending:
         sets.union(i, first_of_pixels[pixel_key(features, eligible[i])])
-    matrix = features.matrix[[features.row_of[s] for s in eligible]] if eligible else features.matrix[:0]
-    neighbours = _neighbours(settings, eligible, matrix, pending)
+    neighbours = _neighbours(settings, eligible, features, pending)
     similar = similar_pairs(neighbours, cfg.similar_neighbours, cfg.near_duplicate_threshold)
     for a, b, _ in similar:
         sets.union(a, b)
@@ -190,15 +191,28 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
                   candidates, copy_edges, neighbours.search)
 
 
-def _neighbours(settings: Settings, eligible: list[str], matrix: np.ndarray, pending: list[int]) -> NeighbourGraph:
-    """Each new image's nearest eligible images by the embedding (and, for pixels, by the blurred embedding)."""
+def _neighbours(settings: Settings, eligible: list[str], features: Features, pending: list[int]) -> NeighbourGraph:
+    """Each new image's nearest eligible images by the embedding (and, for pixels, by the blurred embedding).
+
+    The vectors are read by position from their memory-mapped files (``tasks.curation.vectors``), extended
+    first with the images they lack: this batch's fresh rows, or the stored rows when a file is rebuilt.
+    """
     cfg = settings.curation
-    views = [matrix]
-    if cfg.embedding == "pixels" and len(matrix) and matrix.shape[1] == cfg.feature_size ** 2:
-        views.append(blurred(matrix, cfg.feature_size))
+    config = feature_config(cfg)
+    folder = index_dir(settings.storage.lake_uri, settings.reports_path)
+
+    def vectors_of(shas: list[str]) -> np.ndarray:  # computed now (the batch's own images), else stored
+        stored = [s for s in shas if s not in features.row_of]
+        older = stored_vectors(settings.table_uri(EMBEDDINGS_TABLE), config, stored) if stored else None
+        if older is None:
+            return features.matrix[[features.row_of[s] for s in shas]]
+        at = {s: i for i, s in enumerate(stored)}
+        return np.stack([features.matrix[features.row_of[s]] if s not in at else older[at[s]] for s in shas])
+
+    derived = [lambda m: blurred(m, cfg.feature_size)] if cfg.embedding == "pixels" and eligible else []
+    views = stored_views(folder, config, eligible, vectors_of, derived)
     k = max(cfg.similar_neighbours, cfg.copy_candidates)
-    return neighbour_graph(views, eligible, pending, k, cfg.exact_search_below,
-                           index_dir(settings.storage.lake_uri, settings.reports_path), feature_config(cfg))
+    return neighbour_graph(views, eligible, pending, k, cfg.exact_search_below, folder, config)
 
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],

@@ -277,6 +277,55 @@ def _props(metadata: dict[str, Any]) -> CommitProperties:
     return CommitProperties(custom_metadata={META_PREFIX + k: str(v) for k, v in metadata.items()})
 
 
+def append_new_rows(
+    uri: str,
+    rows: pa.Table,
+    key: str | list[str],
+    metadata: dict[str, Any],
+    configuration: dict[str, str] | None = None,
+    merge_schema: bool = False,
+) -> tuple[int | None, int]:
+    """Append the rows whose key is not in the table yet: ``merge_new_rows`` without a MERGE's memory.
+
+    delta-rs' MERGE holds the target's files in memory (measured: +64 MB to add 200 rows to a
+    20,000-row curation feature table, growing with the table). Here only the key columns are read,
+    in record batches, the rows already there are left out and the rest appended (``append_stream``)
+    against the version whose keys were read: a concurrent commit refuses it and the keys are read
+    again. A re-run adds nothing and commits nothing. A table that does not exist yet, or whose
+    columns differ from ``rows`` (a schema that grew), goes through ``merge_new_rows``.
+    """
+    keys = [key] if isinstance(key, str) else list(key)
+    if rows.num_rows == 0:
+        return None, 0
+    if not exists(uri) or pa.schema(open_table(uri).schema().to_arrow()).names != rows.schema.names:
+        return merge_new_rows(uri, rows, keys, metadata, configuration, merge_schema)
+
+    def attempt() -> tuple[int | None, int]:
+        table = open_table(uri)
+        new = rows.filter(pc.invert(pc.is_in(_joined_key(rows, keys), value_set=_present_keys(uri, table, rows, keys))))
+        if new.num_rows == 0:
+            return None, 0
+        return append_stream(uri, pa.RecordBatchReader.from_batches(new.schema, new.to_batches()), metadata, table,
+                             configuration)
+
+    return _with_retry(attempt, f"append to {uri}")
+
+
+def _joined_key(table: pa.Table | pa.RecordBatch, keys: list[str]) -> pa.Array:
+    """One string per row from its key columns (string_view cast to string: Arrow's kernels lack it)."""
+    cols = [pc.cast(table.column(k), pa.string()) for k in keys]
+    joined = cols[0] if len(cols) == 1 else pc.binary_join_element_wise(*cols, "\x1f")
+    return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
+
+
+def _present_keys(uri: str, table: DeltaTable, rows: pa.Table, keys: list[str]) -> pa.Array:
+    """The keys of ``rows`` that ``table`` holds, reading its key columns a record batch at a time."""
+    wanted = _joined_key(rows, keys)
+    found = [stored.filter(pc.is_in(stored, value_set=wanted))
+             for stored in (_joined_key(b, keys) for b in scan_batches(uri, table.version(), keys, batch_rows=65_536))]
+    return pa.concat_arrays(found) if found else pa.array([], pa.string())
+
+
 def merge_new_rows(
     uri: str,
     rows: pa.Table,
@@ -337,6 +386,25 @@ def overwrite(uri: str, rows: pa.Table, metadata: dict[str, Any], configuration:
     return _with_retry(attempt, f"overwrite {uri}")
 
 
+def overwrite_stream(uri: str, rows: pa.Table, metadata: dict[str, Any],
+                     configuration: dict[str, str] | None = None) -> int:
+    """``overwrite`` written as ``append_stream`` writes: a row group at a time, then one overwrite commit.
+
+    ``write_deltalake`` buffers what it writes (measured: +60 MB to rewrite a 20,000-image curated
+    snapshot whose rows were already in memory); here the writer holds one row group. A table that
+    does not exist yet is created by ``overwrite``. A lost race re-reads the table and commits again.
+    """
+    if not exists(uri):
+        return overwrite(uri, rows, metadata, configuration)
+
+    def attempt() -> int:
+        version, _ = append_stream(uri, pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches()), metadata,
+                                   open_table(uri), configuration, mode="overwrite")
+        return version if version is not None else overwrite(uri, rows, metadata, configuration)
+
+    return _with_retry(attempt, f"overwrite {uri}")
+
+
 def stats_columns_config(schema: pa.Schema) -> dict[str, str]:
     """Keep binary columns out of Delta column statistics (min/max of image bytes is waste)."""
     cols = [f.name for f in schema if not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))]
@@ -372,8 +440,11 @@ def append_stream(
     configuration: dict[str, str] | None = None,
     target_file_size: int = 16 << 20,
     row_group_rows: int = 2048,
+    mode: str = "append",
 ) -> tuple[int | None, int]:
     """Write a stream as Parquet with bounded memory, then commit it as ONE version, or refuse.
+
+    ``mode="overwrite"`` commits the files as the table's whole contents (``overwrite_stream``).
 
     Why not ``write_deltalake``: fed a fast stream it reads ahead without bound (measured: peak
     memory grows with the stream). Here pyarrow writes row groups of ``row_group_rows`` into
@@ -404,7 +475,7 @@ def append_stream(
         parts.close()
         if parts.rows == 0:
             return None, 0
-        _commit_parts(uri, parts, metadata, table, configuration)
+        _commit_parts(uri, parts, metadata, table, configuration, mode)
         parts.paths.clear()  # committed: the files belong to the table now
         return DeltaTable(uri, without_files=True).version(), parts.rows
     finally:
@@ -485,7 +556,7 @@ class _Parts:
 
 
 def _commit_parts(uri: str, parts: _Parts, metadata: dict[str, Any], table: DeltaTable | None,
-                  configuration: dict[str, str] | None) -> None:
+                  configuration: dict[str, str] | None, mode: str = "append") -> None:
     """The files as ONE commit against ``table`` (None: create the table), with no automatic rebase."""
     from deltalake import Schema
     from deltalake.transaction import create_table_with_add_actions
@@ -501,7 +572,7 @@ def _commit_parts(uri: str, parts: _Parts, metadata: dict[str, Any], table: Delt
                 raise ConcurrentCreateError(f"{uri} was created concurrently: {exc}") from exc
             raise
     else:
-        table.create_write_transaction(parts.added, mode="append", schema=Schema.from_arrow(parts.schema),
+        table.create_write_transaction(parts.added, mode=mode, schema=Schema.from_arrow(parts.schema),
                                        commit_properties=props)
 
 

@@ -4,7 +4,9 @@
   that left equals the full scan over the same scores;
 * a batch curated with the stored summary decides exactly as one whose summary is gone (full scan);
 * a batch retried after a crash behind its caches and its record writes the same snapshot, record and
-  summary as one that ran once; its snapshot is the first one with the batch's rows appended.
+  summary as one that ran once; its snapshot is the first one with the batch's rows appended;
+* the memory-mapped vector files (``tasks.curation.vectors``) are extended by the batch, the same after a
+  retry, and rebuilt from the features table when missing, with the same decisions.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tasks.curation.copy_pairs import PAIRS_TABLE, CopyScores
 from tasks.curation.curate import _record_assignments, curate
 from tasks.curation.curation_features import feature_config
 from tasks.curation.nearest import NEAREST_TABLE, full_nearest, update_nearest
+from tasks.curation.neighbours import index_dir
 from tasks.curation.plan import plan_in_workdir, store_caches
 from tasks.curation.tables import COMPONENTS_TABLE
 from tasks.data import lake
@@ -93,6 +96,15 @@ def _tables(settings, result) -> dict[str, list]:
             "pairs": rows(settings.table_uri(PAIRS_TABLE), ["sha256_a", "sha256_b", "score"])}
 
 
+def _vector_files(settings) -> dict[str, bytes]:
+    folder = index_dir(settings.storage.lake_uri, settings.reports_path)
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.vectors.*")) if p.suffix in (".npy", ".shas")}
+
+
+def _rows(vector_files: dict[str, bytes]) -> list[int]:
+    return sorted(len(v.split()) for name, v in vector_files.items() if name.endswith(".shas"))
+
+
 def _report_decisions(result) -> dict:
     import json
 
@@ -124,6 +136,10 @@ def test_a_retried_batch_writes_the_same_tables(batch_home, tmp_path) -> None:
     old, new = (lake.open_table(once_settings.curated_table, v) for v in (before, once.curated_version))
     assert set(old.file_uris()) < set(new.file_uris())  # no recorded row changed: the batch's rows appended
 
+    first = _vector_files(load_settings("sit", home=home))
+    assert len(first) == 4 and _rows(first) == [400, 400]  # two views (embedding, blurred): .npy and .shas each
+    assert _rows(_vector_files(once_settings)) == [462, 462]  # extended by the batch: 60 digits and 2 copies
+
     retried_settings = _copy(home, tmp_path / "retried")
     meta = {"run_id": "c2", "logical_date": "2026-11-22", "raw_version": str(raw2),
             "config_hash": retried_settings.section_hash("curation")}
@@ -133,6 +149,20 @@ def test_a_retried_batch_writes_the_same_tables(batch_home, tmp_path) -> None:
     _record_assignments(retried_settings, crashed, meta)
     retried = curate(retried_settings, raw2, run_id="c2", logical_date="2026-11-22")
     assert _tables(retried_settings, retried) == _tables(once_settings, once)
+    assert _vector_files(retried_settings) == _vector_files(once_settings)  # the crashed attempt's rows not again
     assert _report_decisions(retried) == _report_decisions(once)
     again = curate(retried_settings, raw2, run_id="c2", logical_date="2026-11-22")
     assert again.curated_version == retried.curated_version  # reused: nothing written
+
+
+def test_a_batch_rebuilds_missing_vector_files_and_decides_the_same(batch_home, tmp_path) -> None:
+    home, raw2 = batch_home
+    with_files = _copy(home, tmp_path / "with_files")
+    kept = curate(with_files, raw2, run_id="c2", logical_date="2026-11-22")
+    rebuilt_settings = _copy(home, tmp_path / "rebuilt")
+    for path in index_dir(rebuilt_settings.storage.lake_uri, rebuilt_settings.reports_path).glob("*.vectors.*"):
+        path.unlink()
+    rebuilt = curate(rebuilt_settings, raw2, run_id="c2", logical_date="2026-11-22")
+    assert _tables(rebuilt_settings, rebuilt) == _tables(with_files, kept)
+    assert _report_decisions(rebuilt) == _report_decisions(kept)
+    assert _rows(_vector_files(rebuilt_settings)) == _rows(_vector_files(with_files))  # every eligible image

@@ -8,6 +8,28 @@ def _rows(keys):
     return pa.table({"k": keys, "blob": pa.array([k.encode() for k in keys], pa.binary())})
 
 
+def test_append_adds_only_new_keys_as_a_merge_would(tmp_path):
+    uri = str(tmp_path / "t")
+    two = pa.table({"a": ["x", "x", "y"], "b": ["1", "2", "1"], "v": [1.0, 2.0, 3.0]})
+    assert lake.append_new_rows(uri, two, ["a", "b"], {"run_id": "r1"}) == (0, 3)  # created
+    more = pa.table({"a": ["x", "y", "y"], "b": ["2", "1", "2"], "v": [9.0, 9.0, 4.0]})
+    assert lake.append_new_rows(uri, more, ["a", "b"], {"run_id": "r2"}) == (1, 1)  # only (y, 2) is new
+    assert lake.append_new_rows(uri, more, ["a", "b"], {"run_id": "r3"}) == (None, 0)  # a re-run commits nothing
+    got = lake.read(uri, 1)
+    assert sorted(zip(*(got.column(c).to_pylist() for c in ("a", "b", "v")))) == [
+        ("x", "1", 1.0), ("x", "2", 2.0), ("y", "1", 3.0), ("y", "2", 4.0)]
+    assert lake.history(uri)[0].metadata["run_id"] == "r2"
+
+
+def test_overwrite_stream_replaces_the_contents_in_one_commit(tmp_path):
+    uri = str(tmp_path / "t")
+    assert lake.overwrite_stream(uri, _rows(["a", "b"]), {"run_id": "r1"}) == 0  # created
+    assert lake.overwrite_stream(uri, _rows(["c", "d", "e"]), {"run_id": "r2"}) == 1
+    assert lake.read(uri, 1, ["k"]).column("k").to_pylist() == ["c", "d", "e"]
+    assert sorted(lake.read(uri, 0, ["k"]).column("k").to_pylist()) == ["a", "b"]  # the old version stays
+    assert lake.history(uri)[0].metadata["run_id"] == "r2"
+
+
 def test_merge_inserts_only_new_keys_and_skips_empty_commits(tmp_path):
     uri = str(tmp_path / "t")
     cfg = lake.stats_columns_config(_rows(["a"]).schema)

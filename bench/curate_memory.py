@@ -1,0 +1,116 @@
+"""Where a curation's memory goes (issue 25): peak RSS raised by each phase, full run and 1% batch in fresh processes.
+
+bench/curate.py's generator writes ``--images`` images and a 1% batch (as bench/curate_scale.py does).
+One process ingests and curates the full folder; a second, fresh one ingests the batch and curates
+it, so the batch's peak is its own and not the full run's. Each phase of the curation (the functions
+named in ``PHASES``) is wrapped: the table gives the resident memory before and after it, the peak
+after it and by how much it raised the process's peak (``ru_maxrss``), and its seconds. A phase
+that raised the peak is where the memory went.
+
+Usage: PYTHONPATH=.:plugins nice -n 19 python bench/curate_memory.py --images 20000 [--root DIR]
+(``--root`` keeps the images and the home; ``--stage full`` then ``--stage batch`` on copies of that
+folder compares two commits' batches on the same tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+PHASES = {
+    "tasks.curation.curate": ["read_raw", "plan_in_workdir", "store_caches", "_record_assignments", "_write_snapshot",
+                              "write_report_rows", "_galleries", "write_page"],
+    "tasks.curation.plan": ["_features", "load_features", "compute_features", "merge_features", "read_assignments",
+                            "screen", "guard_outliers", "_group", "_neighbours", "load_scores", "_link_copies",
+                            "assign", "nearest_map", "_decide_duplicates", "store_features", "store_scores",
+                            "store_nearest"],
+}
+
+
+def _rss_mb() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _wrap(module, name: str, log: list, depth: list) -> None:
+    fn = getattr(module, name)
+
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        peak, rss, start = _peak_mb(), _rss_mb(), time.perf_counter()
+        depth[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            log.append((depth[0], f"{module.__name__.rsplit('.', 1)[-1]}.{name}", rss, _rss_mb(), _peak_mb(),
+                        _peak_mb() - peak, time.perf_counter() - start))
+
+    setattr(module, name, inner)
+
+
+def run_stage(root: Path, stage: str) -> None:
+    """One stage in this process: ``full`` (ingest + curate the folder) or ``batch`` (ingest + curate the batch)."""
+    import importlib
+
+    from tasks.curation.curate import curate
+    from tasks.data.ingest import ingest_landing
+    from tasks.settings import load_settings
+
+    log: list = []
+    depth = [0]
+    for module_name, names in PHASES.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            _wrap(module, name, log, depth)
+    settings = load_settings("sit", home=root / "home")
+    print(f"\n{stage}: after imports {_rss_mb():.0f} MB resident", flush=True)
+    day = "2026-11-21" if stage == "full" else "2026-11-22"
+    raw = ingest_landing(settings, run_id=f"mem-{stage}", logical_date=day, landing=root / stage).raw_version
+    print(f"{stage}: after ingest {_rss_mb():.0f} MB resident, peak {_peak_mb():.0f} MB", flush=True)
+    start = time.perf_counter()
+    curate(settings, raw, run_id=f"mem-{stage}", logical_date=day)
+    print(f"{stage}: curation {time.perf_counter() - start:.1f} s, peak RSS {_peak_mb():.0f} MB\n")
+    print("| phase | resident before MB | after MB | peak after MB | peak raised by MB | s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for d, name, before, after, peak, raised, seconds in log:
+        print(f"| {'&nbsp;' * 2 * d}{name} | {before:.0f} | {after:.0f} | {peak:.0f} | {raised:.0f} | {seconds:.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--images", type=int, default=20_000)
+    parser.add_argument("--root", help="folder for the images and the home (kept); default: a temporary one")
+    parser.add_argument("--stage", choices=["full", "batch", "both"], default="both")
+    args = parser.parse_args()
+    root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="cd4ml-bench-memory-"))
+    if not (root / "full").exists():
+        from curate import write_images  # bench/curate.py's generator
+
+        write_images(root / "full", args.images, seed=1, prefix="a")
+        write_images(root / "batch", max(1, args.images // 100), seed=2, prefix="b")
+    for stage in (["full", "batch"] if args.stage == "both" else [args.stage]):
+        subprocess.run([sys.executable, __file__, "--run", str(root), stage], check=True)
+    if not args.root:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--run":
+        run_stage(Path(sys.argv[2]), sys.argv[3])
+    else:
+        main()

@@ -1,0 +1,80 @@
+"""The embedding's memory-mapped vector files: extended by a batch, rebuilt when missing or stale, idempotent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tasks.curation import vectors
+from tasks.curation.copy_pairs import blurred
+from tasks.curation.vectors import RowView, VectorFile, stored_views
+
+
+def _unit_rows(n: int, dim: int = 64, seed: int = 0) -> np.ndarray:
+    m = np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
+    return m / np.linalg.norm(m, axis=1, keepdims=True)
+
+
+def _shas(n: int, prefix: str = "a") -> list[str]:
+    return [f"{prefix}{i:06d}".rjust(64, "0") for i in range(n)]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.vectors.*")) if p.suffix in (".npy", ".shas")}
+
+
+def test_a_batch_extends_the_file_and_a_retry_adds_nothing(tmp_path: Path) -> None:
+    m = _unit_rows(300)
+    shas = _shas(300)
+    table = dict(zip(shas, m))
+    asked: list[list[str]] = []
+
+    def vectors_of(wanted: list[str]) -> np.ndarray:
+        asked.append(wanted)
+        return np.stack([table[s] for s in wanted])
+
+    first = stored_views(tmp_path, "v", shas[:200], vectors_of)
+    assert np.load(next(tmp_path.glob("*.vectors.npy")), mmap_mode="r").shape == (200, 64)
+    views = stored_views(tmp_path, "v", shas, vectors_of)  # the batch: 100 more
+    assert asked == [shas[:200], shas[200:]]  # only what the file lacked, in sha256 order
+    stored = VectorFile.open(tmp_path, "v;view=0")
+    assert isinstance(stored.array, np.memmap) and stored.shas == shas
+    np.testing.assert_array_equal(views[0][np.arange(300)], m)  # read by position
+    np.testing.assert_array_equal(first[0][[5, 7]], m[[5, 7]])
+    written = _files(tmp_path)
+    stored_views(tmp_path, "v", shas, vectors_of)  # a retried batch
+    assert asked == [shas[:200], shas[200:]] and _files(tmp_path) == written
+
+
+def test_a_missing_or_stale_file_is_rebuilt_with_the_same_rows(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(vectors, "COPY_ROWS", 7)  # copies and blurs a block at a time
+    m = _unit_rows(120, seed=1)
+    shas = _shas(120)
+
+    def vectors_of(wanted: list[str]) -> np.ndarray:
+        return m[[shas.index(s) for s in wanted]]
+
+    blur = [lambda rows: blurred(rows, 8)]
+    stored_views(tmp_path, "v", shas[:60], vectors_of, blur)
+    stored_views(tmp_path, "v", shas, vectors_of, blur)
+    once = _files(tmp_path)
+    for path in tmp_path.glob("*.vectors.npy"):
+        path.unlink()  # missing
+    rebuilt = stored_views(tmp_path, "v", shas, vectors_of, blur)
+    np.testing.assert_array_equal(np.asarray(rebuilt[0]), m)
+    np.testing.assert_array_equal(np.asarray(rebuilt[1]), blurred(m, 8))  # a row's blur does not depend on others
+    assert _files(tmp_path) == once  # here the batch's shas sort after the first ones: the same order
+    VectorFile.open(tmp_path, "v;view=0").path.with_suffix(".shas").write_text("\n".join(shas[:10]) + "\n")
+    assert VectorFile.open(tmp_path, "v;view=0").shas == []  # stale: the list does not match the rows
+    again = stored_views(tmp_path, "v", shas, vectors_of, blur)
+    np.testing.assert_array_equal(np.asarray(again[0]), m)
+    np.testing.assert_array_equal(np.asarray(again[1]), blurred(m, 8))
+
+
+def test_row_view_gathers_by_position() -> None:
+    m = _unit_rows(10, dim=4)
+    view = RowView(m, np.array([9, 2, 5]))
+    assert view.shape == (3, 4) and len(view) == 3
+    np.testing.assert_array_equal(view[np.array([[0, 2], [1, 1]])], m[[[9, 5], [2, 2]]])
+    np.testing.assert_array_equal(np.asarray(view), m[[9, 2, 5]])
