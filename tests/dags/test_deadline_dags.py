@@ -12,7 +12,7 @@ from tests.dags.airflow_services import start_airflow, wait_for_run
 from tests.dags.conftest import DAGS, PLUGINS
 from tests.peers import SLACK_TOKEN, HttpRecorder, SmtpPeer, connection_env
 
-pytestmark = [pytest.mark.airflow, pytest.mark.stack, pytest.mark.xdist_group("stacks")]  # make test-stack
+pytestmark = [pytest.mark.airflow, pytest.mark.stack]  # real scheduler + API server: make test-stack
 
 
 def _conf(target, deadline_s: float):

@@ -30,7 +30,7 @@ from tests.dags.airflow_services import AirflowHandle, free_port, q, wait_for_ru
 from tests.stack import harness
 from tests.stack.harness import BIN
 
-pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("stacks")]  # make test-stack: beside "topology"
+pytestmark = pytest.mark.browser
 
 DATE = "2026-11-21"
 CONF = """

@@ -35,7 +35,7 @@ from tests.dags.airflow_services import AirflowHandle, free_port, q, trigger, wa
 from tests.stack import harness
 from tests.stack.harness import BIN
 
-pytestmark = [pytest.mark.stack, pytest.mark.xdist_group("stacks")]  # make test-stack: beside "topology"
+pytestmark = pytest.mark.stack
 
 REDIS_DB = "11"
 FAST_CONF = """

@@ -53,7 +53,7 @@ from tests.stack import harness
 from tests.stack.harness import BIN, REPO
 from tests.stack.test_scaleout import _services_or_skip
 
-pytestmark = [pytest.mark.stack, pytest.mark.xdist_group("topology")]  # one process: the three stacks once
+pytestmark = pytest.mark.stack
 
 ENVS = ("sit", "uat", "prod")
 REDIS_DBS = {"sit": 12, "uat": 13, "prod": 14}
