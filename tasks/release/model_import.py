@@ -36,7 +36,9 @@ import contextlib
 import json
 import logging
 import os
+import random
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -368,9 +370,33 @@ def _register(settings: Settings, client: MlflowClient, folder: Path, tags: Mapp
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    created = client.create_model_version(name, f"runs:/{run.info.run_id}/model", run_id=run.info.run_id,
-                                          tags=dict(tags))
+    created = _create_version(client, name, f"runs:/{run.info.run_id}/model", run.info.run_id, tags)
     return client.get_model_version(name, str(created.version))
+
+
+def _create_version(client: MlflowClient, name: str, source: str, run_id: str, tags: Mapping[str, str],
+                    attempts: int = 4) -> ModelVersion:
+    """Register a version; registered again when a concurrent registration took the number it was given.
+
+    MLflow numbers a version as the highest plus one. On PostgreSQL two registrations at once can
+    both be given the same number, and the later commit is refused (MLflow's own retries cover a
+    refused insert, not a refused commit). A refusal counts as that race only when the registry's
+    highest number moved meanwhile (another registration committed); any other refusal is raised.
+    """
+    for _ in range(attempts - 1):
+        before = _highest_version(client, name)
+        try:
+            return client.create_model_version(name, source, run_id=run_id, tags=dict(tags))
+        except MlflowException:
+            if _highest_version(client, name) == before:
+                raise
+            log.info("a concurrent registration took %s v%s's number: registering again", name, before + 1)
+            time.sleep(random.uniform(0.05, 0.5))  # noqa: S311 - spreads the racers, no secret
+    return client.create_model_version(name, source, run_id=run_id, tags=dict(tags))
+
+
+def _highest_version(client: MlflowClient, name: str) -> int:
+    return max((int(v.version) for v in client.search_model_versions(f"name = '{name}'")), default=0)
 
 
 def _converged(client: MlflowClient, made: ModelVersion) -> tuple[ModelVersion, bool]:

@@ -353,3 +353,37 @@ def test_two_imports_of_one_source_at_once_converge_on_one_version(upstream, rac
     deleted = client.search_runs([experiment], run_view_type=ViewType.DELETED_ONLY)
     assert len(deleted) == 1 and deleted[0].info.run_id != client.get_model_version(uat.registry.model_name, "1").run_id
     assert import_model(uat).reused and [int(v.version) for v in _versions(uat)] == [1]  # and later imports reuse it
+
+
+def test_a_registration_refused_because_a_rival_took_its_number_registers_again_and_any_other_refusal_is_raised(
+        tmp_path: Path) -> None:
+    """PostgreSQL refuses the later of two registrations given the same number at commit: a real (SQLite) registry
+    where the first attempt lets a rival register, then is refused as that commit would be."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tasks.release.model_import import _create_version
+
+    class RacedClient(MlflowClient):
+        rivals, refuse = 1, False
+
+        def create_model_version(self, name, source, **kwargs):
+            if self.refuse:
+                raise MlflowException("refused, and no rival registered")
+            if self.rivals:
+                self.rivals -= 1
+                super().create_model_version(name, source, **kwargs)  # the rival's registration commits first
+                raise MlflowException("the commit was refused")
+            return super().create_model_version(name, source, **kwargs)
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = RacedClient(uri, uri)
+    client.create_registered_model("m")
+    run = client.create_run(client.create_experiment("e", artifact_location=str(tmp_path / "a")))
+    made = _create_version(client, "m", f"runs:/{run.info.run_id}/model", run.info.run_id, {"k": "v"})
+    assert made.version in (2, "2") and made.tags == {"k": "v"}
+
+    client.refuse = True
+    with pytest.raises(MlflowException):
+        _create_version(client, "m", f"runs:/{run.info.run_id}/model", run.info.run_id, {})
+    assert len(client.search_model_versions("name = 'm'")) == 2
