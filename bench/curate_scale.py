@@ -15,7 +15,9 @@ with their split and component, dropped images with their reason) of both modes 
 each size where both ran, and every difference is listed.
 
 Usage: PYTHONPATH=.:plugins nice -n 10 python bench/curate_scale.py --images 10000 100000 [--exact-up-to 10000]
-[--out bench/results/curate_scale.json] (prints a Markdown table; writes the JSON).
+[--out bench/results/curate_scale.json] [--data DIR] (prints a Markdown table; writes the JSON). With ``--data``
+the generated images stay in DIR and a later run reuses them (``--generate-only`` writes them and stops): the
+1,000,000-image set is written once.
 """
 
 from __future__ import annotations
@@ -106,14 +108,28 @@ def _differences(a: dict, b: dict) -> list[str]:
     return out
 
 
-def _measure(root: Path, n: int, modes: list[str], keep: Path | None = None) -> dict[str, dict]:
+def generated(data: Path, n: int) -> tuple[Path, Path]:
+    """The ``n`` images and their 1% batch under ``data``, written once (a ``.mix.json`` marks a finished set)."""
     from curate import write_images  # bench/curate.py's generator
 
-    full, batch = root / f"full_{n}", root / f"batch_{n}"
+    full, batch = data / f"full_{n}", data / f"batch_{n}"
+    done = data / f".mix_{n}.json"
+    if done.exists():
+        return full, batch
+    shutil.rmtree(full, ignore_errors=True)
+    shutil.rmtree(batch, ignore_errors=True)
     start = time.perf_counter()
     mix = write_images(full, n, seed=1, prefix="a")
     write_images(batch, max(1, n // 100), seed=2, prefix="b")
-    print(f"{n:,} images {mix} written in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    seconds = time.perf_counter() - start
+    done.write_text(json.dumps({"mix": mix, "seconds": seconds}))
+    print(f"{n:,} images {mix} written in {seconds:.0f} s", file=sys.stderr, flush=True)
+    return full, batch
+
+
+def _measure(root: Path, n: int, modes: list[str], keep: Path | None = None, data: Path | None = None
+             ) -> dict[str, dict]:
+    full, batch = generated(data or root, n)
     results = {}
     for mode in modes:
         out = root / f"{mode}_{n}.json"
@@ -128,8 +144,9 @@ def _measure(root: Path, n: int, modes: list[str], keep: Path | None = None) -> 
         print(f"{n:,} {mode}: full {results[mode]['full_s']:.1f} s, batch {results[mode]['batch_s']:.1f} s",
               file=sys.stderr, flush=True)
         shutil.rmtree(home, ignore_errors=True)
-    shutil.rmtree(full, ignore_errors=True)
-    shutil.rmtree(batch, ignore_errors=True)
+    if data is None:  # generated for this run only
+        shutil.rmtree(full, ignore_errors=True)
+        shutil.rmtree(batch, ignore_errors=True)
     return results
 
 
@@ -171,16 +188,25 @@ def main() -> None:
     parser.add_argument("--exact-up-to", type=int, default=10_000, help="also run the exact search up to this size")
     parser.add_argument("--out", default="bench/results/curate_scale.json", help="the JSON written (from the repo)")
     parser.add_argument("--keep", help="a folder to copy each run's JSON into, with every decision")
+    parser.add_argument("--data", help="a folder that keeps the generated images between runs (written once a size)")
+    parser.add_argument("--generate-only", action="store_true", help="write the images into --data and stop")
     parser.add_argument("--run", nargs=5, metavar=("HOME", "FULL", "BATCH", "MODE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         home, full, batch, mode, out = args.run
         run_one(Path(home), Path(full), Path(batch), mode, Path(out))
         return
+    data = Path(args.data) if args.data else None
+    if args.generate_only:
+        if data is None:
+            parser.error("--generate-only needs --data")
+        for n in args.images:
+            generated(data, n)
+        return
     root = Path(tempfile.mkdtemp(prefix="cd4ml-bench-scale-"))
     load_before = os.getloadavg()
     keep = Path(args.keep) if args.keep else None
-    runs = {n: _measure(root, n, (["exact"] if n <= args.exact_up_to else []) + ["index"], keep) for n in args.images}
+    runs = {n: _measure(root, n, (["exact"] if n <= args.exact_up_to else []) + ["index"], keep, data) for n in args.images}
     summary = _print(args.images, runs, (load_before[0], os.getloadavg()[0]))
     summary["load_average"] = [load_before[0], os.getloadavg()[0]]
     slim = {n: {m: {k: v for k, v in r.items() if not k.endswith("_decisions")} for m, r in modes.items()}

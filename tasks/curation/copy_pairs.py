@@ -50,6 +50,7 @@ PAIRS_TABLE = "curation_pairs"
 # image) stays in-process up to ~30,000 images.
 PARALLEL_FROM = 4000
 CHUNK = 250  # pairs per worker task
+SCORE_BLOCK = 50_000  # pairs whose work items are held at once (signatures are cached per image)
 BLUR_SIGMA = 1.0  # embedding pixels: the second candidate search's blur
 
 PAIRS_SCHEMA = pa.schema(
@@ -140,6 +141,7 @@ class CopyScores:
         self.fresh: dict[tuple[str, str], float] = {}
         self._fresh_of: dict[str, dict[str, float]] = {}  # sha -> {partner scored here: score}
         self._partners: dict[str, dict[str, float]] = {}  # sha -> {scored partner: score}, gathered on demand
+        self._none_stored: set[str] = set()  # images found to have no stored partner
         self._sigs: dict[str, np.ndarray | None] = {}
         self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
 
@@ -156,10 +158,16 @@ class CopyScores:
                 self._partners[x][y] = v
 
     def partners(self, sha: str) -> dict[str, float]:
-        """Every image ``sha`` has a known score with (stored or scored here), and the score."""
+        """Every image ``sha`` has a known score with (stored or scored here), and the score.
+
+        An image with no stored partner answers from the pairs scored here (no copy of them is kept).
+        """
         got = self._partners.get(sha)
         if got is None:
-            got = self.stored.partners(sha)
+            got = {} if sha in self._none_stored else self.stored.partners(sha)
+            if not got:
+                self._none_stored.add(sha)
+                return self._fresh_of.get(sha) or {}
             got.update(self._fresh_of.get(sha, {}))
             self._partners[sha] = got
         return got
@@ -169,17 +177,18 @@ class CopyScores:
         return self.partners(a).get(b)
 
     def score_many(self, pairs: Iterable[tuple[str, str]]) -> None:
-        """Compute every unknown pair of ``pairs`` (in worker processes when many)."""
+        """Compute every unknown pair of ``pairs`` (in worker processes when many), a block at a time."""
         todo = sorted({self.key(a, b) for a, b in pairs if a != b and self.get(a, b) is None})
         if not todo:
             return
-        sigs = {s: self._signature(s) for pair in todo for s in pair}
-        ready = [(p, sigs[p[0]], sigs[p[1]]) for p in todo]
-        unusable = [p for p, x, y in ready if x is None or y is None]
-        work = [(p, x, y) for p, x, y in ready if x is not None and y is not None]
-        scores = self._run([(x, y) for _, x, y in work])
-        for (p, _, _), v in zip(work, scores):
-            self._remember(p, float(v), fresh=True)
+        unusable: list[tuple[str, str]] = []
+        with _Scorer(self.workers if len(todo) >= PARALLEL_FROM else 1, len(todo)) as run:
+            for start in range(0, len(todo), SCORE_BLOCK):
+                block = [(p, self._signature(p[0]), self._signature(p[1])) for p in todo[start:start + SCORE_BLOCK]]
+                unusable += [p for p, x, y in block if x is None or y is None]
+                work = [(p, x, y) for p, x, y in block if x is not None and y is not None]
+                for (p, _, _), v in zip(work, run([(x, y) for _, x, y in work])):
+                    self._remember(p, float(v), fresh=True)
         for p in unusable:
             self._remember(p, 0.0, fresh=True)
 
@@ -192,17 +201,6 @@ class CopyScores:
                 self._sigs[sha] = None
         return self._sigs[sha]
 
-    def _run(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
-        if self.workers < 2 or len(items) < PARALLEL_FROM:
-            return _score_chunk(items)
-        chunks = [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
-        try:
-            with ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn")) as pool:
-                return [v for part in pool.map(_score_chunk, chunks) for v in part]
-        except BrokenProcessPool as exc:  # e.g. a __main__ script without a main guard: same scores, one core
-            log.warning("curate: copy-score workers failed (%s): scoring %d pairs in this process", exc, len(items))
-            return _score_chunk(items)
-
     def fresh_rows(self, run_id: str) -> pa.Table:
         keys = sorted(self.fresh)
         return pa.table({"sha256_a": [a for a, _ in keys], "sha256_b": [b for _, b in keys],
@@ -211,6 +209,46 @@ class CopyScores:
 
 
 # ---------------------------------------------------------------- the cache table
+
+
+class _Scorer:
+    """Scores lists of signature pairs: in one pool of spawned workers kept for every block, else in this process.
+
+    Workers that cannot start (e.g. a ``__main__`` script without a main guard) leave the rest to this process.
+    """
+
+    def __init__(self, workers: int, total: int) -> None:
+        self.workers, self.left = workers, total
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> _Scorer:
+        if self.workers >= 2:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"))
+        return self
+
+    def __call__(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+        scores = self._scored(items)
+        self.left -= len(items)
+        return scores
+
+    def _scored(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+        if self._pool is None:
+            return _score_chunk(items)
+        chunks = [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
+        try:
+            return [v for part in self._pool.map(_score_chunk, chunks) for v in part]
+        except BrokenProcessPool as exc:  # same scores, one core
+            log.warning("curate: copy-score workers failed (%s): scoring %d pairs in this process", exc, self.left)
+            self._close()
+            return _score_chunk(items)
+
+    def _close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
 
 
 def load_scores(uri: str, shas: set[str]) -> StoredPairs:

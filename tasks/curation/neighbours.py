@@ -204,13 +204,21 @@ class ShaIndex:
         os.replace(tmp_shas, self.path.with_suffix(".shas"))
 
 
-def candidate_pairs(graph: NeighbourGraph, k: int) -> set[tuple[int, int]]:
-    """(i, j), i < j: each query and its ``k`` nearest images in every view."""
-    pairs: set[tuple[int, int]] = set()
+def candidate_pairs(graph: NeighbourGraph, k: int) -> np.ndarray:
+    """Rows (i, j), i < j, sorted and unique: each query and its ``k`` nearest images in every view.
+
+    An int64 array, not a set of tuples: a million queries give about 13 million pairs.
+    """
+    codes = []
+    n = 1 + max([int(graph.queries.max(initial=-1))] + [int(ids.max(initial=-1)) for ids in graph.ids])
     for ids in graph.ids:
-        for a, row in zip(graph.queries.tolist(), ids[:, :k].tolist()):
-            pairs.update((min(a, b), max(a, b)) for b in row if b >= 0)
-    return pairs
+        b = ids[:, :k].astype(np.int64)
+        a = np.broadcast_to(graph.queries.astype(np.int64)[:, None], b.shape)
+        found = b >= 0
+        lo, hi = np.minimum(a, b)[found], np.maximum(a, b)[found]
+        codes.append(lo[lo != hi] * n + hi[lo != hi])
+    unique = np.unique(np.concatenate(codes)) if codes else np.zeros(0, dtype=np.int64)
+    return np.stack([unique // max(n, 1), unique % max(n, 1)], axis=1)
 
 
 def similar_pairs(graph: NeighbourGraph, k: int, threshold: float) -> list[tuple[int, int, float]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,13 +81,14 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     splits, then each component deduplicated.
     """
     cfg = settings.curation
-    by_sha = {r["sha256"]: r for r in sorted(raw.to_pylist(), key=lambda r: r["sha256"])}
-    stored, fresh = _features(settings, by_sha, run_id, work)
+    images = RawImages(raw)
+    by_sha = {r["sha256"]: r for r in sorted(raw.drop_columns(["image"]).to_pylist(), key=lambda r: r["sha256"])}
+    stored, fresh = _features(settings, list(by_sha), images, run_id, work)
     features: Features = merge_features(stored, fresh)
     record, record_version = read_assignments(settings)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
-    graph = _group(settings, eligible, record, features, by_sha)
+    graph = _group(settings, eligible, record, features, images)
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), record, features, by_sha, graph.scores, cfg, raw_version, run_id)
     dropped.extend(bridges)
@@ -105,7 +106,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         "similarity": {"queries": len(graph.pending), "corpus": len(eligible),
                        "pairs_at_or_above_threshold": graph.found,
                        "search": graph.search},
-        "copies": {"candidates": len(graph.candidates), "copy_edges": graph.copy_edges,
+        "copies": {"candidates": graph.candidates, "copy_edges": graph.copy_edges,
                    "pairs_scored": len(graph.scores.fresh),
                    "pairs_stored_before": graph.scores.stored.count, "score": score_config(),
                    "threshold": cfg.copy_similarity},
@@ -117,7 +118,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     info.setdefault("decisions", {}).setdefault("abstained", []).extend(abstained)
     return Plan(
         pair_rows=graph.scores.fresh_rows(run_id),
-        curated=pa.Table.from_pylist(kept_rows, schema=CURATED_SCHEMA),
+        curated=_snapshot(kept_rows, images),
         dropped=dropped,
         assignments=assignments,
         record_changed=new_images > 0 or bool(renamed),
@@ -131,15 +132,48 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     )
 
 
-def _features(settings: Settings, by_sha: dict[str, dict[str, Any]], run_id: str, work: Path
+FEATURE_CHUNK = 20_000  # images decoded per call: their bytes and row dicts are held one chunk at a time
+TAKE_BLOCK = 65_536  # rows per block when the snapshot's image column is gathered
+
+
+class RawImages:
+    """The raw version's encoded images by sha256, left in their Arrow column (no Python copy of the bytes).
+
+    A column of a million images holds more than a binary array's 2 GB of offsets, so it stays chunked
+    and is gathered a block of rows at a time.
+    """
+
+    def __init__(self, raw: pa.Table) -> None:
+        self._images = raw.column("image")
+        self._row = {sha: i for i, sha in enumerate(raw.column("sha256").to_pylist())}
+
+    def __call__(self, sha: str) -> bytes:
+        return self._images[self._row[sha]].as_py()
+
+    def column(self, shas: list[str]) -> pa.ChunkedArray:
+        """The images of ``shas``, in that order."""
+        rows = np.fromiter((self._row[s] for s in shas), dtype=np.int64, count=len(shas))
+        blocks = [self._images.take(pa.array(rows[i:i + TAKE_BLOCK])) for i in range(0, len(rows), TAKE_BLOCK)]
+        chunks = [c for block in blocks for c in block.chunks]
+        return pa.chunked_array(chunks, type=self._images.type)
+
+
+def _snapshot(kept_rows: list[dict[str, Any]], images: RawImages) -> pa.Table:
+    """The curated snapshot's table: the kept rows with their stored bytes."""
+    facts = pa.Table.from_pylist(kept_rows, schema=CURATED_SCHEMA.remove(CURATED_SCHEMA.get_field_index("image")))
+    return facts.add_column(CURATED_SCHEMA.get_field_index("image"), CURATED_SCHEMA.field("image"),
+                            images.column(facts.column("sha256").to_pylist()))
+
+
+def _features(settings: Settings, shas: list[str], images: RawImages, run_id: str, work: Path
               ) -> tuple[Features, pa.Table]:
     """(stored features of these images, rows computed now for the rest): each image is embedded once."""
     cfg = settings.curation
-    stored = load_features(settings.table_uri(EMBEDDINGS_TABLE), feature_config(cfg), set(by_sha), vectors=False)
-    missing = [s for s in by_sha if s not in stored.by_sha]
-    fresh = (compute_features([(s, by_sha[s]["image"]) for s in missing], cfg, work, run_id) if missing
-             else FEATURES_SCHEMA.empty_table())
-    return stored, fresh
+    stored = load_features(settings.table_uri(EMBEDDINGS_TABLE), feature_config(cfg), set(shas), vectors=False)
+    missing = [s for s in shas if s not in stored.by_sha]
+    parts = [compute_features([(s, images(s)) for s in missing[i:i + FEATURE_CHUNK]], cfg, work, run_id)
+             for i in range(0, len(missing), FEATURE_CHUNK)]
+    return stored, pa.concat_tables(parts) if parts else FEATURES_SCHEMA.empty_table()
 
 
 @dataclass
@@ -152,7 +186,7 @@ class _Graph:
     scores: CopyScores
     found: int = 0  # pairs at or above near_duplicate_threshold
     duplicates: list[tuple[str, str, float]] = field(default_factory=list)
-    candidates: set[tuple[int, int]] = field(default_factory=set)
+    candidates: int = 0  # candidate pairs scored or found scored
     copy_edges: int = 0
     search: str = ""
 
@@ -164,7 +198,7 @@ class _Graph:
 
 
 def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment], features: Features,
-           by_sha: dict[str, dict[str, Any]]) -> _Graph:
+           images: RawImages) -> _Graph:
     """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies."""
     cfg = settings.curation
     pos = {sha: i for i, sha in enumerate(eligible)}
@@ -184,8 +218,7 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
     for a, b, _ in similar:
         sets.union(a, b)
     best = sorted(similar, key=lambda t: (-t[2], t[0], t[1]))[:GALLERY_IMAGES]
-    scores = CopyScores(lambda sha: by_sha[sha]["image"],
-                        load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
+    scores = CopyScores(images, load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
     candidates, copy_edges = _link_copies(cfg, eligible, neighbours, scores, sets)
     return _Graph(eligible, sets, pending, scores, len(similar), [(eligible[a], eligible[b], s) for a, b, s in best],
                   candidates, copy_edges, neighbours.search)
@@ -278,26 +311,32 @@ def _dedupe(groups: dict[str, list[str]], assignments: dict[str, Assignment], fe
         dropped.extend(drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
         for sha in kept:
             r = by_sha[sha]
-            kept_rows.append({"sha256": sha, "image": r["image"], "label": r["label"],
+            kept_rows.append({"sha256": sha, "label": r["label"],
                               "split": assignments[sha].split, "component": key, "width": int(r["width"]),
                               "height": int(r["height"])})
     return kept_rows
 
 
 def _link_copies(cfg: Any, eligible: list[str], neighbours: NeighbourGraph, scores: CopyScores,
-                 sets: UnionFind) -> tuple[set[tuple[int, int]], int]:
+                 sets: UnionFind) -> tuple[int, int]:
     """Score the new images' candidate pairs; a copy joins its original's component (copies never straddle splits).
 
-    Returns (candidate pairs, how many were copies).
+    Returns (how many candidate pairs, how many were copies).
     """
     candidates = candidate_pairs(neighbours, cfg.copy_candidates)
-    scores.score_many((eligible[i], eligible[j]) for i, j in candidates)
+    scores.score_many((eligible[i], eligible[j]) for i, j in _rows(candidates))
     copy_edges = 0
-    for i, j in candidates:
+    for i, j in _rows(candidates):
         if scores.get(eligible[i], eligible[j]) >= cfg.copy_similarity:
             sets.union(i, j)
             copy_edges += 1
-    return candidates, copy_edges
+    return len(candidates), copy_edges
+
+
+def _rows(pairs: np.ndarray) -> Iterator[list[int]]:
+    """The rows of an (n, 2) array as Python ints, a block at a time (no Python list of every pair)."""
+    for start in range(0, len(pairs), TAKE_BLOCK):
+        yield from pairs[start:start + TAKE_BLOCK].tolist()
 
 
 def store_caches(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> None:
