@@ -85,6 +85,8 @@ def run_one(home: Path, full: Path, batch: Path, mode: str, out: Path) -> None:
     result["workers_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     result["full_kept"], result["full_dropped"] = done.kept, done.dropped_by_reason
     result["full_decisions"] = _decisions(settings, raw1, done.report_path)
+    if os.environ.get("CD4ML_BENCH_KEEP_HOME"):  # the home after the full run: a later batch runs on a copy
+        shutil.copytree(home, Path(os.environ["CD4ML_BENCH_KEEP_HOME"]) / f"{home.name}_after_full", symlinks=True)
     raw2 = ingest_landing(settings, run_id="scale-2", logical_date="2026-11-22", landing=batch).raw_version
     start, cpu = time.perf_counter(), _cpu_seconds()
     done = curate(settings, raw2, run_id="scale-batch", logical_date="2026-11-22")
@@ -127,14 +129,16 @@ def generated(data: Path, n: int) -> tuple[Path, Path]:
     return full, batch
 
 
-def _measure(root: Path, n: int, modes: list[str], keep: Path | None = None, data: Path | None = None
-             ) -> dict[str, dict]:
+def _measure(root: Path, n: int, modes: list[str], keep: Path | None = None, data: Path | None = None,
+             keep_homes: Path | None = None) -> dict[str, dict]:
     full, batch = generated(data or root, n)
     results = {}
     for mode in modes:
         out = root / f"{mode}_{n}.json"
         home = root / f"home_{mode}_{n}"
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'plugins'}"}
+        if keep_homes is not None:
+            env["CD4ML_BENCH_KEEP_HOME"] = str(keep_homes)
         subprocess.run([sys.executable, __file__, "--run", str(home), str(full), str(batch), mode, str(out)],
                        check=True, env=env)
         results[mode] = json.loads(out.read_text())
@@ -189,6 +193,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/curate_scale.json", help="the JSON written (from the repo)")
     parser.add_argument("--keep", help="a folder to copy each run's JSON into, with every decision")
     parser.add_argument("--data", help="a folder that keeps the generated images between runs (written once a size)")
+    parser.add_argument("--keep-homes", help="a folder to copy each home into after its full run (for --batch-on)")
     parser.add_argument("--generate-only", action="store_true", help="write the images into --data and stop")
     parser.add_argument("--run", nargs=5, metavar=("HOME", "FULL", "BATCH", "MODE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -206,7 +211,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="cd4ml-bench-scale-"))
     load_before = os.getloadavg()
     keep = Path(args.keep) if args.keep else None
-    runs = {n: _measure(root, n, (["exact"] if n <= args.exact_up_to else []) + ["index"], keep, data) for n in args.images}
+    runs = {n: _measure(root, n, (["exact"] if n <= args.exact_up_to else []) + ["index"], keep, data,
+                     Path(args.keep_homes) if args.keep_homes else None) for n in args.images}
     summary = _print(args.images, runs, (load_before[0], os.getloadavg()[0]))
     summary["load_average"] = [load_before[0], os.getloadavg()[0]]
     slim = {n: {m: {k: v for k, v in r.items() if not k.endswith("_decisions")} for m, r in modes.items()}
