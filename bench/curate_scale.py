@@ -99,6 +99,41 @@ def run_one(home: Path, full: Path, batch: Path, mode: str, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
+def batch_on(kept: Path, batch: Path, profile: Path | None) -> dict:
+    """The 1% batch alone, on a copy of a home kept after its full run (``--keep-homes``): this checkout's code.
+
+    Prints and returns its seconds, CPU seconds and peak RSS (the process's own: a fresh one); with
+    ``profile``, the batch's cProfile statistics are written there.
+    """
+    import cProfile
+
+    from tasks.curation.curate import curate
+    from tasks.data.ingest import ingest_landing
+    from tasks.settings import load_settings
+
+    home = Path(tempfile.mkdtemp(prefix="cd4ml-bench-batch-")) / kept.name
+    shutil.copytree(kept, home, symlinks=True)
+    try:
+        settings = load_settings("sit", home=home)
+        raw2 = ingest_landing(settings, run_id="scale-2", logical_date="2026-11-22", landing=batch).raw_version
+        profiler = cProfile.Profile() if profile else None
+        start, cpu = time.perf_counter(), _cpu_seconds()
+        if profiler:
+            profiler.enable()
+        done = curate(settings, raw2, run_id="scale-batch", logical_date="2026-11-22")
+        if profiler:
+            profiler.disable()
+            profiler.dump_stats(str(profile))
+        result = {"batch_s": time.perf_counter() - start, "batch_cpu_s": _cpu_seconds() - cpu,
+                  "batch_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "batch_kept": done.kept, "batch_dropped": done.dropped_by_reason,
+                  "batch_decisions": _decisions(settings, raw2, done.report_path)}
+    finally:
+        shutil.rmtree(home.parent, ignore_errors=True)
+    print(json.dumps({k: v for k, v in result.items() if k != "batch_decisions"}))
+    return result
+
+
 def _differences(a: dict, b: dict) -> list[str]:
     """Every image whose decision differs between two modes (kept split/component, drop reason, possible copy)."""
     out = []
@@ -194,12 +229,20 @@ def main() -> None:
     parser.add_argument("--keep", help="a folder to copy each run's JSON into, with every decision")
     parser.add_argument("--data", help="a folder that keeps the generated images between runs (written once a size)")
     parser.add_argument("--keep-homes", help="a folder to copy each home into after its full run (for --batch-on)")
+    parser.add_argument("--batch-on", nargs=2, metavar=("KEPT_HOME", "BATCH"),
+                        help="only the batch, on a copy of a home kept by --keep-homes, with this checkout's code")
+    parser.add_argument("--profile", help="with --batch-on: write the batch's cProfile statistics here")
     parser.add_argument("--generate-only", action="store_true", help="write the images into --data and stop")
     parser.add_argument("--run", nargs=5, metavar=("HOME", "FULL", "BATCH", "MODE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         home, full, batch, mode, out = args.run
         run_one(Path(home), Path(full), Path(batch), mode, Path(out))
+        return
+    if args.batch_on:
+        result = batch_on(Path(args.batch_on[0]), Path(args.batch_on[1]), Path(args.profile) if args.profile else None)
+        if args.keep:
+            Path(args.keep).write_text(json.dumps(result))
         return
     data = Path(args.data) if args.data else None
     if args.generate_only:

@@ -84,9 +84,10 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
         """Members that are copies of member i by what is known now (same pixels, or a scored pair)."""
         return [(index[o], how) for o, how in _copies_of(order[i], index, by_digest, features, scores, threshold)]
 
+    copies = [known_copies(i) for i in range(len(order))]  # the scores do not change during the walk
     clash: dict[int, tuple[int, str]] = {}  # member -> a known copy of it with another label
     for i in range(len(order)):
-        other = next(((k, how) for k, how in known_copies(i) if label[k] != label[i]), None)
+        other = next(((k, how) for k, how in copies[i] if label[k] != label[i]), None)
         if other is not None:
             clash[i] = other
     kept: list[int] = []
@@ -98,7 +99,7 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
             removed.append((sha, "label_conflict", None,
                             f"copy ({how}) of {order[k][:12]} labelled {label[k]!r}, this one {label[i]!r}"))
             continue
-        originals = [(order[k], how) for k, how in known_copies(i) if k in kept_set and label[k] == label[i]]
+        originals = [(order[k], how) for k, how in copies[i] if k in kept_set and label[k] == label[i]]
         if not originals:
             kept.append(i)
             kept_set.add(i)

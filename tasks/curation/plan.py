@@ -8,6 +8,7 @@ assigned (``tasks.curation.assignments``) and each component deduplicated
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 from collections.abc import Collection, Iterator
@@ -261,16 +262,22 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
                                cfg.copy_min_separation, cfg.copy_min_class_images)
     abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
     constant = {s for s in by_sha if is_constant(features.by_sha[s])}
+    walk = functools.partial(_dedupe, groups=groups, assignments=assignments, features=features, by_sha=by_sha,
+                             scores=graph.scores, threshold=cfg.copy_similarity, abstain=abstain)
+    kept_rows, removed, possible = walk(sorted(groups))
     while True:
-        possible: list[tuple[str, str, float]] = []
-        removed: list[dict[str, Any]] = []
-        kept_rows = _dedupe(groups, assignments, features, by_sha, graph.scores, cfg.copy_similarity, removed,
-                            abstain, possible)
         over = {k: v for k, v in over_budget(by_sha, dropped + removed, cfg.max_class_drop_share, constant).items()
                 if k not in abstain}
         if not over:
             break
         abstain.update(over)
+        # Only components with a member of a newly abstaining class can decide otherwise: they are walked again.
+        again = {k for k, members in groups.items() if any(by_sha[s]["label"] in over for s in members)}
+        members = {s for k in again for s in groups[k]}
+        kept_again, removed_again, possible_again = walk(sorted(again))
+        kept_rows = [r for r in kept_rows if r["component"] not in again] + kept_again
+        removed = [d for d in removed if d["component"] not in again] + removed_again
+        possible = [p for p in possible if p[0] not in members] + possible_again
     dropped.extend(removed)
     return kept_rows, {"abstain": abstain, "possible": possible,
                        "separation": {label: sep.to_dict() for label, sep in seps.items()},
@@ -298,13 +305,15 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict
             "separation": dup["separation"], "max_class_drop_share": dup["max_class_drop_share"]}
 
 
-def _dedupe(groups: dict[str, list[str]], assignments: dict[str, Assignment], features: Features,
-            by_sha: dict[str, dict[str, Any]], scores: CopyScores, threshold: float,
-            dropped: list[dict[str, Any]], abstain: Collection[str] = (),
-            possible: list[tuple[str, str, float]] | None = None) -> list[dict[str, Any]]:
-    """The kept rows of every component, first assigned first; the removed members are added to ``dropped``."""
+def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[str, Assignment],
+            features: Features, by_sha: dict[str, dict[str, Any]], scores: CopyScores, threshold: float,
+            abstain: Collection[str] = ()
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[str, str, float]]]:
+    """(kept rows, drop rows, possible copies) of the components ``keys``, each walked first assigned first."""
     kept_rows: list[dict[str, Any]] = []
-    for key in sorted(groups):
+    dropped: list[dict[str, Any]] = []
+    possible: list[tuple[str, str, float]] = []
+    for key in keys:
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
         kept, removed = dedupe_component(order, features, {s: by_sha[s]["label"] for s in order}, scores, threshold,
                                          abstain, possible)
@@ -314,7 +323,7 @@ def _dedupe(groups: dict[str, list[str]], assignments: dict[str, Assignment], fe
             kept_rows.append({"sha256": sha, "label": r["label"],
                               "split": assignments[sha].split, "component": key, "width": int(r["width"]),
                               "height": int(r["height"])})
-    return kept_rows
+    return kept_rows, dropped, possible
 
 
 def _link_copies(cfg: Any, eligible: list[str], neighbours: NeighbourGraph, scores: CopyScores,
