@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.curation_features import Features
-from tasks.curation.dedupe import recorded_original
+from tasks.curation.dedupe import RecordedMembers, recorded_original
 from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, drop_row
 from tasks.data import lake
 from tasks.settings import Settings
@@ -94,9 +94,9 @@ def assign(
             named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
             more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
             detail = f"would join recorded components {named}{more} in different splits"
+            members = RecordedMembers([m for m in group if m in record], features)
             for s in newcomers:
-                copied = recorded_original(s, [m for m in group if m in record], features, by_sha, scores,
-                                           cfg.copy_similarity)
+                copied = recorded_original(s, members, features, by_sha, scores, cfg.copy_similarity)
                 if copied is None:
                     dropped.append(drop_row(by_sha[s], "split_bridge", recorded[0], None, detail))
                 else:  # a copy needs no split: dropped as such, never kept across splits

@@ -37,15 +37,31 @@ def _strongest(sha: str, copies: list[tuple[str, str]], scores: CopyScores, rank
     return max(copies, key=lambda c: (c[1] == "same pixels", scores.get(sha, c[0]) or 0.0, -rank[c[0]]))
 
 
-def recorded_original(sha: str, recorded: list[str], features: Features, by_sha: dict[str, dict[str, Any]],
+class RecordedMembers:
+    """The recorded members of one component, indexed once for every new image that joins it.
+
+    ``rank`` is a member's place in the component's order (ties of the strongest copy go to the first);
+    ``by_digest`` groups the members by decoded pixels. Built once per component: a new image then costs
+    its own partners, never the component's size.
+    """
+
+    def __init__(self, recorded: list[str], features: Features) -> None:
+        self.rank = {r: i for i, r in enumerate(recorded)}
+        self.by_digest = group_by_pixels(recorded, features)
+
+
+def recorded_original(sha: str, recorded: RecordedMembers, features: Features, by_sha: dict[str, dict[str, Any]],
                       scores: CopyScores, threshold: float) -> tuple[str, str, str] | None:
     """(reason, recorded image, how) when a new image is a copy of a recorded image with its label, else None."""
-    same_label = [r for r in recorded if by_sha[r]["label"] == by_sha[sha]["label"]]
-    rank = {r: i for i, r in enumerate(same_label)}
-    copies = _copies_of(sha, rank, group_by_pixels(same_label, features), features, scores, threshold)
+    label = by_sha[sha]["label"]
+    digest = pixel_key(features, sha)
+    copies = [(o, "same pixels") for o in recorded.by_digest.get(digest, ()) if o != sha and by_sha[o]["label"] == label]
+    copies += [(o, f"copy score {v:.4f}") for o, v in scores.partners(sha).items()
+               if v >= threshold and o in recorded.rank and by_sha[o]["label"] == label
+               and pixel_key(features, o) != digest]
     if not copies:
         return None
-    original, how = _strongest(sha, copies, scores, rank)
+    original, how = _strongest(sha, copies, scores, recorded.rank)
     if how == "same pixels":
         return "exact_duplicate", original, "same decoded pixels"
     return "near_duplicate", original, how
