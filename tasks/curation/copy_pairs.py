@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +51,7 @@ PAIRS_TABLE = "curation_pairs"
 # image) stays in-process up to ~30,000 images.
 PARALLEL_FROM = 4000
 CHUNK = 250  # pairs per worker task
+SIGNATURE_CHUNK = 500  # images per worker task when signatures are computed (~0.3 ms each)
 SCORE_BLOCK = 50_000  # pairs whose work items are held at once (signatures are cached per image)
 BLUR_SIGMA = 1.0  # embedding pixels: the second candidate search's blur
 
@@ -87,6 +89,17 @@ def blurred(matrix: np.ndarray, side: int, sigma: float = BLUR_SIGMA) -> np.ndar
 
 def _score_chunk(chunk: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
     return [copy_score.copy_score(a, b) for a, b in chunk]
+
+
+def _signature_chunk(chunk: list[bytes]) -> list[tuple[np.ndarray | None, str | None]]:
+    """(signature, None), or (None, why) for an image whose signature cannot be computed."""
+    out: list[tuple[np.ndarray | None, str | None]] = []
+    for data in chunk:
+        try:
+            out.append((copy_score.copy_signature(data), None))
+        except Exception as exc:  # any decoder failure: the caller scores the image as no copy
+            out.append((None, str(exc)))
+    return out
 
 
 class StoredPairs:
@@ -184,7 +197,9 @@ class CopyScores:
         unusable: list[tuple[str, str]] = []
         with _Scorer(self.workers if len(todo) >= PARALLEL_FROM else 1, len(todo)) as run:
             for start in range(0, len(todo), SCORE_BLOCK):
-                block = [(p, self._signature(p[0]), self._signature(p[1])) for p in todo[start:start + SCORE_BLOCK]]
+                pairs_now = todo[start:start + SCORE_BLOCK]
+                self._signatures(sorted({s for p in pairs_now for s in p}), run)
+                block = [(p, self._sigs[p[0]], self._sigs[p[1]]) for p in pairs_now]
                 unusable += [p for p, x, y in block if x is None or y is None]
                 work = [(p, x, y) for p, x, y in block if x is not None and y is not None]
                 for (p, _, _), v in zip(work, run([(x, y) for _, x, y in work])):
@@ -192,14 +207,13 @@ class CopyScores:
         for p in unusable:
             self._remember(p, 0.0, fresh=True)
 
-    def _signature(self, sha: str) -> np.ndarray | None:
-        if sha not in self._sigs:
-            try:
-                self._sigs[sha] = copy_score.copy_signature(self._image_of(sha))
-            except Exception as exc:  # decoded once by ingest and by curation: say so, score it as no copy
-                log.warning("curate: no copy signature for %s: %s", sha[:12], exc)
-                self._sigs[sha] = None
-        return self._sigs[sha]
+    def _signatures(self, shas: list[str], run: _Scorer) -> None:
+        """Compute the signatures of ``shas`` not known yet (in the workers when there are many)."""
+        todo = [s for s in shas if s not in self._sigs]
+        for sha, (sig, error) in zip(todo, run.signatures([self._image_of(s) for s in todo])):
+            if error is not None:  # decoded once by ingest and by curation: say so, score it as no copy
+                log.warning("curate: no copy signature for %s: %s", sha[:12], error)
+            self._sigs[sha] = sig
 
     def fresh_rows(self, run_id: str) -> pa.Table:
         keys = sorted(self.fresh)
@@ -227,20 +241,24 @@ class _Scorer:
         return self
 
     def __call__(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
-        scores = self._scored(items)
+        scores = self._mapped(_score_chunk, items, CHUNK, PARALLEL_FROM)
         self.left -= len(items)
         return scores
 
-    def _scored(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
-        if self._pool is None:
-            return _score_chunk(items)
-        chunks = [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
+    def signatures(self, images: list[bytes]) -> list[tuple[np.ndarray | None, str | None]]:
+        return self._mapped(_signature_chunk, images, SIGNATURE_CHUNK, SIGNATURE_CHUNK)
+
+    def _mapped(self, fn: Callable[[list[Any]], list[Any]], items: list[Any], chunk: int, parallel_from: int
+                ) -> list[Any]:
+        if self._pool is None or len(items) < parallel_from:
+            return fn(items)
+        chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
         try:
-            return [v for part in self._pool.map(_score_chunk, chunks) for v in part]
-        except BrokenProcessPool as exc:  # same scores, one core
+            return [v for part in self._pool.map(fn, chunks) for v in part]
+        except BrokenProcessPool as exc:  # same results, one core
             log.warning("curate: copy-score workers failed (%s): scoring %d pairs in this process", exc, self.left)
             self._close()
-            return _score_chunk(items)
+            return fn(items)
 
     def _close(self) -> None:
         if self._pool is not None:
