@@ -87,16 +87,32 @@ def run_one(home: Path, full: Path, batch: Path, mode: str, out: Path) -> None:
     result["full_decisions"] = _decisions(settings, raw1, done.report_path)
     if os.environ.get("CD4ML_BENCH_KEEP_HOME"):  # the home after the full run: a later batch runs on a copy
         shutil.copytree(home, Path(os.environ["CD4ML_BENCH_KEEP_HOME"]) / f"{home.name}_after_full", symlinks=True)
-    raw2 = ingest_landing(settings, run_id="scale-2", logical_date="2026-11-22", landing=batch).raw_version
-    start, cpu = time.perf_counter(), _cpu_seconds()
-    done = curate(settings, raw2, run_id="scale-batch", logical_date="2026-11-22")
-    result["batch_s"] = time.perf_counter() - start
-    result["batch_cpu_s"] = _cpu_seconds() - cpu
-    result["batch_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result["batch_kept"], result["batch_dropped"] = done.kept, done.dropped_by_reason
-    result["batch_decisions"] = _decisions(settings, raw2, done.report_path)
-    result["search"] = json.loads(Path(done.report_path).read_text()).get("similarity", {}).get("search")
+    result.update(_run_batch(settings, batch))
     out.write_text(json.dumps(result))
+
+
+def _run_batch(settings, batch: Path, profile: Path | None = None) -> dict:
+    """Ingest the batch folder and curate it (timed: seconds, CPU seconds, the process's peak RSS, decisions);
+    with ``profile``, the curation's cProfile statistics are written there."""
+    import cProfile
+
+    from tasks.curation.curate import curate
+    from tasks.data.ingest import ingest_landing
+
+    raw2 = ingest_landing(settings, run_id="scale-2", logical_date="2026-11-22", landing=batch).raw_version
+    profiler = cProfile.Profile() if profile else None
+    start, cpu = time.perf_counter(), _cpu_seconds()
+    if profiler:
+        profiler.enable()
+    done = curate(settings, raw2, run_id="scale-batch", logical_date="2026-11-22")
+    if profiler:
+        profiler.disable()
+        profiler.dump_stats(str(profile))
+    return {"batch_s": time.perf_counter() - start, "batch_cpu_s": _cpu_seconds() - cpu,
+            "batch_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "batch_kept": done.kept, "batch_dropped": done.dropped_by_reason,
+            "batch_decisions": _decisions(settings, raw2, done.report_path),
+            "search": json.loads(Path(done.report_path).read_text()).get("similarity", {}).get("search")}
 
 
 def batch_on(kept: Path, batch: Path, profile: Path | None) -> dict:
@@ -105,29 +121,12 @@ def batch_on(kept: Path, batch: Path, profile: Path | None) -> dict:
     Prints and returns its seconds, CPU seconds and peak RSS (the process's own: a fresh one); with
     ``profile``, the batch's cProfile statistics are written there.
     """
-    import cProfile
-
-    from tasks.curation.curate import curate
-    from tasks.data.ingest import ingest_landing
     from tasks.settings import load_settings
 
     home = Path(tempfile.mkdtemp(prefix="cd4ml-bench-batch-")) / kept.name
     shutil.copytree(kept, home, symlinks=True)
     try:
-        settings = load_settings("sit", home=home)
-        raw2 = ingest_landing(settings, run_id="scale-2", logical_date="2026-11-22", landing=batch).raw_version
-        profiler = cProfile.Profile() if profile else None
-        start, cpu = time.perf_counter(), _cpu_seconds()
-        if profiler:
-            profiler.enable()
-        done = curate(settings, raw2, run_id="scale-batch", logical_date="2026-11-22")
-        if profiler:
-            profiler.disable()
-            profiler.dump_stats(str(profile))
-        result = {"batch_s": time.perf_counter() - start, "batch_cpu_s": _cpu_seconds() - cpu,
-                  "batch_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "batch_kept": done.kept, "batch_dropped": done.dropped_by_reason,
-                  "batch_decisions": _decisions(settings, raw2, done.report_path)}
+        result = _run_batch(load_settings("sit", home=home), batch, profile)
     finally:
         shutil.rmtree(home.parent, ignore_errors=True)
     print(json.dumps({k: v for k, v in result.items() if k != "batch_decisions"}))

@@ -54,11 +54,8 @@ def recorded_original(sha: str, recorded: RecordedMembers, features: Features, b
                       scores: CopyScores, threshold: float) -> tuple[str, str, str] | None:
     """(reason, recorded image, how) when a new image is a copy of a recorded image with its label, else None."""
     label = by_sha[sha]["label"]
-    digest = pixel_key(features, sha)
-    copies = [(o, "same pixels") for o in recorded.by_digest.get(digest, ()) if o != sha and by_sha[o]["label"] == label]
-    copies += [(o, f"copy score {v:.4f}") for o, v in scores.partners(sha).items()
-               if v >= threshold and o in recorded.rank and by_sha[o]["label"] == label
-               and pixel_key(features, o) != digest]
+    copies = [(o, how) for o, how in _copies_of(sha, recorded.rank, recorded.by_digest, features, scores, threshold)
+              if by_sha[o]["label"] == label]
     if not copies:
         return None
     original, how = _strongest(sha, copies, scores, recorded.rank)

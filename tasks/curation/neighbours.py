@@ -216,7 +216,8 @@ def candidate_pairs(graph: NeighbourGraph, k: int) -> np.ndarray:
         a = np.broadcast_to(graph.queries.astype(np.int64)[:, None], b.shape)
         found = b >= 0
         lo, hi = np.minimum(a, b)[found], np.maximum(a, b)[found]
-        codes.append(lo[lo != hi] * n + hi[lo != hi])
+        pair = lo != hi
+        codes.append(lo[pair] * n + hi[pair])
     unique = np.unique(np.concatenate(codes)) if codes else np.zeros(0, dtype=np.int64)
     return np.stack([unique // max(n, 1), unique % max(n, 1)], axis=1)
 

@@ -134,7 +134,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
 
 
 FEATURE_CHUNK = 20_000  # images decoded per call: their bytes and row dicts are held one chunk at a time
-TAKE_BLOCK = 65_536  # rows per block when the snapshot's image column is gathered
+ROW_BLOCK = 65_536  # rows a block: the snapshot's image column is gathered, candidate pairs read, this many at once
 
 
 class RawImages:
@@ -154,7 +154,7 @@ class RawImages:
     def column(self, shas: list[str]) -> pa.ChunkedArray:
         """The images of ``shas``, in that order."""
         rows = np.fromiter((self._row[s] for s in shas), dtype=np.int64, count=len(shas))
-        blocks = [self._images.take(pa.array(rows[i:i + TAKE_BLOCK])) for i in range(0, len(rows), TAKE_BLOCK)]
+        blocks = [self._images.take(pa.array(rows[i:i + ROW_BLOCK])) for i in range(0, len(rows), ROW_BLOCK)]
         chunks = [c for block in blocks for c in block.chunks]
         return pa.chunked_array(chunks, type=self._images.type)
 
@@ -273,11 +273,11 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
         abstain.update(over)
         # Only components with a member of a newly abstaining class can decide otherwise: they are walked again.
         again = {k for k, members in groups.items() if any(by_sha[s]["label"] in over for s in members)}
-        members = {s for k in again for s in groups[k]}
+        rewalked = {s for k in again for s in groups[k]}
         kept_again, removed_again, possible_again = walk(sorted(again))
         kept_rows = [r for r in kept_rows if r["component"] not in again] + kept_again
         removed = [d for d in removed if d["component"] not in again] + removed_again
-        possible = [p for p in possible if p[0] not in members] + possible_again
+        possible = [p for p in possible if p[0] not in rewalked] + possible_again
     dropped.extend(removed)
     return kept_rows, {"abstain": abstain, "possible": possible,
                        "separation": {label: sep.to_dict() for label, sep in seps.items()},
@@ -344,8 +344,8 @@ def _link_copies(cfg: Any, eligible: list[str], neighbours: NeighbourGraph, scor
 
 def _rows(pairs: np.ndarray) -> Iterator[list[int]]:
     """The rows of an (n, 2) array as Python ints, a block at a time (no Python list of every pair)."""
-    for start in range(0, len(pairs), TAKE_BLOCK):
-        yield from pairs[start:start + TAKE_BLOCK].tolist()
+    for start in range(0, len(pairs), ROW_BLOCK):
+        yield from pairs[start:start + ROW_BLOCK].tolist()
 
 
 def store_caches(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> None:
