@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
@@ -103,14 +103,15 @@ def _signature_chunk(chunk: list[bytes]) -> list[tuple[np.ndarray | None, str | 
 
 
 class StoredPairs:
-    """Stored scores as arrays, looked up by image on demand: no Python object per stored pair.
+    """Scores of pairs as arrays, looked up by image on demand: no Python object per pair.
 
-    ``shas`` are the images the codes refer to; each pair is kept from both sides, sorted by its
-    first image, so an image's partners are one ``searchsorted`` slice (in the order of the stored
-    rows, as a dict built row by row had them).
+    ``shas`` are the images the codes refer to (``code`` maps them back, built when first needed);
+    each pair is kept from both sides, sorted by its first image, so an image's partners are one
+    ``searchsorted`` slice (in the order of the rows, as a dict built row by row had them).
     """
 
-    def __init__(self, shas: list[str], a: np.ndarray, b: np.ndarray, scores: np.ndarray) -> None:
+    def __init__(self, shas: list[str], a: np.ndarray, b: np.ndarray, scores: np.ndarray,
+                 code: dict[str, int] | None = None) -> None:
         self.shas = shas
         self.count = len(a)
         first = np.stack([a, b], axis=1).ravel().astype(np.int64)  # row by row: a's side, then b's
@@ -118,7 +119,7 @@ class StoredPairs:
         self._first = first[order]
         self._second = np.stack([b, a], axis=1).ravel()[order]
         self._scores = np.repeat(np.asarray(scores, dtype=np.float64), 2)[order]
-        self._code: dict[str, int] | None = None
+        self._code = code
 
     @classmethod
     def from_dict(cls, pairs: dict[tuple[str, str], float]) -> StoredPairs:
@@ -126,7 +127,7 @@ class StoredPairs:
         code = {s: i for i, s in enumerate(shas)}
         keys = list(pairs)
         return cls(shas, np.asarray([code[a] for a, _ in keys], dtype=np.int64),
-                   np.asarray([code[b] for _, b in keys], dtype=np.int64), np.asarray([pairs[k] for k in keys]))
+                   np.asarray([code[b] for _, b in keys], dtype=np.int64), np.asarray([pairs[k] for k in keys]), code)
 
     def partners(self, sha: str) -> dict[str, float]:
         if self._code is None:
@@ -138,12 +139,69 @@ class StoredPairs:
         return dict(zip([self.shas[j] for j in self._second[lo:hi].tolist()], self._scores[lo:hi].tolist()))
 
 
+class FreshPairs:
+    """The pairs scored in this curation, as integer codes and scores (about 50 bytes a pair, not 300).
+
+    Rows are added a block at a time (each block in key order); ``index`` answers an image's partners,
+    in the order the rows were added, and is rebuilt only after rows were added.
+    """
+
+    def __init__(self) -> None:
+        self.shas: list[str] = []
+        self._code: dict[str, int] = {}
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._index: StoredPairs | None = None
+        self.count = 0
+
+    def add(self, pairs: list[tuple[str, str]], scores: list[float]) -> None:
+        """Rows (a, b, score) with a < b."""
+        if not pairs:
+            return
+        codes = np.fromiter((self._coded(s) for pair in pairs for s in pair), dtype=np.int64, count=2 * len(pairs))
+        self._parts.append((codes[0::2], codes[1::2], np.asarray(scores, dtype=np.float64)))
+        self.count += len(pairs)
+        self._index = None
+
+    def _coded(self, sha: str) -> int:
+        code = self._code.get(sha)
+        if code is None:
+            code = self._code[sha] = len(self.shas)
+            self.shas.append(sha)
+        return code
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if not self._parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
+        return tuple(np.concatenate([p[i] for p in self._parts]) for i in range(3))  # type: ignore[return-value]
+
+    def partners(self, sha: str) -> dict[str, float]:
+        if sha not in self._code:
+            return {}
+        if self._index is None:
+            self._index = StoredPairs(self.shas, *self._arrays(), code=self._code)
+        return self._index.partners(sha)
+
+    def items(self) -> Iterator[tuple[str, str, float]]:
+        """(a, b, score) of every row, in the order added."""
+        for a, b, v in zip(*self._arrays()):
+            yield self.shas[a], self.shas[b], float(v)
+
+    def rows(self, run_id: str) -> pa.Table:
+        """The rows to store, sorted by (sha256_a, sha256_b)."""
+        a, b, v = self._arrays()
+        shas = pa.array(self.shas, pa.string())
+        table = pa.table({"sha256_a": shas.take(pa.array(a)), "sha256_b": shas.take(pa.array(b)),
+                          "config": pa.repeat(pa.scalar(score_config()), len(a)), "score": pa.array(v),
+                          "run_id": pa.repeat(pa.scalar(run_id), len(a))})
+        return table.sort_by([("sha256_a", "ascending"), ("sha256_b", "ascending")]).cast(PAIRS_SCHEMA)
+
+
 class CopyScores:
     """Copy scores of pairs of images, by sha256: stored ones, and new ones computed on demand.
 
-    ``image_of(sha)`` gives an image's bytes (its signature is computed once). ``fresh`` holds
-    the pairs scored here, to be stored; an image whose signature cannot be computed scores 0
-    against everything (curation has already set aside what does not decode). Stored scores stay
+    ``image_of(sha)`` gives an image's bytes (its signature is computed once a ``score_many``). ``fresh``
+    holds the pairs scored here, to be stored (``FreshPairs``); an image whose signature cannot be computed
+    scores 0 against everything (curation has already set aside what does not decode). Stored scores stay
     in arrays (``StoredPairs``); an image's partners are gathered the first time they are asked for.
     """
 
@@ -151,8 +209,7 @@ class CopyScores:
                  stored: StoredPairs | dict[tuple[str, str], float] | None = None, workers: int | None = None) -> None:
         self._image_of = image_of
         self.stored = stored if isinstance(stored, StoredPairs) else StoredPairs.from_dict(stored or {})
-        self.fresh: dict[tuple[str, str], float] = {}
-        self._fresh_of: dict[str, dict[str, float]] = {}  # sha -> {partner scored here: score}
+        self.fresh = FreshPairs()
         self._partners: dict[str, dict[str, float]] = {}  # sha -> {scored partner: score}, gathered on demand
         self._none_stored: set[str] = set()  # images found to have no stored partner
         self._sigs: dict[str, np.ndarray | None] = {}
@@ -161,14 +218,6 @@ class CopyScores:
     @staticmethod
     def key(a: str, b: str) -> tuple[str, str]:
         return (a, b) if a < b else (b, a)
-
-    def _remember(self, pair: tuple[str, str], v: float, fresh: bool = False) -> None:
-        if fresh:
-            self.fresh[pair] = v
-        for x, y in (pair, pair[::-1]):
-            self._fresh_of.setdefault(x, {})[y] = v
-            if x in self._partners:
-                self._partners[x][y] = v
 
     def partners(self, sha: str) -> dict[str, float]:
         """Every image ``sha`` has a known score with (stored or scored here), and the score.
@@ -180,8 +229,8 @@ class CopyScores:
             got = {} if sha in self._none_stored else self.stored.partners(sha)
             if not got:
                 self._none_stored.add(sha)
-                return self._fresh_of.get(sha) or {}
-            got.update(self._fresh_of.get(sha, {}))
+                return self.fresh.partners(sha)
+            got.update(self.fresh.partners(sha))
             self._partners[sha] = got
         return got
 
@@ -190,7 +239,10 @@ class CopyScores:
         return self.partners(a).get(b)
 
     def score_many(self, pairs: Iterable[tuple[str, str]]) -> None:
-        """Compute every unknown pair of ``pairs`` (in worker processes when many), a block at a time."""
+        """Compute every unknown pair of ``pairs`` (in worker processes when many), a block at a time.
+
+        The signatures are dropped at the end: they are only needed while scoring.
+        """
         todo = sorted({self.key(a, b) for a, b in pairs if a != b and self.get(a, b) is None})
         if not todo:
             return
@@ -202,10 +254,10 @@ class CopyScores:
                 block = [(p, self._sigs[p[0]], self._sigs[p[1]]) for p in pairs_now]
                 unusable += [p for p, x, y in block if x is None or y is None]
                 work = [(p, x, y) for p, x, y in block if x is not None and y is not None]
-                for (p, _, _), v in zip(work, run([(x, y) for _, x, y in work])):
-                    self._remember(p, float(v), fresh=True)
-        for p in unusable:
-            self._remember(p, 0.0, fresh=True)
+                self.fresh.add([p for p, _, _ in work], [float(v) for v in run([(x, y) for _, x, y in work])])
+        self.fresh.add(unusable, [0.0] * len(unusable))
+        self._partners.clear()  # gathered before these scores
+        self._sigs.clear()
 
     def _signatures(self, shas: list[str], run: _Scorer) -> None:
         """Compute the signatures of ``shas`` not known yet (in the workers when there are many)."""
@@ -216,10 +268,7 @@ class CopyScores:
             self._sigs[sha] = sig
 
     def fresh_rows(self, run_id: str) -> pa.Table:
-        keys = sorted(self.fresh)
-        return pa.table({"sha256_a": [a for a, _ in keys], "sha256_b": [b for _, b in keys],
-                         "config": [score_config()] * len(keys), "score": [self.fresh[k] for k in keys],
-                         "run_id": [run_id] * len(keys)}, schema=PAIRS_SCHEMA)
+        return self.fresh.rows(run_id)
 
 
 # ---------------------------------------------------------------- the cache table

@@ -119,7 +119,7 @@ def update_nearest(prior: dict[str, Row], eligible: Sequence[str], label_of: Cal
         for other, v in scores.partners(s).items():
             if other in rows:
                 best.raise_to(rows, other, s, v)
-    for (a, b), v in scores.fresh.items():
+    for a, b, v in scores.fresh.items():
         if a in rows and b in rows:
             best.raise_to(rows, a, b, v)
             best.raise_to(rows, b, a, v)

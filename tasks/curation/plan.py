@@ -108,7 +108,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
                        "pairs_at_or_above_threshold": graph.found,
                        "search": graph.search},
         "copies": {"candidates": graph.candidates, "copy_edges": graph.copy_edges,
-                   "pairs_scored": len(graph.scores.fresh),
+                   "pairs_scored": graph.scores.fresh.count,
                    "pairs_stored_before": graph.scores.stored.count, "score": score_config(),
                    "threshold": cfg.copy_similarity},
         "assignments": {"table": settings.table_uri(COMPONENTS_TABLE), "read_version": record_version,

@@ -34,8 +34,8 @@ from tests.factories.curation import IMAGES, LABELS, encode, outcome, plant
 
 def _scores(pairs: dict[tuple[str, str], float], fresh: dict[tuple[str, str], float]) -> CopyScores:
     scores = CopyScores(lambda sha: b"", stored=pairs)
-    for pair, v in fresh.items():
-        scores._remember(CopyScores.key(*pair), v, fresh=True)
+    keys = sorted(CopyScores.key(*pair) for pair in fresh)
+    scores.fresh.add(keys, [fresh.get(k, fresh.get(k[::-1])) for k in keys])
     return scores
 
 

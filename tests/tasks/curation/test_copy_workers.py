@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent('''
     assert len(pairs) >= copy_pairs.PARALLEL_FROM
     scores = CopyScores(images.__getitem__, workers=2)
     scores.score_many(pairs)
-    print("scored", len(scores.fresh))
+    print("scored", scores.fresh.count)
 ''')
 
 

@@ -1,0 +1,45 @@
+"""Copy scores kept as arrays (issue 25): the pairs scored in a curation answer as the dicts they replaced."""
+
+from __future__ import annotations
+
+import random
+
+from tasks.curation.copy_pairs import PAIRS_SCHEMA, CopyScores, FreshPairs
+
+
+def _reference(stored: dict[tuple[str, str], float], fresh: list[tuple[tuple[str, str], float]]
+               ) -> dict[str, dict[str, float]]:
+    """Partners as the former dicts built them: stored rows in order, then the fresh rows in order."""
+    out: dict[str, dict[str, float]] = {}
+    for (a, b), v in [*stored.items(), *fresh]:
+        out.setdefault(a, {})[b] = v
+        out.setdefault(b, {})[a] = v
+    return out
+
+
+def test_partners_and_rows_match_the_dicts_they_replace() -> None:
+    rng = random.Random(7)
+    shas = [f"{rng.getrandbits(64):016x}" for _ in range(60)]
+    pairs = sorted({CopyScores.key(*rng.sample(shas, 2)) for _ in range(400)})
+    stored = {p: rng.random() for p in pairs[::3]}
+    fresh = [(p, rng.random()) for p in pairs if p not in stored]
+    scores = CopyScores(lambda sha: b"", stored=stored)
+    for start in range(0, len(fresh), 50):  # added a block at a time, as score_many does
+        block = fresh[start:start + 50]
+        scores.fresh.add([p for p, _ in block], [v for _, v in block])
+    want = _reference(stored, fresh)
+    for sha in shas:
+        got = scores.partners(sha)
+        assert list(got.items()) == list(want.get(sha, {}).items())  # same partners, same order
+    rows = scores.fresh_rows("run-1")
+    assert rows.schema == PAIRS_SCHEMA
+    assert list(zip(rows.column("sha256_a").to_pylist(), rows.column("sha256_b").to_pylist())) == \
+        sorted(p for p, _ in fresh)
+    assert rows.column("score").to_pylist() == [dict(fresh)[p] for p in sorted(dict(fresh))]
+    assert set(rows.column("run_id").to_pylist()) == {"run-1"}
+    assert [(a, b, v) for a, b, v in scores.fresh.items()] == [(a, b, v) for (a, b), v in fresh]
+
+
+def test_nothing_scored_gives_no_rows_and_no_partners() -> None:
+    fresh = FreshPairs()
+    assert fresh.count == 0 and fresh.partners("a") == {} and fresh.rows("r").num_rows == 0
