@@ -164,6 +164,9 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
         "components_version": str(components_version),
         "new_images": plan.new_images,
         "embedded": plan.feature_rows.num_rows,
+        # The classes whose near-duplicates were kept: the next batch reuses this curation's walk where nothing changed.
+        "near_duplicate_abstained": json.dumps(sorted({a["label"] for a in plan.info["decisions"]["abstained"]
+                                                       if a["rule"] == "near_duplicate"})),
     }
     version = _write_snapshot(settings, plan, metadata)
     write_report_rows(settings, raw_version, config_hash, version, plan.dropped, run_id, logical)
