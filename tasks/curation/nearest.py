@@ -52,6 +52,11 @@ class NearestMap:
     changed: set[str]
     full: bool
     pairs_version: int | None  # the curation_pairs version the stored summary was checked against
+    # Updated from the stored summary: the images eligible now and not then, then and not now, and the
+    # run that wrote it ({"run_id", "raw_version"}). None after a full scan: the earlier state is unknown.
+    added: set[str] | None = None
+    gone: set[str] | None = None
+    written_by: dict[str, str | None] | None = None
 
     def by_label(self) -> dict[str, list[float]]:
         """label -> the nearest scores of its images that have one (what ``separation`` tests)."""
@@ -96,8 +101,9 @@ def full_nearest(eligible: Sequence[str], label_of: Callable[[str], str], pixels
 
 
 def update_nearest(prior: dict[str, Row], eligible: Sequence[str], label_of: Callable[[str], str],
-                   pixels_of: Callable[[str], str], scores: CopyScores) -> tuple[dict[str, Row], set[str], bool] | None:
-    """(rows, changed, removed any) from the stored rows, the newly eligible images and the pairs scored now.
+                   pixels_of: Callable[[str], str], scores: CopyScores
+                   ) -> tuple[dict[str, Row], set[str], set[str], set[str]] | None:
+    """(rows, changed, added, gone) from the stored rows, the newly eligible images and the pairs scored now.
 
     None when a known image's label or pixels changed: the caller computes in full.
     """
@@ -124,23 +130,23 @@ def update_nearest(prior: dict[str, Row], eligible: Sequence[str], label_of: Cal
             best.raise_to(rows, a, b, v)
             best.raise_to(rows, b, a, v)
     changed = {s for s, row in rows.items() if prior.get(s) != row}
-    return rows, changed, bool(gone)
+    return rows, changed, set(added), gone
 
 
 def nearest_map(uri: str, pairs_uri: str, eligible: Sequence[str], label_of: Callable[[str], str],
                 pixels_of: Callable[[str], str], scores: CopyScores) -> NearestMap:
     """The nearest map of this curation: the stored summary updated when it is current, else the full scan."""
     pairs_version = lake.current_version(pairs_uri)
-    prior = _stored(uri, pairs_version)
-    updated = None if prior is None else update_nearest(prior, eligible, label_of, pixels_of, scores)
-    if updated is None:
+    stored = _stored(uri, pairs_version)
+    updated = None if stored is None else update_nearest(stored[0], eligible, label_of, pixels_of, scores)
+    if stored is None or updated is None:
         return full_nearest(eligible, label_of, pixels_of, scores, pairs_version)
-    rows, changed, removed = updated
-    return NearestMap(rows, changed, removed, pairs_version)
+    rows, changed, added, gone = updated
+    return NearestMap(rows, changed, bool(gone), pairs_version, added, gone, stored[1])
 
 
-def _stored(uri: str, pairs_version: int | None) -> dict[str, Row] | None:
-    """The stored rows when written against ``pairs_version`` under this score config, else None."""
+def _stored(uri: str, pairs_version: int | None) -> tuple[dict[str, Row], dict[str, str | None]] | None:
+    """(the stored rows, the run that wrote them) when written against ``pairs_version`` under this score config."""
     version = lake.current_version(uri)
     if version is None or pairs_version is None:
         return None
@@ -149,9 +155,10 @@ def _stored(uri: str, pairs_version: int | None) -> dict[str, Row] | None:
             or head.metadata.get("pairs_version") != str(pairs_version):
         return None
     t = lake.read(uri, version, columns=["sha256", "label", "pixel_key", "nearest", "partner"])
-    return dict(zip(t.column("sha256").to_pylist(),
+    rows = dict(zip(t.column("sha256").to_pylist(),
                     zip(t.column("label").to_pylist(), t.column("pixel_key").to_pylist(),
                         t.column("nearest").to_pylist(), t.column("partner").to_pylist())))
+    return rows, {k: head.metadata.get(k) for k in ("run_id", "raw_version")}
 
 
 def store_nearest(uri: str, nearest: NearestMap, pairs_version: int | None, metadata: dict) -> None:

@@ -48,6 +48,7 @@ from tasks.curation.fastdup_optional import require_embedding
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
 from tasks.curation.neighbours import NeighbourGraph, candidate_pairs, index_dir, neighbour_graph, similar_pairs
 from tasks.curation.outliers import is_constant, screen
+from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.separation import separation_by_class
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
 from tasks.curation.vectors import stored_views
@@ -95,7 +96,10 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     dropped.extend(bridges)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
                           lambda s: by_sha[s]["label"], lambda s: pixel_key(features, s), graph.scores)
-    kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, features, by_sha, graph, nearest, dropped)
+    prior = prior_walk(settings, record, record_version, nearest)
+    touched = touched_components(groups, record, renamed, nearest) if prior is not None else set(groups)
+    kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, features, by_sha, graph, nearest, dropped,
+                                              (prior, touched))
     decisions = _decisions(decisions, kept_bad, by_sha)
 
     kept_rows.sort(key=lambda r: r["sha256"])
@@ -251,12 +255,15 @@ def _neighbours(settings: Settings, eligible: list[str], features: Features, pen
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],
                        features: Features, by_sha: dict[str, dict[str, Any]], graph: "_Graph", nearest: NearestMap,
-                       dropped: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                       dropped: list[dict[str, Any]], reuse: tuple[PriorWalk | None, set[str]]
+                       ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Kept rows, with drops added to ``dropped``, after the class tests: separation first, then the class guard.
 
     A class whose copies do not stand out from its bulk (``tasks.curation.separation``) abstains;
     a class that would still lose more than its share (``tasks.curation.class_guard``) abstains
     too, and the components are deduplicated again with it (scores are cached: nothing is re-scored).
+    With the previous curation's walk (``reuse``: it and the components touched since), a component
+    nothing touched keeps its decisions (``tasks.curation.prior_walk``); the rest are walked.
     """
     seps = separation_by_class({by_sha[s]["label"] for s in graph.eligible}, nearest.by_label(), cfg.copy_similarity,
                                cfg.copy_min_separation, cfg.copy_min_class_images)
@@ -264,7 +271,12 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
     constant = {s for s in by_sha if is_constant(features.by_sha[s])}
     walk = functools.partial(_dedupe, groups=groups, assignments=assignments, features=features, by_sha=by_sha,
                              scores=graph.scores, threshold=cfg.copy_similarity, abstain=abstain)
-    kept_rows, removed, possible = walk(sorted(groups))
+    prior, touched = reuse
+    keys = sorted(groups) if prior is None else prior.to_walk(groups, touched, abstain, lambda s: by_sha[s]["label"])
+    kept_rows, removed, possible = walk(keys)
+    if prior is not None:
+        _add_prior_outcomes(prior, [k for k in groups if k not in set(keys)], groups, assignments, by_sha,
+                            kept_rows, removed)
     while True:
         over = {k: v for k, v in over_budget(by_sha, dropped + removed, cfg.max_class_drop_share, constant).items()
                 if k not in abstain}
@@ -279,9 +291,26 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
         removed = [d for d in removed if d["component"] not in again] + removed_again
         possible = [p for p in possible if p[0] not in rewalked] + possible_again
     dropped.extend(removed)
+    walked = {"walked": len(keys), "reused": len(groups) - len(keys),
+              "reused_from_curated_version": prior.curated_version if prior is not None else None}
     return kept_rows, {"abstain": abstain, "possible": possible,
                        "separation": {label: sep.to_dict() for label, sep in seps.items()},
-                       "max_class_drop_share": cfg.max_class_drop_share}
+                       "max_class_drop_share": cfg.max_class_drop_share, "components": walked}
+
+
+def _add_prior_outcomes(prior: PriorWalk, keys: list[str], groups: dict[str, list[str]],
+                        assignments: dict[str, Assignment], by_sha: dict[str, dict[str, Any]],
+                        kept_rows: list[dict[str, Any]], removed: list[dict[str, Any]]) -> None:
+    """The kept rows and drops of the components ``keys``, as the previous curation decided them."""
+    for key in keys:
+        kept, rows = prior.outcome(key, groups[key])
+        removed.extend(rows)
+        kept_rows.extend(_kept_row(by_sha[sha], assignments[sha], key) for sha in kept)
+
+
+def _kept_row(row: dict[str, Any], assigned: Assignment, key: str) -> dict[str, Any]:
+    return {"sha256": row["sha256"], "label": row["label"], "split": assigned.split, "component": key,
+            "width": int(row["width"]), "height": int(row["height"])}
 
 
 def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict[str, dict[str, Any]]
@@ -292,8 +321,12 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict
     count: dict[str, int] = {}
     for p in possible:
         count[p["label"]] = count.get(p["label"], 0) + 1
+    walked = dup["components"]
+    where = "" if not walked["reused"] else (f" in the {walked['walked']} components walked now (the other "
+                                             f"{walked['reused']} as curated version "
+                                             f"{walked['reused_from_curated_version']} decided)")
     abstained = [{"rule": "near_duplicate", "label": label,
-                  "why": f"{why}; kept {count.get(label, 0)} possible copies"}
+                  "why": f"{why}; kept {count.get(label, 0)} possible copies{where}"}
                  for label, why in sorted(dup["abstain"].items())]
     abstained += [{k: d[k] for k in ("rule", "label", "why")} for d in kept_bad]
     outliers = [{**o, "label": d["label"]} for d in kept_bad for o in d["kept"]]
@@ -302,7 +335,9 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict
                     "instead of dropping them; see decisions in the report", len(abstained),
                     ", ".join(sorted({a["label"] for a in abstained})), len(possible), len(outliers))
     return {"abstained": abstained, "possible_copies": possible, "possible_outliers": outliers,
-            "separation": dup["separation"], "max_class_drop_share": dup["max_class_drop_share"]}
+            "separation": dup["separation"], "max_class_drop_share": dup["max_class_drop_share"],
+            # possible copies are listed for the components walked now; the others kept the earlier curation's
+            "components": dup["components"]}
 
 
 def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[str, Assignment],
@@ -318,11 +353,7 @@ def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[
         kept, removed = dedupe_component(order, features, {s: by_sha[s]["label"] for s in order}, scores, threshold,
                                          abstain, possible)
         dropped.extend(drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
-        for sha in kept:
-            r = by_sha[sha]
-            kept_rows.append({"sha256": sha, "label": r["label"],
-                              "split": assignments[sha].split, "component": key, "width": int(r["width"]),
-                              "height": int(r["height"])})
+        kept_rows.extend(_kept_row(by_sha[sha], assignments[sha], key) for sha in kept)
     return kept_rows, dropped, possible
 
 

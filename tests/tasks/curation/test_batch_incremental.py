@@ -53,9 +53,9 @@ def test_updated_nearest_equals_the_full_scan() -> None:
                          _scores({p: v for p, v in stored.items() if p[0] in before and p[1] in before}, {})).rows
     scores_now = _scores({p: v for p, v in stored.items() if p[0] in now and p[1] in now},
                          {p: v for p, v in fresh.items() if p[0] in now and p[1] in now})
-    rows, changed, removed = update_nearest(prior, now, label.__getitem__, pixels.__getitem__, scores_now)
+    rows, changed, added, gone = update_nearest(prior, now, label.__getitem__, pixels.__getitem__, scores_now)
     full = full_nearest(now, label.__getitem__, pixels.__getitem__, scores_now).rows
-    assert removed
+    assert gone == {"0012", "0044"} and added == set(now) - set(before)
     assert {s: r[:3] for s, r in rows.items()} == {s: r[:3] for s, r in full.items()}
     assert changed == {s for s in now if prior.get(s) != rows[s]}
     relabelled = {**label, before[0]: "other"}

@@ -1,0 +1,100 @@
+"""The previous curation's walk, reused for the components a batch does not touch (issue 25).
+
+What ``tasks.curation.dedupe.dedupe_component`` decides for a component depends only on its
+members (their labels, pixels and first-assigned order), the copy scores among them, the threshold
+and whether each member's class abstains. A batch scores only pairs with a new image. So a component
+that
+
+* has no member new to the record and none newly eligible (a bad image that is no longer one),
+* lost no member (an image gone from the raw version or now set aside),
+* kept its key (no merge), and
+* whose classes abstain now exactly when they did then
+
+decides as it did in the previous curation: its drops are that curation's report rows, every other
+member is kept. Walking it again would cost the batch a share of the table; it is walked only when
+one of the above changed (and again, as every component of its class, when the class guard makes its
+class abstain during this curation).
+
+The previous curation is used only when this plan builds on it: the curated table's current version
+was written under the same curation config, from the assignment record read now, names the classes
+that abstained (``near_duplicate_abstained``), has every drop row stored in ``curation_report``, and
+the nearest-score summary (which says which images were eligible then) was written by that same run.
+Otherwise every component is walked, as in a first curation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.curation.assignments import Assignment
+from tasks.curation.nearest import NearestMap
+from tasks.curation.report import DROP_FIELDS, stored_report_rows
+from tasks.data import lake
+from tasks.settings import Settings
+
+WALK_REASONS = ("exact_duplicate", "near_duplicate", "label_conflict")  # what a component's walk drops
+
+
+@dataclass(frozen=True)
+class PriorWalk:
+    """The previous curation's walk: its version, the classes that abstained, its drop rows by component."""
+
+    curated_version: int
+    abstain: frozenset[str]
+    drops: dict[str, list[dict[str, Any]]]
+
+    def to_walk(self, groups: dict[str, list[str]], touched: set[str], abstain: Collection[str],
+                label_of: Callable[[str], str]) -> list[str]:
+        """The component keys to walk: those touched, and those with a class whose abstention changed."""
+        changed = set(abstain) ^ self.abstain
+        if changed:
+            touched = touched | {k for k, members in groups.items() if any(label_of(s) in changed for s in members)}
+        return sorted(touched)
+
+    def outcome(self, key: str, members: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+        """(kept members, drop rows) of an untouched component, as the previous curation decided."""
+        rows = [dict(r) for r in self.drops.get(key, ())]
+        gone = {r["sha256"] for r in rows}
+        return [s for s in members if s not in gone], rows
+
+
+def prior_walk(settings: Settings, record: dict[str, Assignment], record_version: int | None,
+               nearest: NearestMap) -> PriorWalk | None:
+    """The previous curation's walk when this plan builds on it (the module doc), else None."""
+    uri = settings.curated_table
+    version = lake.current_version(uri) if record_version is not None and nearest.added is not None else None
+    head = lake.commit_at(uri, version) if version is not None else None
+    if head is None:
+        return None
+    meta = head.metadata
+    config_hash = settings.section_hash("curation")
+    same_run = {k: meta.get(k) for k in ("run_id", "raw_version")} == nearest.written_by
+    if not same_run or meta.get("config_hash") != config_hash or meta.get("components_version") != str(record_version) \
+            or "near_duplicate_abstained" not in meta or "raw_version" not in meta:
+        return None
+    rows = stored_report_rows(settings, int(meta["raw_version"]), config_hash)
+    if rows is None or len(rows) != int(meta.get("dropped", -1)):  # a crash before the report rows: walk all
+        return None
+    drops: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        assigned = record.get(r["sha256"])  # a split bridge is recorded nowhere: not a walk's drop
+        if r["reason"] in WALK_REASONS and assigned is not None and assigned.component == r["component"]:
+            drops.setdefault(r["component"], []).append({k: r[k] for k in DROP_FIELDS})
+    return PriorWalk(version, frozenset(json.loads(meta["near_duplicate_abstained"])), drops)
+
+
+def touched_components(groups: dict[str, list[str]], record: dict[str, Assignment], renamed: dict[str, str],
+                       nearest: NearestMap) -> set[str]:
+    """Keys of the components that gained, lost or merged members since the previous curation."""
+    added = nearest.added or set()
+    touched = {k for k, members in groups.items()
+               if any(s not in record or s in added or record[s].component != k for s in members)}
+    touched |= set(renamed.values())
+    for sha in nearest.gone or ():
+        if sha in record:
+            component = record[sha].component
+            touched.add(renamed.get(component, component))
+    return touched

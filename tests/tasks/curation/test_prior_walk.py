@@ -1,0 +1,86 @@
+"""A batch walks only the components it touched; the others keep the previous curation's decisions (issue 25).
+
+Real images: tiles of a bundled photo (a class whose copies stand out: a copy is dropped) and noisy
+renderings of one digit (a class whose scores straddle the threshold: it abstains and lists possible
+copies). The batch adds noisy digits; its decisions must equal a full recomputation's,
+with the component of a tile copy (dropped then) reused as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tasks.curation.assignments import Assignment
+from tasks.curation.curate import curate
+from tasks.curation.nearest import NEAREST_TABLE, NearestMap
+from tasks.curation.prior_walk import PriorWalk, touched_components
+from tasks.data import lake
+from tasks.data.ingest import ingest_landing
+from tasks.settings import load_settings
+from tests.factories.curation import encode, outcome, plant
+from tests.tasks.curation.test_abstention import noisy_digits, photo_tiles
+
+
+def _decisions(result) -> dict:
+    return json.loads(Path(result.report_path).read_text())["decisions"]
+
+
+def test_a_batch_reuses_untouched_components_and_decides_as_a_full_walk(settings, tmp_path) -> None:
+    tiles, noisy = photo_tiles(60), noisy_digits(80)
+    first, batch = tmp_path / "first", tmp_path / "batch"
+    for i in range(60):
+        plant(first, f"tile_{i:03d}.png", 1, encode(tiles[i], "PNG"))
+    plant(first, "tile_007_copy.jpg", 1, encode(tiles[7], "JPEG", quality=85))
+    for i in range(60):
+        plant(first, f"noisy_{i:03d}.png", 2, encode(noisy[i], "PNG"))
+    raw1 = ingest_landing(settings, run_id="i1", logical_date="2026-11-21", landing=first).raw_version
+    before = _decisions(curate(settings, raw1, run_id="c1", logical_date="2026-11-21"))
+    for i in range(60, 80):
+        plant(batch, f"noisy_{i:03d}.png", 2, encode(noisy[i], "PNG"))
+    raw2 = ingest_landing(settings, run_id="i2", logical_date="2026-11-22", landing=batch).raw_version
+
+    full_home = tmp_path / "full"
+    shutil.copytree(settings.home, full_home, symlinks=True)
+    full_settings = load_settings("sit", home=full_home)
+    shutil.rmtree(Path(full_settings.table_uri(NEAREST_TABLE)))  # no summary: no earlier state, every component walked
+    full = curate(full_settings, raw2, run_id="c2", logical_date="2026-11-22")
+    part = curate(settings, raw2, run_id="c2", logical_date="2026-11-22")
+
+    assert outcome(settings, part) == outcome(full_settings, full)
+    walked, everything = _decisions(part), _decisions(full)
+    assert everything["components"]["reused"] == 0
+    assert walked["components"]["reused"] > 0 and walked["components"]["reused_from_curated_version"] is not None
+    assert [a["label"] for a in before["abstained"]] == ["2"]
+    assert [a["label"] for a in walked["abstained"]] == [a["label"] for a in everything["abstained"]] == ["2"]
+    reasons = {s: d["reason"] for s, d in outcome(settings, part).items() if not d["kept"]}
+    assert list(reasons.values()) == ["near_duplicate"]  # tile 7's copy, in a component reused as it was
+    listed = {(p["sha256"], p["partner"]) for p in walked["possible_copies"]}
+    assert listed <= {(p["sha256"], p["partner"]) for p in everything["possible_copies"]}
+    old = set(lake.read(settings.raw_table, raw1, columns=["sha256"]).column("sha256").to_pylist())
+    for p in everything["possible_copies"]:  # every possible copy with a batch image is listed again
+        if p["sha256"] not in old or p["partner"] not in old:
+            assert (p["sha256"], p["partner"]) in listed
+
+
+def _nearest(added: set[str], gone: set[str]) -> NearestMap:
+    return NearestMap({}, set(), False, 1, added, gone, {"run_id": "c1", "raw_version": "0"})
+
+
+def test_touched_components_are_those_that_gained_lost_or_merged_members() -> None:
+    record = {s: Assignment(k, "train", 0, "c1") for s, k in
+              [("a1", "a"), ("a2", "a"), ("b1", "b"), ("c1", "c"), ("d1", "d"), ("e1", "e"), ("f1", "f")]}
+    groups = {"a": ["a1", "a2"], "b": ["b1", "new"], "c": ["c1"], "d": ["d1"], "e": ["e1", "f1"]}
+    touched = touched_components(groups, record, {"f": "e"}, _nearest(added={"c1"}, gone={"a2x", "d1"}))
+    assert touched == {"b", "c", "d", "e"}  # b gained a new image, c a newly eligible one, d lost one, e merged f
+
+
+def test_a_class_whose_abstention_changed_walks_all_its_components() -> None:
+    prior = PriorWalk(3, frozenset({"2"}), {"a": [{"sha256": "a2", "reason": "near_duplicate"}]})
+    groups = {"a": ["a1", "a2"], "b": ["b1"], "c": ["c1", "c2"]}
+    label = {"a1": "1", "a2": "1", "b1": "2", "c1": "3", "c2": "3"}.__getitem__
+    assert prior.to_walk(groups, {"c"}, {"2"}, label) == ["c"]
+    assert prior.to_walk(groups, {"c"}, set(), label) == ["b", "c"]  # class 2 no longer abstains
+    assert prior.to_walk(groups, set(), {"1", "2"}, label) == ["a"]  # class 1 starts abstaining
+    assert prior.outcome("a", ["a1", "a2"]) == (["a1"], [{"sha256": "a2", "reason": "near_duplicate"}])
