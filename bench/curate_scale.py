@@ -133,12 +133,18 @@ def batch_on(kept: Path, batch: Path, profile: Path | None) -> dict:
     return result
 
 
-def _differences(a: dict, b: dict) -> list[str]:
-    """Every image whose decision differs between two modes (kept split/component, drop reason, possible copy)."""
+def _differences(a: dict, b: dict, listed_by_both: bool = False) -> list[str]:
+    """Every image whose decision differs between two runs (kept split/component, drop reason, possible copy).
+
+    ``listed_by_both``: possible copies are compared only for images both reports list (a batch lists those
+    of the components it walked; the untouched ones are listed by the curation that decided them).
+    """
     out = []
+    both = set(a.get("possible", {})) & set(b.get("possible", {}))
     for sha in sorted(set(a["kept"]) | set(a["dropped"]) | set(b["kept"]) | set(b["dropped"])):
-        da = [a["kept"].get(sha) or a["dropped"].get(sha), a.get("possible", {}).get(sha)]
-        db = [b["kept"].get(sha) or b["dropped"].get(sha), b.get("possible", {}).get(sha)]
+        compare = not listed_by_both or sha in both
+        da = [a["kept"].get(sha) or a["dropped"].get(sha), a.get("possible", {}).get(sha) if compare else None]
+        db = [b["kept"].get(sha) or b["dropped"].get(sha), b.get("possible", {}).get(sha) if compare else None]
         if da != db:
             out.append(f"{sha[:12]}: exact {da} / index {db}")
     return out

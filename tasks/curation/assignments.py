@@ -116,6 +116,7 @@ def assign(
             new_images += 1
         groups[key] = group
     if renamed:  # a merge relabels every recorded member, also those outside this raw version
-        assignments = {s: replace(a, component=renamed.get(a.component, a.component)) for s, a in assignments.items()}
+        assignments = {s: replace(a, component=renamed[a.component]) if a.component in renamed else a
+                       for s, a in assignments.items()}
 
     return assignments, groups, renamed, new_images, dropped
