@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
@@ -239,17 +239,33 @@ class CopyScores:
         return self.partners(a).get(b)
 
     def score_many(self, pairs: Iterable[tuple[str, str]]) -> None:
-        """Compute every unknown pair of ``pairs`` (in worker processes when many), a block at a time.
-
-        The signatures are dropped at the end: they are only needed while scoring.
-        """
+        """Compute every unknown pair of ``pairs`` (in worker processes when many), a block at a time."""
         todo = sorted({self.key(a, b) for a, b in pairs if a != b and self.get(a, b) is None})
-        if not todo:
+        self._score(len(todo), (todo[i:i + SCORE_BLOCK] for i in range(0, len(todo), SCORE_BLOCK)))
+
+    def score_positions(self, pairs: np.ndarray, shas: Sequence[str]) -> None:
+        """``score_many`` of an (n, 2) array of positions into ``shas`` (sorted, so position order is key order).
+
+        The pairs stay integers (one int64 key each) until a block of them is scored: no Python tuple per pair.
+        """
+        n = len(shas)
+        lo, hi = pairs.min(axis=1).astype(np.int64), pairs.max(axis=1).astype(np.int64)
+        keys = np.unique((lo * n + hi)[lo != hi])
+        unknown = np.concatenate([np.fromiter((self.get(shas[k // n], shas[k % n]) is None for k in part), dtype=bool,
+                                              count=len(part))
+                                  for part in (keys[i:i + SCORE_BLOCK].tolist() for i in range(0, len(keys), SCORE_BLOCK))]
+                                 or [np.zeros(0, dtype=bool)])
+        keys = keys[unknown]
+        self._score(len(keys), ([(shas[k // n], shas[k % n]) for k in keys[i:i + SCORE_BLOCK].tolist()]
+                                for i in range(0, len(keys), SCORE_BLOCK)))
+
+    def _score(self, total: int, blocks: Iterator[list[tuple[str, str]]]) -> None:
+        """Score ``total`` unknown pairs, given in blocks in key order; the signatures are dropped at the end."""
+        if not total:
             return
         unusable: list[tuple[str, str]] = []
-        with _Scorer(self.workers if len(todo) >= PARALLEL_FROM else 1, len(todo)) as run:
-            for start in range(0, len(todo), SCORE_BLOCK):
-                pairs_now = todo[start:start + SCORE_BLOCK]
+        with _Scorer(self.workers if total >= PARALLEL_FROM else 1, total) as run:
+            for pairs_now in blocks:
                 self._signatures(sorted({s for p in pairs_now for s in p}), run)
                 block = [(p, self._sigs[p[0]], self._sigs[p[1]]) for p in pairs_now]
                 unusable += [p for p, x, y in block if x is None or y is None]

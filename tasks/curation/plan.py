@@ -364,7 +364,7 @@ def _link_copies(cfg: Any, eligible: list[str], neighbours: NeighbourGraph, scor
     Returns (how many candidate pairs, how many were copies).
     """
     candidates = candidate_pairs(neighbours, cfg.copy_candidates)
-    scores.score_many((eligible[i], eligible[j]) for i, j in _rows(candidates))
+    scores.score_positions(candidates, eligible)
     copy_edges = 0
     for i, j in _rows(candidates):
         if scores.get(eligible[i], eligible[j]) >= cfg.copy_similarity:

@@ -43,3 +43,26 @@ def test_partners_and_rows_match_the_dicts_they_replace() -> None:
 def test_nothing_scored_gives_no_rows_and_no_partners() -> None:
     fresh = FreshPairs()
     assert fresh.count == 0 and fresh.partners("a") == {} and fresh.rows("r").num_rows == 0
+
+
+def test_pairs_given_as_positions_score_as_pairs_of_shas() -> None:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    images = {}
+    for _ in range(24):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (12, 12)).astype(np.uint8), mode="L").save(buf, format="PNG")
+        images[f"{rng.integers(1 << 62):016x}"] = buf.getvalue()
+    shas = sorted(images)
+    positions = rng.integers(0, len(shas), (80, 2))  # both orders, repeats and a few (i, i)
+    by_shas, by_positions = CopyScores(images.__getitem__, workers=1), CopyScores(images.__getitem__, workers=1)
+    by_shas.score_many((shas[i], shas[j]) for i, j in positions.tolist())
+    by_positions.score_positions(positions, shas)
+    assert by_positions.fresh_rows("r").equals(by_shas.fresh_rows("r"))
+    assert list(by_positions.fresh.items()) == list(by_shas.fresh.items())
+    by_positions.score_positions(positions, shas)  # all known now: nothing scored twice
+    assert by_positions.fresh.count == by_shas.fresh.count
