@@ -106,7 +106,7 @@ def judge(rule: Rule, values: np.ndarray, labels: list[str], *, sigmas: float, g
         return Verdict(rule, Bulk(median, None, None), [], [("*", why)])
     z, limit = _robust_z(rule, values, sigmas)
     order = np.argsort(z, kind="stable")
-    candidates = [int(i) for i in order if z[i] < -sigmas]
+    candidates = order[z[order] < -sigmas].tolist()
     if not candidates:
         return Verdict(rule, Bulk(median, limit, None), [], [])
     flagged, tail = _beyond_gap(z, candidates, gap)
@@ -155,14 +155,19 @@ def _beyond_own_class(rule: Rule, values: np.ndarray, labels: list[str], flagged
     members: dict[str, list[int]] = {}
     for i, label in enumerate(labels):
         members.setdefault(label, []).append(i)
+    position = np.empty(len(labels), dtype=np.int64)  # an image's place among its class's images
+    for own in members.values():
+        position[own] = np.arange(len(own))
+    own_z: dict[str, np.ndarray] = {}  # each class's distances, computed once
     keep = []
     for i in flagged:
         own = members[labels[i]]
         if len(own) < min_images:
             keep.append(i)
             continue
-        z, _ = _robust_z(rule, values[own], sigmas)
-        if z[own.index(i)] < -sigmas:
+        if labels[i] not in own_z:
+            own_z[labels[i]] = _robust_z(rule, values[own], sigmas)[0]
+        if own_z[labels[i]][position[i]] < -sigmas:
             keep.append(i)
     return keep
 

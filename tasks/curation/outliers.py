@@ -86,10 +86,11 @@ def relative_screen(images: dict[str, Measured], labels: dict[str, str], limits:
     families = sorted({m.family for m in images.values()})
     for family in families:
         ids = sorted(i for i, m in images.items() if m.family == family)
+        family_labels = [labels[i] for i in ids]
         for rule in RULES:
             if _OVERRIDE.get(rule.reason) and getattr(limits, _OVERRIDE[rule.reason]) is not None:
                 continue  # the person's absolute limit replaces this rule
-            verdict = judge(rule, np.array([_value(rule, images[i]) for i in ids]), [labels[i] for i in ids],
+            verdict = judge(rule, np.array([_value(rule, images[i]) for i in ids]), family_labels,
                             sigmas=limits.relative_sigmas, gap=limits.relative_gap,
                             min_images=limits.relative_min_images, max_share=limits.max_share)
             for k in verdict.flagged:
