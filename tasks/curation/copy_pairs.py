@@ -142,8 +142,8 @@ class StoredPairs:
 class FreshPairs:
     """The pairs scored in this curation, as integer codes and scores (about 50 bytes a pair, not 300).
 
-    Rows are added a block at a time (each block in key order); ``index`` answers an image's partners,
-    in the order the rows were added, and is rebuilt only after rows were added.
+    Rows are added a block at a time (each block in key order); ``partners`` answers from an index of
+    them (``StoredPairs``), in the order the rows were added, rebuilt only after rows were added.
     """
 
     def __init__(self) -> None:
@@ -250,14 +250,15 @@ class CopyScores:
         """
         n = len(shas)
         lo, hi = pairs.min(axis=1).astype(np.int64), pairs.max(axis=1).astype(np.int64)
-        keys = np.unique((lo * n + hi)[lo != hi])
-        unknown = np.concatenate([np.fromiter((self.get(shas[k // n], shas[k % n]) is None for k in part), dtype=bool,
-                                              count=len(part))
-                                  for part in (keys[i:i + SCORE_BLOCK].tolist() for i in range(0, len(keys), SCORE_BLOCK))]
-                                 or [np.zeros(0, dtype=bool)])
-        keys = keys[unknown]
-        self._score(len(keys), ([(shas[k // n], shas[k % n]) for k in keys[i:i + SCORE_BLOCK].tolist()]
-                                for i in range(0, len(keys), SCORE_BLOCK)))
+        keys = np.unique((lo * n + hi)[lo != hi])  # i * n + j, i < j: sorted keys are pairs in key order
+
+        def blocks(of: np.ndarray) -> Iterator[list[tuple[str, str]]]:
+            for start in range(0, len(of), SCORE_BLOCK):
+                yield [(shas[k // n], shas[k % n]) for k in of[start:start + SCORE_BLOCK].tolist()]
+
+        unknown = np.fromiter((self.get(a, b) is None for block in blocks(keys) for a, b in block), dtype=bool,
+                              count=len(keys))
+        self._score(int(unknown.sum()), blocks(keys[unknown]))
 
     def _score(self, total: int, blocks: Iterator[list[tuple[str, str]]]) -> None:
         """Score ``total`` unknown pairs, given in blocks in key order; the signatures are dropped at the end."""

@@ -275,7 +275,8 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
     keys = sorted(groups) if prior is None else prior.to_walk(groups, touched, abstain, lambda s: by_sha[s]["label"])
     kept_rows, removed, possible = walk(keys)
     if prior is not None:
-        _add_prior_outcomes(prior, [k for k in groups if k not in set(keys)], groups, assignments, by_sha,
+        walked_now = set(keys)
+        _add_prior_outcomes(prior, [k for k in groups if k not in walked_now], groups, assignments, by_sha,
                             kept_rows, removed)
     while True:
         over = {k: v for k, v in over_budget(by_sha, dropped + removed, cfg.max_class_drop_share, constant).items()

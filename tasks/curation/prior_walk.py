@@ -64,8 +64,10 @@ class PriorWalk:
 def prior_walk(settings: Settings, record: dict[str, Assignment], record_version: int | None,
                nearest: NearestMap) -> PriorWalk | None:
     """The previous curation's walk when this plan builds on it (the module doc), else None."""
+    if record_version is None or nearest.written_by is None:  # no record yet, or the summary was rebuilt
+        return None
     uri = settings.curated_table
-    version = lake.current_version(uri) if record_version is not None and nearest.added is not None else None
+    version = lake.current_version(uri)
     head = lake.commit_at(uri, version) if version is not None else None
     if head is None:
         return None
