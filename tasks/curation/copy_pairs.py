@@ -240,8 +240,10 @@ class CopyScores:
 
     def score_many(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Compute every unknown pair of ``pairs`` (in worker processes when many), a block at a time."""
-        todo = sorted({self.key(a, b) for a, b in pairs if a != b and self.get(a, b) is None})
-        self._score(len(todo), (todo[i:i + SCORE_BLOCK] for i in range(0, len(todo), SCORE_BLOCK)))
+        listed = list(pairs)
+        shas = sorted({s for pair in listed for s in pair})
+        at = {s: i for i, s in enumerate(shas)}
+        self.score_positions(np.array([(at[a], at[b]) for a, b in listed], dtype=np.int64).reshape(-1, 2), shas)
 
     def score_positions(self, pairs: np.ndarray, shas: Sequence[str]) -> None:
         """``score_many`` of an (n, 2) array of positions into ``shas`` (sorted, so position order is key order).

@@ -97,9 +97,9 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
                           lambda s: by_sha[s]["label"], lambda s: pixel_key(features, s), graph.scores)
     prior = prior_walk(settings, record, record_version, nearest)
-    touched = touched_components(groups, record, renamed, nearest) if prior is not None else set(groups)
+    reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
     kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, features, by_sha, graph, nearest, dropped,
-                                              (prior, touched))
+                                              reuse)
     decisions = _decisions(decisions, kept_bad, by_sha)
 
     kept_rows.sort(key=lambda r: r["sha256"])
@@ -255,7 +255,7 @@ def _neighbours(settings: Settings, eligible: list[str], features: Features, pen
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],
                        features: Features, by_sha: dict[str, dict[str, Any]], graph: "_Graph", nearest: NearestMap,
-                       dropped: list[dict[str, Any]], reuse: tuple[PriorWalk | None, set[str]]
+                       dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None
                        ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Kept rows, with drops added to ``dropped``, after the class tests: separation first, then the class guard.
 
@@ -271,11 +271,11 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
     constant = {s for s in by_sha if is_constant(features.by_sha[s])}
     walk = functools.partial(_dedupe, groups=groups, assignments=assignments, features=features, by_sha=by_sha,
                              scores=graph.scores, threshold=cfg.copy_similarity, abstain=abstain)
-    prior, touched = reuse
-    keys = sorted(groups) if prior is None else prior.to_walk(groups, touched, abstain, lambda s: by_sha[s]["label"])
+    prior = reuse[0] if reuse is not None else None
+    keys = sorted(groups) if reuse is None else reuse[0].to_walk(groups, reuse[1], abstain, lambda s: by_sha[s]["label"])
     kept_rows, removed, possible = walk(keys)
+    walked_now = set(keys)
     if prior is not None:
-        walked_now = set(keys)
         _add_prior_outcomes(prior, [k for k in groups if k not in walked_now], groups, assignments, by_sha,
                             kept_rows, removed)
     while True:
@@ -288,11 +288,12 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
         again = {k for k, members in groups.items() if any(by_sha[s]["label"] in over for s in members)}
         rewalked = {s for k in again for s in groups[k]}
         kept_again, removed_again, possible_again = walk(sorted(again))
+        walked_now |= again
         kept_rows = [r for r in kept_rows if r["component"] not in again] + kept_again
         removed = [d for d in removed if d["component"] not in again] + removed_again
         possible = [p for p in possible if p[0] not in rewalked] + possible_again
     dropped.extend(removed)
-    walked = {"walked": len(keys), "reused": len(groups) - len(keys),
+    walked = {"walked": len(walked_now), "reused": len(groups) - len(walked_now),
               "reused_from_curated_version": prior.curated_version if prior is not None else None}
     return kept_rows, {"abstain": abstain, "possible": possible,
                        "separation": {label: sep.to_dict() for label, sep in seps.items()},

@@ -36,6 +36,15 @@ def digit(i: int) -> Image.Image:
     return Image.fromarray(IMAGES[i], mode="L")
 
 
+def noise_pngs(n: int, side: int, seed: int = 0) -> list[bytes]:
+    """``n`` grey PNGs of uniform noise, ``side`` px: distinct images that are no copies of each other."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [encode(Image.fromarray(rng.integers(0, 255, (side, side)).astype(np.uint8), mode="L"), "PNG")
+            for _ in range(n)]
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -46,17 +46,12 @@ def test_nothing_scored_gives_no_rows_and_no_partners() -> None:
 
 
 def test_pairs_given_as_positions_score_as_pairs_of_shas() -> None:
-    import io
-
     import numpy as np
-    from PIL import Image
+
+    from tests.factories.curation import noise_pngs
 
     rng = np.random.default_rng(1)
-    images = {}
-    for _ in range(24):
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (12, 12)).astype(np.uint8), mode="L").save(buf, format="PNG")
-        images[f"{rng.integers(1 << 62):016x}"] = buf.getvalue()
+    images = {f"{rng.integers(1 << 62):016x}": data for data in noise_pngs(24, 12, seed=1)}
     shas = sorted(images)
     positions = rng.integers(0, len(shas), (80, 2))  # both orders, repeats and a few (i, i)
     by_shas, by_positions = CopyScores(images.__getitem__, workers=1), CopyScores(images.__getitem__, workers=1)

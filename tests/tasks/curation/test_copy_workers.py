@@ -11,21 +11,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 
 SCRIPT = textwrap.dedent('''
-    import io
     import itertools
-
-    import numpy as np
-    from PIL import Image
 
     from tasks.curation import copy_pairs
     from tasks.curation.copy_pairs import CopyScores
+    from tests.factories.curation import noise_pngs
 
-    rng = np.random.default_rng(0)
-    images = {}
-    for i in range(96):
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (8, 8)).astype(np.uint8), mode="L").save(buf, format="PNG")
-        images[f"{i:064d}"] = buf.getvalue()
+    images = {f"{i:064d}": data for i, data in enumerate(noise_pngs(96, 8))}
     pairs = list(itertools.combinations(sorted(images), 2))
     assert len(pairs) >= copy_pairs.PARALLEL_FROM
     scores = CopyScores(images.__getitem__, workers=2)
