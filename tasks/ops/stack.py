@@ -203,12 +203,17 @@ def plan(mode: str | None = None, *, home: str | None = None, port: int = 8080, 
 
 
 # ------------------------------------------------------------------------------------ bootstrap
+def _pg_params(stack: Stack, dbname: str) -> dict[str, object]:
+    """Connection parameters for one database of the stack's PostgreSQL server (PGPASSWORD: libpq reads it)."""
+    return dict(host=stack.env["CD4ML_PG_HOST"], port=int(stack.env["CD4ML_PG_PORT"]),
+                user=stack.env["CD4ML_PG_USER"], dbname=dbname, connect_timeout=5)
+
+
 def create_databases(stack: Stack) -> list[str]:
     """CREATE DATABASE for each missing one on the stack's PostgreSQL server; returns those created."""
     import psycopg2
 
-    params = dict(host=stack.env["CD4ML_PG_HOST"], port=int(stack.env["CD4ML_PG_PORT"]),
-                  user=stack.env["CD4ML_PG_USER"], dbname="postgres", connect_timeout=5)  # PGPASSWORD: libpq
+    params = _pg_params(stack, "postgres")
     try:
         conn = psycopg2.connect(**params)
     except psycopg2.OperationalError as exc:
@@ -278,15 +283,53 @@ def bootstrap(stack: Stack) -> None:
         path.write_text(json.dumps({u: pw for u, (_, pw) in stack.users.items()}) + "\n")
         path.chmod(0o600)
         return
-    _run(stack, ["roles", "create", "Approver"], "airflow roles create Approver", check=False)
+    _ensure(stack, ["roles", "create", "Approver"], "airflow roles create Approver",
+            "SELECT 1 FROM ab_role WHERE name = %s", ("Approver",))
     for name, (role, password) in stack.users.items():
-        proc = _run(stack, ["users", "create", "--username", name, "--password", password, "--role", role,
-                            "--firstname", name, "--lastname", "cd4ml", "--email", f"{name}@cd4ml.local"],
-                    f"airflow users create {name}", check=False)
-        if proc.returncode != 0 and "already exist" not in (proc.stdout + proc.stderr):
-            raise StackError(f"airflow users create {name} failed; see {stack.log_dir / 'bootstrap.log'}")
-    _run(stack, ["users", "add-role", "--username", "approver", "--role", "Approver"], "airflow users add-role",
-         check=False)
+        _ensure(stack, ["users", "create", "--username", name, "--password", password, "--role", role,
+                        "--firstname", name, "--lastname", "cd4ml", "--email", f"{name}@cd4ml.local"],
+                f"airflow users create {name}", "SELECT 1 FROM ab_user WHERE username = %s", (name,))
+    _ensure(stack, ["users", "add-role", "--username", "approver", "--role", "Approver"],
+            "airflow users add-role approver Approver",
+            "SELECT 1 FROM ab_user_role ur JOIN ab_user u ON u.id = ur.user_id JOIN ab_role r ON r.id = ur.role_id "
+            "WHERE u.username = %s AND r.name = %s", ("approver", "Approver"))
+
+
+def _ensure(stack: Stack, args: list[str], what: str, present_sql: str, present_args: tuple[str, ...],
+            attempts: int = 3) -> None:
+    """Run an FAB command until the metadata DB holds what it makes (a rerun finds it there and skips it).
+
+    Whether it is there is read from the FAB tables, never from the command's message; a failed try is
+    retried (three stacks bootstrapping at once on two cores have seen one fail), then reported.
+    """
+    proc = None
+    for attempt in range(attempts):
+        if _fab_has(stack, present_sql, present_args):
+            return
+        if attempt:
+            time.sleep(2.0 * attempt)
+        proc = _run(stack, args, what, check=False)
+    if _fab_has(stack, present_sql, present_args):
+        return
+    last = proc.stderr.strip().splitlines()[-1:] if proc is not None else []
+    raise StackError(f"{what} failed ({attempts} tries, last exit {proc.returncode if proc else '-'}): {last}; "
+                     f"see {stack.log_dir / 'bootstrap.log'}")
+
+
+def _fab_has(stack: Stack, sql: str, args: tuple[str, ...]) -> bool:
+    """Whether the FAB tables of the stack's Airflow database hold a row for ``sql`` (no table yet: no row)."""
+    import psycopg2
+    import psycopg2.errors
+
+    conn = psycopg2.connect(**_pg_params(stack, stack.env["CD4ML_PG_AIRFLOW_DB"]))
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, args)
+            return cur.fetchone() is not None
+    except psycopg2.errors.UndefinedTable:
+        return False
+    finally:
+        conn.close()
 
 
 # ----------------------------------------------------------------------------------- processes

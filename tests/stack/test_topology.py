@@ -24,6 +24,7 @@ Marked ``stack`` (`make test-stack`). Durations: bench/README.md ("Three deploym
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -139,7 +140,7 @@ def topo(tmp_path_factory) -> Iterator[dict]:
     info = {"home": home, "spec": spec, "env": env, "log": log, "redis": client, "listener": listener}
     try:
         while "topology up:" not in log.read_text():
-            assert up.poll() is None and time.monotonic() - started < 900, log.read_text()[-4000:]
+            assert up.poll() is None and time.monotonic() - started < 900, _what_happened(home, log)
             time.sleep(1)
         info["up_s"] = time.monotonic() - started
         info["rss_mib"] = _rss_mib(topology.members(spec, env))
@@ -148,7 +149,8 @@ def topo(tmp_path_factory) -> Iterator[dict]:
         yield info
     finally:
         groups = [g for e in ENVS if e in info for g in [info[e].supervisor, *info[e].groups.values()]]
-        os.killpg(up.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # `topology up` may have ended (it failed to come up)
+            os.killpg(up.pid, signal.SIGTERM)
         up.wait(timeout=300)
         leftovers = {g: pids for g in groups if (pids := _alive(g))}
         for pids in leftovers.values():
@@ -160,6 +162,14 @@ def topo(tmp_path_factory) -> Iterator[dict]:
             redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DBS[e]).flushdb()
         assert not leftovers, f"processes outlived cd4ml topology up: {leftovers}"
         assert up.returncode == 0, log.read_text()[-3000:]
+
+
+def _what_happened(home: Path, log: Path) -> str:
+    """The end of `topology up`'s log and of each member's bootstrap log (the CI machine keeps neither)."""
+    tails = [log.read_text()[-3000:]]
+    for boot in sorted(home.glob("cd4ml/topology/*/stack/scaleout/logs/bootstrap.log")):
+        tails.append(f"--- {boot.relative_to(home)}\n{boot.read_text()[-2500:]}")
+    return "\n".join(tails)
 
 
 def _alive(pgid: int) -> list[int]:

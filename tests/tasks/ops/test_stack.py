@@ -122,3 +122,38 @@ def test_down_stops_a_stack_whose_supervisor_is_gone(tmp_path):
     assert st.down(home=str(tmp_path), mode="embedded") == ["scheduler"]
     proc.wait(timeout=10)
     assert st.group_pids(proc.pid) == []
+
+
+def test_fab_bootstrap_reads_what_exists_from_the_tables_runs_only_what_is_missing_and_names_a_failure(tmp_path):
+    """Users and roles are checked in the FAB tables (never in a command's message): present, nothing runs;
+    missing and the command fails, the failure is named with the bootstrap log (real PostgreSQL, real CLI)."""
+    psycopg2 = pytest.importorskip("psycopg2")
+    prefix = f"fab{os.getpid()}"
+    try:
+        psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=3).close()
+    except psycopg2.OperationalError as exc:
+        pytest.skip(f"PostgreSQL at 127.0.0.1:5432 is unreachable ({str(exc).strip()})")
+    stack = st.plan("scaleout", home=str(tmp_path), port=8113, mlflow_port=5113,
+                    base_env={"PATH": os.environ["PATH"], "CD4ML_PG_PREFIX": prefix})
+    st.create_databases(stack)
+    user = ("SELECT 1 FROM ab_user WHERE username = %s", ("admin",))
+    try:
+        assert not st._fab_has(stack, *user)  # no FAB table yet: nobody
+        conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname=f"{prefix}_airflow")
+        with conn, conn.cursor() as cur:
+            cur.execute("CREATE TABLE ab_user (id serial PRIMARY KEY, username text UNIQUE)")
+            cur.execute("INSERT INTO ab_user (username) VALUES ('admin')")
+        conn.close()
+        assert st._fab_has(stack, *user) and not st._fab_has(stack, user[0], ("approver",))
+        st._ensure(stack, ["no-such-command"], "airflow users create admin", *user)  # there: the command never runs
+        assert not (stack.log_dir / "bootstrap.log").exists()
+        with pytest.raises(st.StackError, match=r"airflow users create approver failed \(1 tries, last exit 2\).*bootstrap"):
+            st._ensure(stack, ["no-such-command"], "airflow users create approver", user[0], ("approver",),
+                       attempts=1)
+    finally:
+        conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for name in stack.databases:
+                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.close()
