@@ -46,6 +46,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 SEARCH_BLOCK = 1024  # query rows per exact matrix product: bounds memory at BLOCK x N floats
+RANK_BLOCK = 65_536  # query rows ranked at a time from the index's hits (a few arrays of BLOCK x hits)
 SEARCH_SLACK = 16  # neighbours asked beyond k: room for indexed images that are not eligible now
 HNSW_M = 32  # graph degree of the HNSW index
 HNSW_EF_CONSTRUCTION = 80
@@ -128,15 +129,34 @@ def _indexed(matrix: Any, eligible: Sequence[str], q: np.ndarray, k: int, folder
     index = ShaIndex.open(folder, version, matrix.shape[1])
     index.extend(eligible, matrix)
     ids, sims = index.search(matrix[q], k + 1 + SEARCH_SLACK)
-    pos = {sha: i for i, sha in enumerate(eligible)}
+    at = _eligible_positions(index.shas, eligible)
     out_ids = np.full((len(q), k), -1, dtype=np.int64)
     out_sims = np.full((len(q), k), -np.inf, dtype=np.float32)
-    for r, (self_pos, row_ids, row_sims) in enumerate(zip(q.tolist(), ids, sims)):
-        hits = [(float(s), p) for s, p in ((s, pos.get(index.sha(i), -1)) for i, s in zip(row_ids, row_sims) if i >= 0)
-                if p >= 0 and p != self_pos]
-        hits.sort(key=lambda h: (-h[0], h[1]))
-        for c, (s, p) in enumerate(hits[:k]):
-            out_ids[r, c], out_sims[r, c] = p, s
+    for start in range(0, len(q), RANK_BLOCK):
+        rows = slice(start, start + RANK_BLOCK)
+        out_ids[rows], out_sims[rows] = _ranked(at, q[rows], ids[rows], sims[rows], k)
+    return out_ids, out_sims
+
+
+def _eligible_positions(indexed: Sequence[str], eligible: Sequence[str]) -> np.ndarray:
+    """Each indexed row's position among the eligible images, or -1 (indexed once, not eligible now)."""
+    pos = {sha: i for i, sha in enumerate(eligible)}
+    return np.fromiter((pos.get(sha, -1) for sha in indexed), dtype=np.int64, count=len(indexed))
+
+
+def _ranked(at: np.ndarray, q: np.ndarray, ids: np.ndarray, sims: np.ndarray, k: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``k`` eligible hits of each query other than itself, nearest first, ties by position."""
+    found = ids >= 0
+    p = np.where(found, at[np.where(found, ids, 0)], -1)
+    hit = (p >= 0) & (p != q[:, None])
+    order = np.lexsort((p, -sims.astype(np.float64), ~hit), axis=1)[:, :k]  # hits first, then (-cosine, position)
+    ranked_hit = np.take_along_axis(hit, order, axis=1)
+    out_ids = np.full((len(q), k), -1, dtype=np.int64)
+    out_sims = np.full((len(q), k), -np.inf, dtype=np.float32)
+    width = order.shape[1]
+    out_ids[:, :width] = np.where(ranked_hit, np.take_along_axis(p, order, axis=1), -1)
+    out_sims[:, :width] = np.where(ranked_hit, np.take_along_axis(sims, order, axis=1), -np.inf)
     return out_ids, out_sims
 
 

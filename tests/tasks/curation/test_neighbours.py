@@ -57,3 +57,28 @@ def test_index_is_stored_once_per_version_and_extended(tmp_path: Path) -> None:
 def test_a_local_lake_keeps_the_index_next_to_its_tables(tmp_path: Path) -> None:
     assert index_dir(str(tmp_path / "lake"), tmp_path / "env" / "reports") == tmp_path / "lake" / "curation_index"
     assert index_dir("s3://bucket/lake", tmp_path / "env" / "reports") == tmp_path / "env" / "curation_index"
+
+
+def test_hits_are_ranked_in_numpy_as_one_by_one_nearest_first_ties_by_position_without_self_or_ineligible() -> None:
+    """The index's hits become each query's k eligible neighbours in blocks of arrays; the same as ranking them
+    one query at a time (cosines rounded so ties are common, missing hits (-1), rows no longer eligible)."""
+    from tasks.curation.neighbours import _eligible_positions, _ranked
+
+    rng = np.random.default_rng(7)
+    indexed = _shas(300)
+    eligible = [s for i, s in enumerate(indexed) if i % 7]  # every seventh indexed row is not eligible now
+    at = _eligible_positions(indexed, eligible)
+    q = rng.choice(len(eligible), size=200, replace=False).astype(np.int64)
+    ids = np.stack([rng.choice(len(indexed), size=12, replace=False) for _ in q])
+    ids[:20, 0] = [indexed.index(eligible[p]) for p in q[:20]]  # some queries find themselves
+    ids[rng.random(ids.shape) < 0.1] = -1  # and some hits are missing
+    sims = np.round(rng.random(ids.shape), 1).astype(np.float32)
+    for k in (1, 5, 12):
+        got_ids, got_sims = _ranked(at, q, ids, sims, k)
+        pos = {sha: i for i, sha in enumerate(eligible)}
+        for r, self_pos in enumerate(q.tolist()):
+            hits = sorted((-float(s), p) for i, s in zip(ids[r].tolist(), sims[r].tolist()) if i >= 0
+                          for p in [pos.get(indexed[i], -1)] if p >= 0 and p != self_pos)[:k]
+            want = [p for _, p in hits] + [-1] * (k - len(hits))
+            assert got_ids[r].tolist() == want
+            assert got_sims[r].tolist() == [-s for s, _ in hits] + [-np.inf] * (k - len(hits))
