@@ -130,12 +130,9 @@ def _indexed(matrix: Any, eligible: Sequence[str], q: np.ndarray, k: int, folder
     index.extend(eligible, matrix)
     ids, sims = index.search(matrix[q], k + 1 + SEARCH_SLACK)
     at = _eligible_positions(index.shas, eligible)
-    out_ids = np.full((len(q), k), -1, dtype=np.int64)
-    out_sims = np.full((len(q), k), -np.inf, dtype=np.float32)
-    for start in range(0, len(q), RANK_BLOCK):
-        rows = slice(start, start + RANK_BLOCK)
-        out_ids[rows], out_sims[rows] = _ranked(at, q[rows], ids[rows], sims[rows], k)
-    return out_ids, out_sims
+    blocks = [_ranked(at, q[rows], ids[rows], sims[rows], k)
+              for rows in (slice(start, start + RANK_BLOCK) for start in range(0, len(q), RANK_BLOCK))]
+    return np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks])
 
 
 def _eligible_positions(indexed: Sequence[str], eligible: Sequence[str]) -> np.ndarray:
@@ -150,7 +147,7 @@ def _ranked(at: np.ndarray, q: np.ndarray, ids: np.ndarray, sims: np.ndarray, k:
     found = ids >= 0
     p = np.where(found, at[np.where(found, ids, 0)], -1)
     hit = (p >= 0) & (p != q[:, None])
-    order = np.lexsort((p, -sims.astype(np.float64), ~hit), axis=1)[:, :k]  # hits first, then (-cosine, position)
+    order = np.lexsort((p, -sims, ~hit), axis=1)[:, :k]  # hits first, then (-cosine, position)
     ranked_hit = np.take_along_axis(hit, order, axis=1)
     out_ids = np.full((len(q), k), -1, dtype=np.int64)
     out_sims = np.full((len(q), k), -np.inf, dtype=np.float32)

@@ -271,8 +271,11 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
     constant = {s for s in by_sha if is_constant(features.by_sha[s])}
     walk = functools.partial(_dedupe, groups=groups, assignments=assignments, features=features, by_sha=by_sha,
                              scores=graph.scores, threshold=cfg.copy_similarity, abstain=abstain)
-    prior = reuse[0] if reuse is not None else None
-    keys = sorted(groups) if reuse is None else reuse[0].to_walk(groups, reuse[1], abstain, lambda s: by_sha[s]["label"])
+    if reuse is None:
+        prior, keys = None, sorted(groups)
+    else:
+        prior, touched = reuse
+        keys = prior.to_walk(groups, touched, abstain, lambda s: by_sha[s]["label"])
     kept_rows, removed, possible = walk(keys)
     walked_now = set(keys)
     if prior is not None:

@@ -302,18 +302,16 @@ def _ensure(stack: Stack, args: list[str], what: str, present_sql: str, present_
     Whether it is there is read from the FAB tables, never from the command's message; a failed try is
     retried (three stacks bootstrapping at once on two cores have seen one fail), then reported.
     """
-    proc = None
-    for attempt in range(attempts):
-        if _fab_has(stack, present_sql, present_args):
-            return
-        if attempt:
-            time.sleep(2.0 * attempt)
-        proc = _run(stack, args, what, check=False)
     if _fab_has(stack, present_sql, present_args):
         return
-    last = proc.stderr.strip().splitlines()[-1:] if proc is not None else []
-    raise StackError(f"{what} failed ({attempts} tries, last exit {proc.returncode if proc else '-'}): {last}; "
-                     f"see {stack.log_dir / 'bootstrap.log'}")
+    for attempt in range(1, attempts + 1):
+        proc = _run(stack, args, what, check=False)
+        if _fab_has(stack, present_sql, present_args):
+            return
+        if attempt < attempts:
+            time.sleep(2.0 * attempt)
+    raise StackError(f"{what} failed ({attempts} tries, last exit {proc.returncode}): "
+                     f"{proc.stderr.strip().splitlines()[-1:]}; see {stack.log_dir / 'bootstrap.log'}")
 
 
 def _fab_has(stack: Stack, sql: str, args: tuple[str, ...]) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks.ops import stack as st
+from tests.stack.harness import drop_databases
 
 
 def test_sizing_never_starts_the_stock_32_workers():
@@ -151,9 +152,4 @@ def test_fab_bootstrap_reads_what_exists_from_the_tables_runs_only_what_is_missi
             st._ensure(stack, ["no-such-command"], "airflow users create approver", user[0], ("approver",),
                        attempts=1)
     finally:
-        conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            for name in stack.databases:
-                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.close()
+        drop_databases(prefix)
