@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -72,16 +73,53 @@ def record_table(assignments: dict[str, Assignment]) -> pa.Table:
     )
 
 
+@dataclass(frozen=True)
+class Bridge:
+    """A new image set aside because it would join recorded components of different splits."""
+
+    sha: str
+    component: str  # the first recorded component it would join
+    detail: str  # which recorded components, in which splits
+    copy_of: tuple[str, str, str] | None  # (reason, recorded image, how): a copy of one with its label
+
+
+def bridge_rows(bridges: list[Bridge], by_sha: dict[str, dict[str, Any]], record: dict[str, Assignment],
+                abstain: Collection[str]) -> list[dict[str, Any]]:
+    """Drop rows of the bridges, named once the classes' tests are known.
+
+    A bridge is set aside whatever its name (no split can take it), so it is outside the class
+    guard's budget. Its name says why, and claims a copy only where that claim holds: the same
+    pixels in any class (``exact_duplicate``), a copy score at or above the threshold only in a
+    class whose copies stand out from its bulk (``near_duplicate``; not in ``abstain``). Anything
+    else is a ``split_bridge``, the possible copy named in its detail.
+    """
+    rows = []
+    for b in bridges:
+        row = by_sha[b.sha]
+        if b.copy_of is None:
+            rows.append(drop_row(row, "split_bridge", b.component, None, b.detail))
+            continue
+        reason, original, how = b.copy_of
+        if reason == "near_duplicate" and row["label"] in abstain:
+            rows.append(drop_row(row, "split_bridge", b.component, original,
+                                 f"{b.detail}; possibly a copy of the recorded image ({how}), but copies of class "
+                                 f"{row['label']} do not stand out from its bulk"))
+        else:  # a copy needs no split: named as such, never kept across splits
+            rows.append(drop_row(row, reason, record[original].component, original,
+                                 f"{how} to the recorded image (it also {b.detail})"))
+    return rows
+
+
 def assign(
     components: list[list[str]], record: dict[str, Assignment], features: Features, by_sha: dict[str, dict[str, Any]],
     scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
-) -> tuple[dict[str, Assignment], dict[str, list[str]], dict[str, str], int, list[dict[str, Any]]]:
+) -> tuple[dict[str, Assignment], dict[str, list[str]], dict[str, str], int, list[Bridge]]:
     """Keys and splits for this curation's components (the rules in the module doc).
 
     Returns (the whole record after it, final component key -> eligible members, merged key -> key,
-    images assigned now, drop rows of new images that would bridge splits).
+    images assigned now, new images that would bridge splits: named by ``bridge_rows``).
     """
-    dropped: list[dict[str, Any]] = []
+    bridges: list[Bridge] = []
     assignments = dict(record)
     renamed: dict[str, str] = {}
     groups: dict[str, list[str]] = {}  # final component key -> eligible members
@@ -95,14 +133,9 @@ def assign(
             more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
             detail = f"would join recorded components {named}{more} in different splits"
             members = RecordedMembers([m for m in group if m in record], features)
-            for s in newcomers:
-                copied = recorded_original(s, members, features, by_sha, scores, cfg.copy_similarity)
-                if copied is None:
-                    dropped.append(drop_row(by_sha[s], "split_bridge", recorded[0], None, detail))
-                else:  # a copy needs no split: dropped as such, never kept across splits
-                    reason, original, how = copied
-                    dropped.append(drop_row(by_sha[s], reason, record[original].component, original,
-                                         f"{how} to the recorded image (it also {detail})"))
+            bridges += [Bridge(s, recorded[0], detail,
+                               recorded_original(s, members, features, by_sha, scores, cfg.copy_similarity))
+                        for s in newcomers]
             for s in group:
                 if s in record:
                     groups.setdefault(record[s].component, []).append(s)
@@ -119,4 +152,4 @@ def assign(
         assignments = {s: replace(a, component=renamed[a.component]) if a.component in renamed else a
                        for s, a in assignments.items()}
 
-    return assignments, groups, renamed, new_images, dropped
+    return assignments, groups, renamed, new_images, bridges

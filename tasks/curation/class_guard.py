@@ -20,7 +20,8 @@ Outside the budget: constant images (``outliers.is_constant``: one colour, no in
 amount), ``exact_duplicate`` (identical decoded pixels: the kept image carries every
 bit of it, nothing is lost), ``undecodable``/``fastdup_invalid`` (no image to keep), and the
 quarantines ``label_conflict`` and ``split_bridge`` (they protect labels and split stability and
-are decided as before).
+are decided as before; a bridge is named after this guard, even when it is named a duplicate:
+``tasks.curation.assignments.bridge_rows``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.curation.assignments import Assignment, assign, read_assignments
+from tasks.curation.assignments import Assignment, assign, bridge_rows, read_assignments
 from tasks.curation.class_guard import guard_outliers, over_budget
 from tasks.curation.copy_pairs import (
     PAIRS_TABLE,
@@ -93,13 +93,13 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     graph = _group(settings, eligible, record, features, images)
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), record, features, by_sha, graph.scores, cfg, raw_version, run_id)
-    dropped.extend(bridges)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
                           lambda s: by_sha[s]["label"], lambda s: pixel_key(features, s), graph.scores)
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
     kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, features, by_sha, graph, nearest, dropped,
                                               reuse)
+    dropped.extend(bridge_rows(bridges, by_sha, record, decisions["abstain"]))
     decisions = _decisions(decisions, kept_bad, by_sha)
 
     kept_rows.sort(key=lambda r: r["sha256"])

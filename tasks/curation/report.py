@@ -132,7 +132,9 @@ def report_body(
             "split": "recorded split of the component; a new component: sha256(f'{split_salt}:{key}') as a "
                      "fraction of 2**256, cut by split_ratios",
             "split_bridge": "a new image that would join recorded components of different splits is quarantined "
-                            "(dropped as a duplicate instead when it is a copy of one of their images)",
+                            "(named a duplicate instead when it is a copy of one of their images with its label: "
+                            "same pixels, or a near copy in a class that does not abstain; outside the class "
+                            "budget either way)",
             "similarity": f"components (splits): cosine of {settings.curation.embedding} embeddings >= "
                           f"{settings.curation.near_duplicate_threshold} to one of a new image's "
                           f"{settings.curation.similar_neighbours} nearest neighbours, identical decoded pixels, "

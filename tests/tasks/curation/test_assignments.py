@@ -1,0 +1,44 @@
+"""A new image that would join recorded components of different splits: set aside, and named for what holds.
+
+The name of a bridge claims a copy only where the class's test lets it: the same pixels in any
+class, a near copy only in a class whose copies stand out. In an abstaining class the possible copy
+is named in the detail of a ``split_bridge`` (the image is set aside either way: no split can take it).
+"""
+
+from tasks.curation.assignments import Assignment, Bridge, bridge_rows
+
+RECORD = {"r_train": Assignment("k_train", "train", 1, "c1"), "r_test": Assignment("k_test", "test", 1, "c1")}
+BY_SHA = {s: {"sha256": s, "label": label} for s, label in
+          (("r_train", "7"), ("r_test", "7"), ("n_plain", "7"), ("n_near", "7"), ("n_same", "7"), ("n_other", "3"))}
+DETAIL = "would join recorded components k_test (test), k_train (train) in different splits"
+BRIDGES = [
+    Bridge("n_plain", "k_test", DETAIL, None),
+    Bridge("n_near", "k_test", DETAIL, ("near_duplicate", "r_train", "copy score 0.9991")),
+    Bridge("n_same", "k_test", DETAIL, ("exact_duplicate", "r_test", "same decoded pixels")),
+]
+
+
+def _by_sha(rows):
+    return {r["sha256"]: r for r in rows}
+
+
+def test_in_a_class_whose_copies_stand_out_a_bridge_that_is_a_copy_is_named_a_duplicate():
+    rows = _by_sha(bridge_rows(BRIDGES, BY_SHA, RECORD, abstain={"3": "its own reason"}))
+    assert (rows["n_plain"]["reason"], rows["n_plain"]["kept_sha256"]) == ("split_bridge", None)
+    assert rows["n_plain"]["component"] == "k_test" and rows["n_plain"]["detail"] == DETAIL
+    near = rows["n_near"]
+    assert (near["reason"], near["kept_sha256"], near["component"]) == ("near_duplicate", "r_train", "k_train")
+    assert near["detail"] == f"copy score 0.9991 to the recorded image (it also {DETAIL})"
+    assert (rows["n_same"]["reason"], rows["n_same"]["component"]) == ("exact_duplicate", "k_test")
+
+
+def test_in_an_abstaining_class_a_near_copy_bridge_is_a_split_bridge_that_names_the_possible_copy():
+    rows = _by_sha(bridge_rows(BRIDGES, BY_SHA, RECORD, abstain={"7": "copies do not stand out"}))
+    near = rows["n_near"]
+    assert (near["reason"], near["kept_sha256"], near["component"]) == ("split_bridge", "r_train", "k_test")
+    assert near["detail"].startswith(DETAIL) and "possibly a copy of the recorded image (copy score 0.9991)" in near[
+        "detail"] and "class 7 do not stand out" in near["detail"]
+    # The same pixels are a copy whatever the class's test: nothing of the image is lost.
+    assert rows["n_same"]["reason"] == "exact_duplicate"
+    assert rows["n_plain"]["reason"] == "split_bridge"
+
