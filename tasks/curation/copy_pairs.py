@@ -274,9 +274,15 @@ class CopyScores:
                 unusable += [p for p, x, y in block if x is None or y is None]
                 work = [(p, x, y) for p, x, y in block if x is not None and y is not None]
                 self.fresh.add([p for p, _, _ in work], [float(v) for v in run([(x, y) for _, x, y in work])])
+                self._forget_signatures_below(pairs_now[-1][0])
         self.fresh.add(unusable, [0.0] * len(unusable))
         self._partners.clear()  # gathered before these scores
         self._sigs.clear()
+
+    def _forget_signatures_below(self, sha: str) -> None:
+        """Drop the signatures no later block needs: blocks come in key order, so every later pair (a, b)
+        has a >= this block's last a, and b > a. Held then: the images still ahead, not every image scored."""
+        self._sigs = {s: sig for s, sig in self._sigs.items() if s >= sha}
 
     def _signatures(self, shas: list[str], run: _Scorer) -> None:
         """Compute the signatures of ``shas`` not known yet (in the workers when there are many)."""

@@ -61,3 +61,32 @@ def test_pairs_given_as_positions_score_as_pairs_of_shas() -> None:
     assert list(by_positions.fresh.items()) == list(by_shas.fresh.items())
     by_positions.score_positions(positions, shas)  # all known now: nothing scored twice
     assert by_positions.fresh.count == by_shas.fresh.count
+
+
+def test_scoring_in_blocks_computes_each_signature_once_and_holds_only_those_still_ahead(monkeypatch) -> None:
+    import numpy as np
+
+    import tasks.curation.copy_pairs as copy_pairs
+    from tests.factories.curation import noise_pngs
+
+    rng = np.random.default_rng(2)
+    images = {f"{rng.integers(1 << 62):016x}": data for data in noise_pngs(40, 12, seed=2)}
+    shas = sorted(images)
+    positions = rng.integers(0, len(shas), (300, 2))
+    whole = CopyScores(images.__getitem__, workers=1)
+    whole.score_positions(positions, shas)
+
+    calls: list[str] = []
+    held: list[int] = []
+    monkeypatch.setattr(copy_pairs, "SCORE_BLOCK", 9)  # about 30 blocks
+
+    def image_of(sha: str) -> bytes:
+        calls.append(sha)
+        held.append(len(blocked._sigs))
+        return images[sha]
+
+    blocked = CopyScores(image_of, workers=1)
+    blocked.score_positions(positions, shas)
+    assert list(blocked.fresh.items()) == list(whole.fresh.items())  # same pairs, same scores
+    assert sorted(calls) == sorted(set(calls))  # no signature computed twice: none dropped while still needed
+    assert max(held) < len(set(calls)) - 5  # and fewer held at once than were computed
