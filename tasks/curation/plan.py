@@ -9,6 +9,7 @@ assigned (``tasks.curation.assignments``) and each component deduplicated
 from __future__ import annotations
 
 import functools
+import heapq
 import logging
 import tempfile
 from collections.abc import Collection, Iterator
@@ -222,11 +223,14 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
     similar = similar_pairs(neighbours, cfg.similar_neighbours, cfg.near_duplicate_threshold)
     for a, b, _ in similar:
         sets.union(a, b)
-    best = sorted(similar, key=lambda t: (-t[2], t[0], t[1]))[:GALLERY_IMAGES]
+    best = heapq.nsmallest(GALLERY_IMAGES, similar, key=lambda t: (-t[2], t[0], t[1]))
+    found, search = len(similar), neighbours.search
+    candidates = candidate_pairs(neighbours, cfg.copy_candidates)
+    del neighbours, similar  # about 1 GB at a million images (32 neighbours a view): not held while scoring
     scores = CopyScores(images, load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
-    candidates, copy_edges = _link_copies(cfg, eligible, neighbours, scores, sets)
-    return _Graph(eligible, sets, pending, scores, len(similar), [(eligible[a], eligible[b], s) for a, b, s in best],
-                  candidates, copy_edges, neighbours.search)
+    copy_edges = _link_copies(cfg, eligible, candidates, scores, sets)
+    return _Graph(eligible, sets, pending, scores, found, [(eligible[a], eligible[b], s) for a, b, s in best],
+                  len(candidates), copy_edges, search)
 
 
 def _neighbours(settings: Settings, eligible: list[str], features: Features, pending: list[int]) -> NeighbourGraph:
@@ -362,20 +366,18 @@ def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[
     return kept_rows, dropped, possible
 
 
-def _link_copies(cfg: Any, eligible: list[str], neighbours: NeighbourGraph, scores: CopyScores,
-                 sets: UnionFind) -> tuple[int, int]:
+def _link_copies(cfg: Any, eligible: list[str], candidates: np.ndarray, scores: CopyScores, sets: UnionFind) -> int:
     """Score the new images' candidate pairs; a copy joins its original's component (copies never straddle splits).
 
-    Returns (how many candidate pairs, how many were copies).
+    ``candidates``: (n, 2) eligible positions (``neighbours.candidate_pairs``). Returns how many were copies.
     """
-    candidates = candidate_pairs(neighbours, cfg.copy_candidates)
     scores.score_positions(candidates, eligible)
     copy_edges = 0
     for i, j in _rows(candidates):
         if scores.get(eligible[i], eligible[j]) >= cfg.copy_similarity:
             sets.union(i, j)
             copy_edges += 1
-    return len(candidates), copy_edges
+    return copy_edges
 
 
 def _rows(pairs: np.ndarray) -> Iterator[list[int]]:
