@@ -53,6 +53,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Models]:
 
     with private_home(tmp_path_factory, "release-home") as base_settings:
         s = fast(base_settings, epochs=4)
+        # The latency check compares wall-clock milliseconds with a limit: on 2 shared cores its p95 moved
+        # from 22 to 291 ms under load. These tests are about the statistics; the latency rule still runs
+        # in every gate here, and its failure is tested with a limit no model meets (max_latency_p95_ms 0.001).
+        s = s.model_copy(update={"gate": s.gate.model_copy(update={"max_latency_p95_ms": 60_000.0})})
         version = write_curated_digits(s.curated_table, raw_version=7)
         shuffled = s.table_uri("curated_shuffled")
         shuffled_version = write_shuffled_digits(shuffled)
