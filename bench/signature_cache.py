@@ -27,7 +27,8 @@ sys.path.insert(0, str(REPO))
 def held_at_once(a: np.ndarray, b: np.ndarray, block: int) -> tuple[int, int]:
     """(most held with the signatures dropped as blocks pass, most held when kept to the end).
 
-    ``a`` < ``b`` are the pairs' image positions in sha256 order, the pairs sorted by (a, b).
+    ``a`` < ``b`` are the pairs' image positions in sha256 order, the pairs sorted by (a, b); every position
+    below the largest is in a pair, so keeping every signature to the end holds all of them.
     """
     blocks = np.arange(len(a)) // block
     n = int(max(a.max(), b.max())) + 1
@@ -41,7 +42,7 @@ def held_at_once(a: np.ndarray, b: np.ndarray, block: int) -> tuple[int, int]:
     for k in range(int(blocks[-1]) + 1):
         most = max(most, int(np.count_nonzero((first <= k) & (positions >= cut))))
         cut = int(last_a[k])
-    return most, int(np.count_nonzero(first <= blocks[-1]))
+    return most, n
 
 
 def main() -> None:
