@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 META_PREFIX = "cd4ml."
 TAGS_TABLE = "dataset_tags"
+KEY_BLOCK_ROWS = 1 << 20  # rows whose keys are checked by one set lookup (``_present_keys``): ~150 MB of strings
 _T = TypeVar("_T")
 
 
@@ -183,6 +184,34 @@ def scan_batches(
                 batch = batch.filter(expression)
             if batch.num_rows:
                 yield batch.select(cols)
+
+
+def scan_blocks(uri: str, version: int, columns: Iterable[str], block_rows: int) -> Iterator[pa.Table]:
+    """``scan_batches`` regrouped into tables of at least ``block_rows`` rows (the last may hold fewer).
+
+    For per-block work whose fixed cost is high: an Arrow set lookup hashes its whole value set on every
+    call (measured: 0.43 s per call against a million strings, whatever the block's length), while a
+    table's files and row groups yield batches of a few thousand rows. Memory is one block.
+    """
+    held: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in scan_batches(uri, version, columns, batch_rows=min(block_rows, 1 << 16)):
+        held.append(_plain_strings(batch))  # files written by a MERGE hold string_view: one schema per block
+        rows += batch.num_rows
+        if rows >= block_rows:
+            yield pa.Table.from_batches(held)
+            held, rows = [], 0
+    if held:
+        yield pa.Table.from_batches(held)
+
+
+def _plain_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its string_view columns cast to string (Arrow's kernels and concatenation lack it)."""
+    if not any(pa.types.is_string_view(f.type) for f in batch.schema):
+        return batch
+    return pa.RecordBatch.from_arrays(
+        [pc.cast(c, pa.string()) if pa.types.is_string_view(c.type) else c for c in batch.columns],
+        names=batch.schema.names)
 
 
 def ledger_rows(uri: str) -> tuple[list[dict[str, Any]], DeltaTable | None]:
@@ -319,10 +348,11 @@ def _joined_key(table: pa.Table | pa.RecordBatch, keys: list[str]) -> pa.Array:
 
 
 def _present_keys(uri: str, table: DeltaTable, rows: pa.Table, keys: list[str]) -> pa.Array:
-    """The keys of ``rows`` that ``table`` holds, reading its key columns a record batch at a time."""
+    """The keys of ``rows`` that ``table`` holds, reading its key columns a block of rows at a time (one set
+    lookup a block: each hashes every key of ``rows`` again)."""
     wanted = _joined_key(rows, keys)
     found = [stored.filter(pc.is_in(stored, value_set=wanted))
-             for stored in (_joined_key(b, keys) for b in scan_batches(uri, table.version(), keys, batch_rows=65_536))]
+             for stored in (_joined_key(b, keys) for b in scan_blocks(uri, table.version(), keys, KEY_BLOCK_ROWS))]
     return pa.concat_arrays(found) if found else pa.array([], pa.string())
 
 

@@ -266,3 +266,20 @@ def test_scan_batches_streams_one_version_with_its_filter_and_columns_added_late
                                                                   + [("n1", 1), ("n2", 2)])
     old = [r["key"] for b in lake.scan_batches(uri, v0, ["key"]) for r in b.to_pylist()]
     assert sorted(old) == sorted(first["key"].to_pylist())  # time travel: the later file is not read
+
+
+def test_scan_blocks_regroups_every_row_once_across_files_written_by_merge_and_append(tmp_path):
+    """Blocks of at least the asked rows (the last may hold fewer), one schema each although a MERGE's files
+    hold string_view and an append's string, and together exactly the version's rows."""
+    uri = str(tmp_path / "t")
+    lake.merge_new_rows(uri, _rows(["a", "b", "c"]), "k", {"run_id": "r1"})  # creates the table
+    lake.merge_new_rows(uri, _rows(["d", "e"]), "k", {"run_id": "r2"})  # a MERGE: its file holds string_view
+    for i, keys in enumerate([["f"], ["g", "h", "i", "j"]]):
+        lake.append_new_rows(uri, _rows(keys), "k", {"run_id": f"r{i + 3}"})
+    version = lake.current_version(uri)
+    assert {b.schema.field("k").type for b in lake.scan_batches(uri, version, ["k"])} == {pa.string(), pa.string_view()}
+    blocks = list(lake.scan_blocks(uri, version, ["k"], 4))
+    assert all(b.num_rows >= 4 for b in blocks[:-1]) and blocks[-1].num_rows >= 1
+    assert all(b.schema.field("k").type == pa.string() for b in blocks)
+    assert sorted(k for b in blocks for k in b.column("k").to_pylist()) == list("abcdefghij")
+    assert [b.num_rows for b in lake.scan_blocks(uri, version, ["k"], 100)] == [10]
