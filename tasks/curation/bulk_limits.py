@@ -150,36 +150,29 @@ def _beyond_own_class(rule: Rule, values: np.ndarray, labels: list[str], flagged
     """The flagged images that are also beyond ``sigmas`` of their own class's bulk (where it has ``min_images``).
 
     A class can be unlike the rest of its family (a sky class among textures): its images are
-    judged against their own kind too, and only an image far from both is flagged.
+    judged against their own kind too, and only an image far from both is flagged. Only the classes
+    of flagged images are looked at (a few), not every image's class.
     """
-    members: dict[str, list[int]] = {}
-    for i, label in enumerate(labels):
-        members.setdefault(label, []).append(i)
-    position = np.empty(len(labels), dtype=np.int64)  # an image's place among its class's images
-    for own in members.values():
-        position[own] = np.arange(len(own))
-    own_z: dict[str, np.ndarray] = {}  # each class's distances, computed once
+    names = np.asarray(labels, dtype=object)
+    own_z: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}  # a class's images, their distances: once a class
     keep = []
     for i in flagged:
-        own = members[labels[i]]
-        if len(own) < min_images:
-            keep.append(i)
-            continue
         if labels[i] not in own_z:
-            own_z[labels[i]] = _robust_z(rule, values[own], sigmas)[0]
-        if own_z[labels[i]][position[i]] < -sigmas:
+            own = np.flatnonzero(names == labels[i])
+            own_z[labels[i]] = (own, _robust_z(rule, values[own], sigmas)[0] if len(own) >= min_images else None)
+        own, z = own_z[labels[i]]
+        if z is None or z[np.searchsorted(own, i)] < -sigmas:
             keep.append(i)
     return keep
 
 
 def _crowded_classes(flagged: list[int], labels: list[str], max_share: float) -> list[tuple[str, str]]:
     """(label, why) of each class that would lose more than ``max_share`` of its images (one is always allowed)."""
-    totals: dict[str, int] = {}
-    for label in labels:
-        totals[label] = totals.get(label, 0) + 1
     hits: dict[str, int] = {}
     for i in flagged:
         hits[labels[i]] = hits.get(labels[i], 0) + 1
+    names = np.asarray(labels, dtype=object)
+    totals = {label: int(np.count_nonzero(names == label)) for label in hits}  # the classes hit only
     return [(label, f"would drop {n} of {totals[label]} images of class {label!r} ({n / totals[label]:.1%}), "
                     f"more than max_share {max_share:g}: a kind of image, not an accident")
             for label, n in sorted(hits.items()) if n > max(1.0, max_share * totals[label])]

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tasks.curation.assignments import Assignment
-from tasks.curation.bulk_limits import RULES, Rule, Verdict, judge
+from tasks.curation.bulk_limits import RULES, Verdict, judge
 from tasks.curation.curation_features import Features, ImageFeatures
 from tasks.curation.tables import drop_row
 from tasks.errors import DataError
@@ -83,26 +83,31 @@ def relative_screen(images: dict[str, Measured], labels: dict[str, str], limits:
     """(id -> (reason, detail) of each image a relative rule flags, abstentions) over ``images`` per mode family."""
     flagged: dict[str, tuple[str, str]] = {}
     abstained: list[dict[str, str]] = []
-    families = sorted({m.family for m in images.values()})
-    for family in families:
-        ids = sorted(i for i, m in images.items() if m.family == family)
+    by_family: dict[str, list[str]] = {}
+    for i in sorted(images):
+        by_family.setdefault(images[i].family, []).append(i)
+    for family, ids in sorted(by_family.items()):
         family_labels = [labels[i] for i in ids]
+        values = _statistics([images[i] for i in ids])  # once a family, not once a rule
         for rule in RULES:
             if _OVERRIDE.get(rule.reason) and getattr(limits, _OVERRIDE[rule.reason]) is not None:
                 continue  # the person's absolute limit replaces this rule
-            verdict = judge(rule, np.array([_value(rule, images[i]) for i in ids]), family_labels,
+            verdict = judge(rule, values[rule.statistic], family_labels,
                             sigmas=limits.relative_sigmas, gap=limits.relative_gap,
                             min_images=limits.relative_min_images, max_share=limits.max_share)
             for k in verdict.flagged:
-                flagged.setdefault(ids[k], (rule.reason, _detail(verdict, family, _value(rule, images[ids[k]]),
+                flagged.setdefault(ids[k], (rule.reason, _detail(verdict, family, float(values[rule.statistic][k]),
                                                                  limits.relative_sigmas)))
             abstained.extend({"rule": rule.reason, "label": label, "why": f"{family} images: {why}", "family": family}
                              for label, why in verdict.abstained)
     return flagged, abstained
 
 
-def _value(rule: Rule, m: Measured) -> float:
-    return float(min(m.width, m.height)) if rule.statistic == "side" else float(getattr(m, rule.statistic))
+def _statistics(measured: list[Measured]) -> dict[str, np.ndarray]:
+    """Each statistic a rule reads, one float64 per image in that order (``side``: the shorter side)."""
+    return {"side": np.array([float(min(m.width, m.height)) for m in measured], dtype=np.float64),
+            **{stat: np.array([getattr(m, stat) for m in measured], dtype=np.float64)
+               for stat in ("mean", "contrast", "blur")}}
 
 
 def _detail(verdict: Verdict, family: str, value: float, sigmas: float) -> str:
