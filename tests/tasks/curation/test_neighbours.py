@@ -6,7 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.curation.neighbours import ShaIndex, candidate_pairs, index_dir, neighbour_graph, similar_pairs
+from tasks.curation.neighbours import (
+    NeighbourGraph,
+    ShaIndex,
+    candidate_pairs,
+    index_dir,
+    neighbour_graph,
+    similar_pairs,
+)
 
 
 def _unit_rows(n: int, dim: int = 64, seed: int = 0) -> np.ndarray:
@@ -82,3 +89,29 @@ def test_hits_are_ranked_in_numpy_as_one_by_one_nearest_first_ties_by_position_w
             want = [p for _, p in hits] + [-1] * (k - len(hits))
             assert got_ids[r].tolist() == want
             assert got_sims[r].tolist() == [-s for s, _ in hits] + [-np.inf] * (k - len(hits))
+
+
+def _similar_pairs_one_by_one(graph: NeighbourGraph, k: int, threshold: float) -> list[tuple[int, int, float]]:
+    """The pair-by-pair reading ``similar_pairs`` replaced (it held every neighbour as a Python object)."""
+    seen: dict[tuple[int, int], float] = {}
+    for a, row, sims in zip(graph.queries.tolist(), graph.ids[0][:, :k].tolist(), graph.sims[0][:, :k].tolist()):
+        for b, s in zip(row, sims):
+            if b >= 0 and s >= threshold:
+                seen.setdefault((min(a, b), max(a, b)), s)
+    return [(a, b, s) for (a, b), s in seen.items()]
+
+
+def test_similar_pairs_in_arrays_are_the_pairs_found_one_by_one_in_the_same_order():
+    """Missing hits, a pair found from both sides (with the first cosine kept), repeats in a row, and cosines one
+    float32 step either side of the threshold, compared as Python floats are."""
+    rng = np.random.default_rng(0)
+    steps = np.float32([np.nextafter(np.float32(0.97), np.float32(0)), 0.97, np.nextafter(np.float32(0.97), np.float32(1)),
+                        0.5, 0.99, 1.0, -np.inf])
+    for _ in range(200):
+        n = int(rng.integers(2, 60))
+        queries = rng.choice(n, int(rng.integers(0, n + 1)), replace=False).astype(np.int64)
+        width = int(rng.integers(1, 10))
+        ids = rng.integers(-1, n, (len(queries), width)).astype(np.int64)
+        graph = NeighbourGraph(queries, [ids], [rng.choice(steps, ids.shape).astype(np.float32)], "test")
+        for k, threshold in ((1, 0.97), (width, 0.97), (width + 3, 0.5), (width, 0.99)):
+            assert similar_pairs(graph, k, threshold) == _similar_pairs_one_by_one(graph, k, threshold)
