@@ -46,7 +46,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 SEARCH_BLOCK = 1024  # query rows per exact matrix product: bounds memory at BLOCK x N floats
-RANK_BLOCK = 65_536  # query rows ranked at a time from the index's hits (a few arrays of BLOCK x hits)
+RANK_BLOCK = 65_536  # query rows searched and ranked at a time (a few arrays of BLOCK x hits, not of every query)
 SEARCH_SLACK = 16  # neighbours asked beyond k: room for indexed images that are not eligible now
 HNSW_M = 32  # graph degree of the HNSW index
 HNSW_EF_CONSTRUCTION = 80
@@ -128,10 +128,12 @@ def _indexed(matrix: Any, eligible: Sequence[str], q: np.ndarray, k: int, folder
     """Top ``k`` eligible neighbours of each query from the stored index, extended first with unindexed rows."""
     index = ShaIndex.open(folder, version, matrix.shape[1])
     index.extend(eligible, matrix)
-    ids, sims = index.search(matrix[q], k + 1 + SEARCH_SLACK)
     at = _eligible_positions(index.shas, eligible)
-    blocks = [_ranked(at, q[rows], ids[rows], sims[rows], k)
-              for rows in (slice(start, start + RANK_BLOCK) for start in range(0, len(q), RANK_BLOCK))]
+    blocks = []
+    for start in range(0, len(q), RANK_BLOCK):  # searched and ranked a block of queries at a time: bounded hits
+        rows = q[start:start + RANK_BLOCK]
+        ids, sims = index.search(matrix[rows], k + 1 + SEARCH_SLACK)
+        blocks.append(_ranked(at, rows, ids, sims, k))
     return np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks])
 
 
