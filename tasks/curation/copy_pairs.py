@@ -54,8 +54,9 @@ CHUNK = 250  # pairs per worker task
 SIGNATURE_CHUNK = 500  # images per worker task when signatures are computed (~0.3 ms each)
 SCORE_BLOCK = 50_000  # pairs whose work items are held at once (signatures are cached per image)
 # Stored pairs are coded a block of rows at a time, and each set lookup hashes every wanted image again
-# (0.43 s against a million): blocks of about a million rows (about 150 MB of key strings).
-LOOKUP_ROWS = 1 << 20
+# (0.43 s against a million): blocks of 262,144 rows (about 50 MB of key strings; 30 lookups for the
+# million's 7.7 million pairs, where 65,536-row batches made about 240).
+LOOKUP_ROWS = 1 << 18
 BLUR_SIGMA = 1.0  # embedding pixels: the second candidate search's blur
 
 PAIRS_SCHEMA = pa.schema(

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 META_PREFIX = "cd4ml."
 TAGS_TABLE = "dataset_tags"
-KEY_BLOCK_ROWS = 1 << 20  # rows whose keys are checked by one set lookup (``_present_keys``): ~150 MB of strings
+KEY_BLOCK_ROWS = 1 << 18  # rows whose keys are checked by one set lookup (``_present_keys``): ~40 MB of strings
 _T = TypeVar("_T")
 
 
