@@ -286,13 +286,19 @@ def bootstrap(stack: Stack) -> None:
     _ensure(stack, ["roles", "create", "Approver"], "airflow roles create Approver",
             "SELECT 1 FROM ab_role WHERE name = %s", ("Approver",))
     for name, (role, password) in stack.users.items():
-        _ensure(stack, ["users", "create", "--username", name, "--password", password, "--role", role,
-                        "--firstname", name, "--lastname", "cd4ml", "--email", f"{name}@cd4ml.local"],
-                f"airflow users create {name}", "SELECT 1 FROM ab_user WHERE username = %s", (name,))
+        _ensure(stack, user_create_args(name, role, password), f"airflow users create {name}",
+                "SELECT 1 FROM ab_user WHERE username = %s", (name,))
     _ensure(stack, ["users", "add-role", "--username", "approver", "--role", "Approver"],
             "airflow users add-role approver Approver",
             "SELECT 1 FROM ab_user_role ur JOIN ab_user u ON u.id = ur.user_id JOIN ab_role r ON r.id = ur.role_id "
             "WHERE u.username = %s AND r.name = %s", ("approver", "Approver"))
+
+
+def user_create_args(name: str, role: str, password: str) -> list[str]:
+    """``airflow users create`` arguments. Each value is attached to its option (``--password=...``): a generated
+    password may start with "-" (``secrets.token_urlsafe``), which argparse reads as an option when it stands alone."""
+    return ["users", "create", f"--username={name}", f"--password={password}", f"--role={role}",
+            f"--firstname={name}", "--lastname=cd4ml", f"--email={name}@cd4ml.local"]
 
 
 def _ensure(stack: Stack, args: list[str], what: str, present_sql: str, present_args: tuple[str, ...],
