@@ -53,10 +53,6 @@ PARALLEL_FROM = 4000
 CHUNK = 250  # pairs per worker task
 SIGNATURE_CHUNK = 500  # images per worker task when signatures are computed (~0.3 ms each)
 SCORE_BLOCK = 50_000  # pairs whose work items are held at once (signatures are cached per image)
-# Stored pairs are coded a block of rows at a time, and each set lookup hashes every wanted image again
-# (0.43 s against a million): blocks of 262,144 rows (about 50 MB of key strings; 30 lookups for the
-# million's 7.7 million pairs, where 65,536-row batches made about 240).
-LOOKUP_ROWS = 1 << 18
 BLUR_SIGMA = 1.0  # embedding pixels: the second candidate search's blur
 
 PAIRS_SCHEMA = pa.schema(
@@ -350,7 +346,8 @@ class _Scorer:
 def load_scores(uri: str, shas: set[str]) -> StoredPairs:
     """Stored scores of pairs whose two images are both in ``shas``, under the current score config.
 
-    Streamed in blocks of about ``LOOKUP_ROWS`` rows of three columns (and the config), each coded in
+    Streamed in blocks of ``lake.LOOKUP_BLOCK_ROWS`` rows (30 lookups for the million's 7.7 million pairs, where
+    record batches made about 240) of three columns (and the config), each coded in
     Arrow against ``shas`` with one set lookup for both images: memory holds the pairs kept as integer
     codes, never the table's strings; no Python object per pair.
     """
@@ -361,9 +358,8 @@ def load_scores(uri: str, shas: set[str]) -> StoredPairs:
     wanted = pa.array(wanted_shas, pa.string())
     config = score_config()
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for block in lake.scan_blocks(uri, version, ["sha256_a", "sha256_b", "score", "config"], LOOKUP_ROWS):
-        # Cast first: files written by a MERGE hold string_view, which Arrow's kernels lack.
-        same = pc.equal(pc.cast(block.column("config"), pa.string()), config)
+    for block in lake.scan_blocks(uri, version, ["sha256_a", "sha256_b", "score", "config"], lake.LOOKUP_BLOCK_ROWS):
+        same = pc.equal(block.column("config"), config)  # scan_blocks casts a MERGE's string_view to string
         a, b = _coded_pairs(block, wanted)
         keep = pc.and_(same, pc.and_(pc.is_valid(a), pc.is_valid(b)))
         parts.append((a.filter(keep).to_numpy(zero_copy_only=False).astype(np.int64),
@@ -375,8 +371,7 @@ def load_scores(uri: str, shas: set[str]) -> StoredPairs:
 
 def _coded_pairs(block: pa.Table, wanted: pa.Array) -> tuple[pa.Array, pa.Array]:
     """Positions in ``wanted`` of each row's two images (null: not wanted), from ONE set lookup of both columns."""
-    both = pa.chunked_array([*pc.cast(block.column("sha256_a"), pa.string()).chunks,
-                             *pc.cast(block.column("sha256_b"), pa.string()).chunks], pa.string())
+    both = pa.chunked_array([*block.column("sha256_a").chunks, *block.column("sha256_b").chunks], pa.string())
     codes = pc.index_in(both, value_set=wanted).combine_chunks()
     return codes.slice(0, block.num_rows), codes.slice(block.num_rows)
 

@@ -63,9 +63,6 @@ log = logging.getLogger(__name__)
 
 EXPORT_MIN_SIDE = 32  # px, shorter side of the copy fastdup reads; fastdup skips images under 10x10
 GALLERY_IMAGES = 20  # images (or pairs) per gallery
-# Stored facts are picked a block at a time by a set lookup that hashes every wanted image on each call
-# (0.43 s against a million): blocks of about 262,144 rows (about 60 MB of facts).
-FEATURE_LOOKUP_ROWS = 1 << 18
 
 FEATURES_SCHEMA = pa.schema(
     [
@@ -315,7 +312,7 @@ def load_features(uri: str, config: str, shas: set[str], vectors: bool = True) -
     wanted = pa.array(sorted(shas), pa.string())
     schema = pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in [*columns, "config"]])
     parts = []
-    for block in lake.scan_blocks(uri, version, schema.names, FEATURE_LOOKUP_ROWS):
+    for block in lake.scan_blocks(uri, version, schema.names, lake.LOOKUP_BLOCK_ROWS):
         part = block.cast(schema)
         keep = pc.and_(pc.equal(part.column("config"), config), pc.is_in(part.column("sha256"), value_set=wanted))
         parts.append(part.filter(keep).drop_columns(["config"]))
