@@ -100,7 +100,7 @@ import pyarrow.compute as pc
 
 from tasks.curation.assignments import record_table
 from tasks.curation.curation_features import feature_config, write_galleries
-from tasks.curation.plan import Plan, gallery_shas, plan_in_workdir, store_caches
+from tasks.curation.plan import Plan, gallery_shas, plan_in_workdir, snapshot_batches, store_caches
 from tasks.curation.report import (
     CurateResult,
     count_by_split,
@@ -215,18 +215,20 @@ def _write_snapshot(settings: Settings, plan: Plan, metadata: dict[str, Any]) ->
     table = lake.open_table(uri) if lake.exists(uri) else None
     added = _appended(table, plan.curated) if table is not None else None
     if added is not None and added.num_rows:  # against the version compared: a concurrent commit refuses it
-        version, _ = lake.append_stream(uri, pa.RecordBatchReader.from_batches(CURATED_SCHEMA, added.to_batches()),
-                                        metadata, table)
+        rows = pa.RecordBatchReader.from_batches(CURATED_SCHEMA, snapshot_batches(added, plan.images))
+        version, _ = lake.append_stream(uri, rows, metadata, table)
         if version is not None:
             return version
-    return lake.overwrite_stream(uri, plan.curated, metadata, configuration=lake.stats_columns_config(CURATED_SCHEMA))
+    return lake.overwrite_stream(uri, CURATED_SCHEMA, lambda: snapshot_batches(plan.curated, plan.images), metadata,
+                                 configuration=lake.stats_columns_config(CURATED_SCHEMA))
 
 
 SNAPSHOT_KEY_COLUMNS = ["sha256", "label", "split", "component", "width", "height"]  # the image follows the sha256
 
 
 def _appended(table: Any, curated: pa.Table) -> pa.Table | None:
-    """The rows of ``curated`` to append to ``table``'s snapshot, or None when a row there changes or goes."""
+    """The rows of ``curated`` (the kept facts) to append to ``table``'s snapshot, or None when a row there
+    changes or goes."""
     prior = lake.scan(table, columns=SNAPSHOT_KEY_COLUMNS).sort_by("sha256")
     known = pc.is_in(curated.column("sha256"), value_set=prior.column("sha256"))
     staying = curated.filter(known).select(SNAPSHOT_KEY_COLUMNS).sort_by("sha256")

@@ -63,7 +63,8 @@ log = logging.getLogger("tasks.curation.curate")  # one logger for the whole cur
 class Plan:
     """Everything a curation decides, before anything is written (pure given its inputs)."""
 
-    curated: pa.Table
+    curated: pa.Table  # the kept rows without their image bytes: ``snapshot_batches`` adds them a block at a time
+    images: "RawImages"  # the raw version's images, where the snapshot's bytes come from
     dropped: list[dict[str, Any]]
     assignments: dict[str, Assignment]  # the whole record after this curation
     record_changed: bool
@@ -124,7 +125,8 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     info.setdefault("decisions", {}).setdefault("abstained", []).extend(abstained)
     return Plan(
         pair_rows=graph.scores.fresh_rows(run_id),
-        curated=_snapshot(kept_rows, images),
+        curated=_kept_facts(kept_rows),
+        images=images,
         dropped=dropped,
         assignments=assignments,
         record_changed=new_images > 0 or bool(renamed),
@@ -164,11 +166,26 @@ class RawImages:
         return pa.chunked_array(chunks, type=self._images.type)
 
 
-def _snapshot(kept_rows: list[dict[str, Any]], images: RawImages) -> pa.Table:
-    """The curated snapshot's table: the kept rows with their stored bytes."""
-    facts = pa.Table.from_pylist(kept_rows, schema=CURATED_SCHEMA.remove(CURATED_SCHEMA.get_field_index("image")))
-    return facts.add_column(CURATED_SCHEMA.get_field_index("image"), CURATED_SCHEMA.field("image"),
-                            images.column(facts.column("sha256").to_pylist()))
+KEPT_FACTS_SCHEMA = CURATED_SCHEMA.remove(CURATED_SCHEMA.get_field_index("image"))
+
+
+def _kept_facts(kept_rows: list[dict[str, Any]]) -> pa.Table:
+    """The curated snapshot's rows without their image bytes (the snapshot's columns but ``image``)."""
+    return pa.Table.from_pylist(kept_rows, schema=KEPT_FACTS_SCHEMA)
+
+
+def snapshot_batches(facts: pa.Table, images: RawImages) -> Iterator[pa.RecordBatch]:
+    """The curated snapshot's rows, ``ROW_BLOCK`` at a time, each block's image bytes gathered from the raw column.
+
+    Only one block of bytes is out of the raw column at a time: the snapshot is never a second copy of
+    the dataset's images in memory (at a million images that copy set the curation's peak).
+    """
+    at = CURATED_SCHEMA.get_field_index("image")
+    for block in facts.select(KEPT_FACTS_SCHEMA.names).to_batches(max_chunksize=ROW_BLOCK):
+        shas = block.column(KEPT_FACTS_SCHEMA.get_field_index("sha256")).to_pylist()
+        columns = list(block.columns)
+        columns.insert(at, images.column(shas).combine_chunks())
+        yield pa.RecordBatch.from_arrays(columns, schema=CURATED_SCHEMA)
 
 
 def _features(settings: Settings, shas: list[str], images: RawImages, run_id: str, work: Path

@@ -418,21 +418,23 @@ def overwrite(uri: str, rows: pa.Table, metadata: dict[str, Any], configuration:
     return _with_retry(attempt, f"overwrite {uri}")
 
 
-def overwrite_stream(uri: str, rows: pa.Table, metadata: dict[str, Any],
-                     configuration: dict[str, str] | None = None) -> int:
+def overwrite_stream(uri: str, schema: pa.Schema, batches: Callable[[], Iterable[pa.RecordBatch]],
+                     metadata: dict[str, Any], configuration: dict[str, str] | None = None) -> int:
     """``overwrite`` written as ``append_stream`` writes: a row group at a time, then one overwrite commit.
 
-    ``write_deltalake`` buffers what it writes (measured: +60 MB to rewrite a 20,000-image curated
-    snapshot whose rows were already in memory); here the writer holds one row group. A table that
-    does not exist yet is created by ``overwrite``. A lost race re-reads the table and commits again.
+    ``batches`` makes the rows afresh on each call (a lost race calls it again), so they need never
+    be in memory together: a curated snapshot's image bytes are gathered a block at a time while
+    they are written. ``write_deltalake`` buffers what it writes (measured: +60 MB to rewrite a
+    20,000-image curated snapshot whose rows were already in memory); here the writer holds one
+    row group. A table that does not exist yet is created by the same commit; an empty stream
+    commits an empty version. A lost race re-reads the table and commits again.
     """
-    if not exists(uri):
-        return overwrite(uri, rows, metadata, configuration)
 
     def attempt() -> int:
-        version, _ = append_stream(uri, pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches()), metadata,
-                                   open_table(uri), configuration, mode="overwrite")
-        return version if version is not None else overwrite(uri, rows, metadata, configuration)
+        table = open_table(uri) if exists(uri) else None
+        version, _ = append_stream(uri, pa.RecordBatchReader.from_batches(schema, batches()), metadata, table,
+                                   configuration, mode="overwrite")
+        return version if version is not None else overwrite(uri, schema.empty_table(), metadata, configuration)
 
     return _with_retry(attempt, f"overwrite {uri}")
 

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image, ImageEnhance, ImageFilter
 
+from tasks.curation import plan
 from tasks.curation.assignments import split_for
 from tasks.curation.curate import curate
 from tasks.curation.curation_features import ImageFeatures
@@ -185,8 +186,14 @@ def test_planted_duplicates_conflicts_and_bad_images(settings, tmp_path):
     assert same == {k: v for k, v in result.to_dict().items() if k not in ("committed", "run_id")}
 
 
-def test_full_digits_respect_split_ratios_and_no_digit_is_a_bad_image(settings, raw_digits):
+def test_full_digits_respect_split_ratios_and_no_digit_is_a_bad_image(settings, raw_digits, monkeypatch):
+    monkeypatch.setattr(plan, "ROW_BLOCK", 100)  # the snapshot is written in 16+ blocks, each gathering its bytes
     result = curate(settings, raw_digits.raw_version, run_id="full", logical_date="2026-11-21")
+    snapshot = lake.read(settings.curated_table, result.curated_version)
+    raw = lake.read(settings.raw_table, raw_digits.raw_version, columns=["sha256", "image", "label"])
+    stored = {r["sha256"]: (r["image"], r["label"]) for r in raw.to_pylist()}
+    assert snapshot.schema.names == CURATED_SCHEMA.names and snapshot.num_rows == result.kept
+    assert all(stored[r["sha256"]] == (r["image"], r["label"]) for r in snapshot.to_pylist())
     assert result.kept + sum(result.dropped_by_reason.values()) == 1797
     assert result.kept > 1500  # near-duplicates exist in the digits, but they are a minority
     assert not BAD_REASONS & set(result.dropped_by_reason), result.dropped_by_reason  # the relative rules drop no real digit

@@ -23,11 +23,36 @@ def test_append_adds_only_new_keys_as_a_merge_would(tmp_path):
 
 def test_overwrite_stream_replaces_the_contents_in_one_commit(tmp_path):
     uri = str(tmp_path / "t")
-    assert lake.overwrite_stream(uri, _rows(["a", "b"]), {"run_id": "r1"}) == 0  # created
-    assert lake.overwrite_stream(uri, _rows(["c", "d", "e"]), {"run_id": "r2"}) == 1
+    first, second = _rows(["a", "b"]), _rows(["c", "d", "e"])
+    assert lake.overwrite_stream(uri, first.schema, first.to_batches, {"run_id": "r1"}) == 0  # created
+    assert lake.overwrite_stream(uri, second.schema, second.to_batches, {"run_id": "r2"}) == 1
     assert lake.read(uri, 1, ["k"]).column("k").to_pylist() == ["c", "d", "e"]
     assert sorted(lake.read(uri, 0, ["k"]).column("k").to_pylist()) == ["a", "b"]  # the old version stays
     assert lake.history(uri)[0].metadata["run_id"] == "r2"
+    assert lake.overwrite_stream(uri, first.schema, lambda: iter(()), {"run_id": "r3"}) == 2  # nothing: empty
+    assert lake.read(uri, 2).num_rows == 0
+
+
+def test_overwrite_stream_makes_its_rows_again_after_a_lost_race(tmp_path, monkeypatch):
+    """The rows are a stream made on each attempt: a retry writes them all, not what the first attempt left."""
+    uri = str(tmp_path / "t")
+    rows = _rows(["a", "b", "c"])
+    lake.overwrite(uri, _rows(["x"]), {"run_id": "r0"})
+    calls = []
+    real = lake.append_stream
+
+    def racing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # someone commits between our read of the table and our commit
+            lake.overwrite(uri, _rows(["y"]), {"run_id": "other"})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lake, "append_stream", racing)
+    made = []
+    version = lake.overwrite_stream(uri, rows.schema, lambda: made.append(1) or rows.to_batches(max_chunksize=1),
+                                    {"run_id": "r1"})
+    assert (version, len(calls), len(made)) == (2, 2, 2)
+    assert sorted(lake.read(uri, 2, ["k"]).column("k").to_pylist()) == ["a", "b", "c"]
 
 
 def test_merge_inserts_only_new_keys_and_skips_empty_commits(tmp_path):
