@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.curation.assignments import Assignment, assign, bridge_rows, read_assignments
 from tasks.curation.class_guard import guard_outliers, over_budget
@@ -50,6 +51,7 @@ from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store
 from tasks.curation.neighbours import NeighbourGraph, candidate_pairs, index_dir, neighbour_graph, similar_pairs
 from tasks.curation.outliers import is_constant, screen
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
+from tasks.curation.raw_images import RawImages
 from tasks.curation.separation import separation_by_class
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
 from tasks.curation.vectors import stored_views
@@ -64,7 +66,7 @@ class Plan:
     """Everything a curation decides, before anything is written (pure given its inputs)."""
 
     curated: pa.Table  # the kept rows without their image bytes: ``snapshot_batches`` adds them a block at a time
-    images: "RawImages"  # the raw version's images, where the snapshot's bytes come from
+    images: RawImages  # the raw version's images (those of the scored pairs held): the snapshot's bytes
     dropped: list[dict[str, Any]]
     assignments: dict[str, Assignment]  # the whole record after this curation
     record_changed: bool
@@ -85,8 +87,8 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     splits, then each component deduplicated.
     """
     cfg = settings.curation
-    images = RawImages(raw)
-    by_sha = {r["sha256"]: r for r in sorted(raw.drop_columns(["image"]).to_pylist(), key=lambda r: r["sha256"])}
+    images = RawImages(settings.raw_table, raw_version)
+    by_sha = {r["sha256"]: r for r in sorted(raw.to_pylist(), key=lambda r: r["sha256"])}
     stored, fresh = _features(settings, list(by_sha), images, run_id, work)
     features: Features = merge_features(stored, fresh)
     record, record_version = read_assignments(settings)
@@ -141,29 +143,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
 
 
 FEATURE_CHUNK = 20_000  # images decoded per call: their bytes and row dicts are held one chunk at a time
-ROW_BLOCK = 65_536  # rows a block: the snapshot's image column is gathered, candidate pairs read, this many at once
-
-
-class RawImages:
-    """The raw version's encoded images by sha256, left in their Arrow column (no Python copy of the bytes).
-
-    A column of a million images holds more than a binary array's 2 GB of offsets, so it stays chunked
-    and is gathered a block of rows at a time.
-    """
-
-    def __init__(self, raw: pa.Table) -> None:
-        self._images = raw.column("image")
-        self._row = {sha: i for i, sha in enumerate(raw.column("sha256").to_pylist())}
-
-    def __call__(self, sha: str) -> bytes:
-        return self._images[self._row[sha]].as_py()
-
-    def column(self, shas: list[str]) -> pa.ChunkedArray:
-        """The images of ``shas``, in that order."""
-        rows = np.fromiter((self._row[s] for s in shas), dtype=np.int64, count=len(shas))
-        blocks = [self._images.take(pa.array(rows[i:i + ROW_BLOCK])) for i in range(0, len(rows), ROW_BLOCK)]
-        chunks = [c for block in blocks for c in block.chunks]
-        return pa.chunked_array(chunks, type=self._images.type)
+ROW_BLOCK = 65_536  # rows a block: the snapshot's batches, candidate pairs read, this many at once
 
 
 KEPT_FACTS_SCHEMA = CURATED_SCHEMA.remove(CURATED_SCHEMA.get_field_index("image"))
@@ -175,17 +155,28 @@ def _kept_facts(kept_rows: list[dict[str, Any]]) -> pa.Table:
 
 
 def snapshot_batches(facts: pa.Table, images: RawImages) -> Iterator[pa.RecordBatch]:
-    """The curated snapshot's rows, ``ROW_BLOCK`` at a time, each block's image bytes gathered from the raw column.
+    """The curated snapshot's rows, ``ROW_BLOCK`` at a time, each block's image bytes gathered as it goes.
 
-    Only one block of bytes is out of the raw column at a time: the snapshot is never a second copy of
-    the dataset's images in memory (at a million images that copy set the curation's peak).
+    From the images held for the copy scores when they hold every kept row (a batch's new rows, a full
+    run's), else from one scan of the raw version in its own order. The snapshot is never a second copy
+    of the dataset's images in memory (at a million images that copy set the curation's peak).
     """
-    at = CURATED_SCHEMA.get_field_index("image")
-    for block in facts.select(KEPT_FACTS_SCHEMA.names).to_batches(max_chunksize=ROW_BLOCK):
-        shas = block.column(KEPT_FACTS_SCHEMA.get_field_index("sha256")).to_pylist()
-        columns = list(block.columns)
-        columns.insert(at, images.column(shas).combine_chunks())
-        yield pa.RecordBatch.from_arrays(columns, schema=CURATED_SCHEMA)
+    shas = facts.column("sha256").to_pylist()
+    if images.holds(shas):
+        for block in facts.to_batches(max_chunksize=ROW_BLOCK):
+            yield _with_images(pa.Table.from_batches([block], schema=facts.schema),
+                               images.column(block.column("sha256").to_pylist()))
+        return
+    for block in images.blocks(facts.column("sha256").combine_chunks()):
+        rows = facts.take(pc.index_in(block.column("sha256"), value_set=facts.column("sha256")))
+        for start in range(0, block.num_rows, ROW_BLOCK):
+            yield _with_images(rows.slice(start, ROW_BLOCK), block.column("image").slice(start, ROW_BLOCK))
+
+
+def _with_images(facts: pa.Table, images: pa.ChunkedArray) -> pa.RecordBatch:
+    columns = [facts.column(name).combine_chunks() for name in KEPT_FACTS_SCHEMA.names]
+    columns.insert(CURATED_SCHEMA.get_field_index("image"), images.combine_chunks())
+    return pa.RecordBatch.from_arrays(columns, schema=CURATED_SCHEMA)
 
 
 def _features(settings: Settings, shas: list[str], images: RawImages, run_id: str, work: Path
@@ -194,8 +185,12 @@ def _features(settings: Settings, shas: list[str], images: RawImages, run_id: st
     cfg = settings.curation
     stored = load_features(settings.table_uri(EMBEDDINGS_TABLE), feature_config(cfg), set(shas), vectors=False)
     missing = [s for s in shas if s not in stored.by_sha]
-    parts = [compute_features([(s, images(s)) for s in missing[i:i + FEATURE_CHUNK]], cfg, work, run_id)
-             for i in range(0, len(missing), FEATURE_CHUNK)]
+    parts = []
+    for block in images.blocks(None if len(missing) == len(shas) else missing) if missing else ():
+        for start in range(0, block.num_rows, FEATURE_CHUNK):
+            chunk = block.slice(start, FEATURE_CHUNK)
+            pairs = zip(chunk.column("sha256").to_pylist(), chunk.column("image").to_pylist())
+            parts.append(compute_features(list(pairs), cfg, work, run_id))
     return stored, pa.concat_tables(parts) if parts else FEATURES_SCHEMA.empty_table()
 
 
@@ -244,6 +239,7 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
     found, search = len(similar), neighbours.search
     candidates = candidate_pairs(neighbours, cfg.copy_candidates)
     del neighbours, similar  # about 1 GB at a million images (32 neighbours a view): not held while scoring
+    images.hold([eligible[i] for i in np.unique(candidates)])  # the bytes the signatures need, one scan
     scores = CopyScores(images, load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
     copy_edges = _link_copies(cfg, eligible, candidates, scores, sets)
     return _Graph(eligible, sets, pending, scores, found, [(eligible[a], eligible[b], s) for a, b, s in best],

@@ -64,7 +64,9 @@ def drop_row(row: dict[str, Any], reason: str, component: str, kept: str | None,
 
 
 def read_raw(settings: Settings, raw_version: int) -> pa.Table:
-    raw = lake.read(settings.raw_table, raw_version, columns=["sha256", "image", "width", "height", "label"])
+    """The raw version's facts (sha256, size, label): the image bytes stay in the table
+    (``tasks.curation.raw_images`` reads those a step needs)."""
+    raw = lake.read(settings.raw_table, raw_version, columns=["sha256", "width", "height", "label"])
     if raw.num_rows == 0:
         raise CurationError(f"{settings.raw_table} version {raw_version} has no rows: nothing to curate")
     return raw

@@ -1,0 +1,79 @@
+"""The raw version's image bytes, read for the images a step needs, never held whole.
+
+A curation reads the raw version's facts (sha256, label, size: ``tables.read_raw``) and leaves the
+bytes in the table. Each step that decodes images reads the ones it needs in one scan of the
+version's ``sha256`` and ``image`` columns, a block of ``BLOCK_ROWS`` rows at a time, keeping only
+the wanted rows:
+
+* the features of the images not embedded yet (``blocks``: a batch reads its own images' bytes);
+* the copy scores of the candidate pairs (``hold``: the bytes of the pairs' images, for the
+  signatures, then ``release``);
+* the curated snapshot (``plan.snapshot_batches``: the kept rows' bytes streamed to the writer);
+* the report's thumbnails and the galleries (a few hundred images).
+
+Why: at a million 32x32 images the column is about 1 GB, the size of the dataset for real photos;
+held for the whole curation it sat beside the neighbour indexes and the scoring. Each scan costs a
+read of the column (the version is explicit, so every scan sees the same rows); the bytes held are
+those of the step at hand. The rows are kept in Arrow (no Python object per image), in chunks:
+a column of a million images holds more than a binary array's 2 GB of offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.data import lake
+
+BLOCK_ROWS = 1 << 18  # rows a scan block: one set lookup each (it hashes every wanted image: a few per scan)
+TAKE_ROWS = 65_536  # rows gathered at a time from the held chunks
+
+
+class RawImages:
+    """The encoded images of one raw version by sha256; only those held (``hold``) answer ``__call__``."""
+
+    def __init__(self, uri: str, version: int) -> None:
+        self.uri, self.version = uri, version
+        self.release()
+
+    def blocks(self, wanted: Collection[str] | pa.Array | None = None) -> Iterator[pa.Table]:
+        """(sha256, image) tables of the wanted rows (None: every row), in the table's order: one scan."""
+        value_set = None if wanted is None else wanted if isinstance(wanted, pa.Array) else pa.array(
+            sorted(wanted), pa.string())
+        if value_set is not None and len(value_set) == 0:
+            return
+        for block in lake.scan_blocks(self.uri, self.version, ["sha256", "image"], BLOCK_ROWS):
+            picked = block if value_set is None else block.filter(pc.is_in(block.column("sha256"), value_set=value_set))
+            if picked.num_rows:
+                yield picked.set_column(1, "image", picked.column("image").cast(pa.binary()))
+
+    def hold(self, shas: Collection[str]) -> None:
+        """Keep the bytes of ``shas`` (beside those already held) until ``release``: one scan when any is new."""
+        new = {s for s in shas if s not in self._row}
+        if not new:
+            return
+        added = list(self.blocks(new))
+        self._chunks += [c for block in added for c in block.column("image").chunks]
+        for block in added:
+            self._row.update((sha, len(self._row)) for sha in block.column("sha256").to_pylist())
+        self._images = pa.chunked_array(self._chunks, type=pa.binary())
+
+    def release(self) -> None:
+        self._chunks: list[pa.Array] = []
+        self._row: dict[str, int] = {}
+        self._images = pa.chunked_array([], type=pa.binary())
+
+    def holds(self, shas: Sequence[str]) -> bool:
+        return all(s in self._row for s in shas)
+
+    def __call__(self, sha: str) -> bytes:
+        return self._images[self._row[sha]].as_py()
+
+    def column(self, shas: Sequence[str]) -> pa.ChunkedArray:
+        """The held images of ``shas``, in that order."""
+        rows = np.fromiter((self._row[s] for s in shas), dtype=np.int64, count=len(shas))
+        blocks = [self._images.take(pa.array(rows[i:i + TAKE_ROWS])) for i in range(0, len(rows), TAKE_ROWS)]
+        return pa.chunked_array([c for block in blocks for c in block.chunks], type=pa.binary())

@@ -1,0 +1,79 @@
+"""The curated snapshot's rows with their bytes (streamed from the raw table or the images held), and which kept
+rows a curation appends to the stored snapshot, or when it rewrites the snapshot whole instead."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+import pytest
+
+from tasks.curation import plan, raw_images
+from tasks.curation.curate import _appended
+from tasks.curation.plan import KEPT_FACTS_SCHEMA, snapshot_batches
+from tasks.curation.raw_images import RawImages
+from tasks.curation.tables import CURATED_SCHEMA
+from tasks.data import lake
+
+
+def _facts(rows: list[tuple[str, str, str]]) -> pa.Table:
+    return pa.Table.from_pylist([{"sha256": s, "label": label, "split": split, "component": s, "width": 8, "height": 8}
+                                 for s, label, split in rows], schema=KEPT_FACTS_SCHEMA)
+
+
+def _stored(tmp_path, rows: list[tuple[str, str, str]]):
+    uri = str(tmp_path / "snapshot")
+    lake.overwrite(uri, _facts(rows), {"run_id": "r"})
+    return lake.open_table(uri)
+
+
+STORED = [("c", "1", "train"), ("a", "0", "train"), ("b", "1", "test")]  # not in sha256 order, as appends leave it
+
+
+def test_rows_already_stored_unchanged_leave_only_the_new_ones_to_append(tmp_path):
+    table = _stored(tmp_path, STORED)
+    added = _appended(table, _facts(sorted([*STORED, ("d", "0", "val"), ("0", "1", "train")])))
+    assert added.column("sha256").to_pylist() == ["0", "d"]
+
+
+def test_a_stored_row_that_changes_goes_or_repeats_makes_the_snapshot_whole_again(tmp_path):
+    table = _stored(tmp_path, STORED)
+    assert _appended(table, _facts([("a", "0", "train"), ("b", "1", "val"), ("c", "1", "train")])) is None  # moved
+    assert _appended(table, _facts([("a", "0", "train"), ("c", "1", "train"), ("d", "0", "val")])) is None  # b gone
+    twice = _stored(tmp_path / "twice", [*STORED, ("a", "0", "train")])
+    assert _appended(twice, _facts([*STORED, ("d", "0", "val")])) is None
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_the_snapshot_gets_each_kept_rows_own_bytes_in_blocks_from_a_scan_or_the_held_images(
+        settings, raw_digits, monkeypatch, held):
+    monkeypatch.setattr(plan, "ROW_BLOCK", 64)
+    monkeypatch.setattr(raw_images, "BLOCK_ROWS", 100)  # the scan yields 18 blocks of the 1,797 digits
+    raw = lake.read(settings.raw_table, raw_digits.raw_version, columns=["sha256", "image", "label"])
+    stored = {r["sha256"]: r for r in raw.to_pylist()}
+    kept = sorted(stored)[::3]  # a third of the images, in sha256 order as a plan keeps them
+    facts = pa.Table.from_pylist([{"sha256": s, "label": stored[s]["label"], "split": "train", "component": s,
+                                   "width": 8, "height": 8} for s in kept], schema=KEPT_FACTS_SCHEMA)
+    images = RawImages(settings.raw_table, raw_digits.raw_version)
+    if held:
+        images.hold(kept[:-1] + kept[-1:])
+        assert images.holds(kept) and not images.holds(sorted(stored)[1:2])
+    batches = list(snapshot_batches(facts, images))
+    assert all(b.schema == CURATED_SCHEMA and b.num_rows <= 64 for b in batches)
+    rows = pa.Table.from_batches(batches).to_pylist()
+    assert sorted(r["sha256"] for r in rows) == kept
+    assert all(r["image"] == stored[r["sha256"]]["image"] and r["label"] == stored[r["sha256"]]["label"] for r in rows)
+
+
+def test_raw_images_hold_only_what_is_asked_and_answer_for_it(settings, raw_digits):
+    images = RawImages(settings.raw_table, raw_digits.raw_version)
+    raw = lake.read(settings.raw_table, raw_digits.raw_version, columns=["sha256", "image"])
+    some = raw.column("sha256").to_pylist()[5:9]
+    assert not images.holds(some[:1])
+    images.hold(some[:2])
+    images.hold(some)  # adds the two others only
+    assert images.holds(some) and images(some[3]) == raw.column("image")[8].as_py()
+    assert images.column(some[::-1]).to_pylist() == raw.column("image").to_pylist()[5:9][::-1]
+    images.hold(["0" * 64])  # not in the version: nothing held for it
+    assert not images.holds(["0" * 64])
+    images.release()
+    assert not images.holds(some[:1])
