@@ -4,7 +4,6 @@ rows a curation appends to the stored snapshot, or when it rewrites the snapshot
 from __future__ import annotations
 
 import pyarrow as pa
-
 import pytest
 
 from tasks.curation import plan, raw_images
