@@ -55,10 +55,10 @@ class RawImages:
         new = {s for s in shas if s not in self._row}
         if not new:
             return
-        added = list(self.blocks(new))
-        self._chunks += [c for block in added for c in block.column("image").chunks]
-        for block in added:
-            self._row.update((sha, len(self._row)) for sha in block.column("sha256").to_pylist())
+        for block in self.blocks(new):  # row i of the held chunks is the i-th sha256 added
+            first = sum(len(c) for c in self._chunks)
+            self._chunks += block.column("image").chunks
+            self._row.update((sha, first + i) for i, sha in enumerate(block.column("sha256").to_pylist()))
         self._images = pa.chunked_array(self._chunks, type=pa.binary())
 
     def release(self) -> None:
