@@ -49,6 +49,9 @@ class RawImages:
             picked = block if value_set is None else block.filter(pc.is_in(block.column("sha256"), value_set=value_set))
             if picked.num_rows:
                 yield picked.set_column(1, "image", picked.column("image").cast(pa.binary()))
+        # Arrow's allocator (mimalloc) keeps what a scan freed for reuse: measured at a million images, a scan
+        # for the features left 0.8 GB resident with nothing allocated, beside the bytes held next (0.2 GB after).
+        pa.default_memory_pool().release_unused()
 
     def hold(self, shas: Collection[str]) -> None:
         """Keep the bytes of ``shas`` (beside those already held) until ``release``: one scan when any is new."""
