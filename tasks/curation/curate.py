@@ -102,7 +102,6 @@ import pyarrow.compute as pc
 from tasks.curation.assignments import record_table
 from tasks.curation.curation_features import feature_config, write_galleries
 from tasks.curation.plan import Plan, gallery_shas, plan_in_workdir, snapshot_batches, store_caches
-from tasks.curation.raw_images import RawImages
 from tasks.curation.report import (
     CurateResult,
     count_by_split,
@@ -172,12 +171,12 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     }
     version = _write_snapshot(settings, plan, metadata)
     write_report_rows(settings, raw_version, config_hash, version, plan.dropped, run_id, logical)
-    galleries = _galleries(settings, raw, plan, raw_version, config_hash)  # raw: the facts, labels for the pages
+    galleries = _galleries(settings, raw, plan, raw_version, config_hash)
     report = report_path_for(settings, raw_version, config_hash)
     body = report_body(settings, raw_version, config_hash, version, plan.curated, plan.dropped, metadata,
                        {**plan.info, "galleries": galleries, "components_version": components_version})
     write_json(report, body)
-    page = write_page(run_dir(settings, raw_version, config_hash), body, _shown_images(plan.images, pictured(body)), report)
+    page = write_page(run_dir(settings, raw_version, config_hash), body, plan.images.held_bytes(pictured(body)), report)
     by_split, by_label = count_by_split(plan.curated)
     result = CurateResult(
         curated_table=settings.curated_table, curated_version=version, raw_table=settings.raw_table,
@@ -251,17 +250,11 @@ def _appended(table: Any, curated: pa.Table) -> pa.Table | None:
     return curated.filter(pa.array(~known))
 
 
-def _shown_images(images: RawImages, wanted: list[str]) -> dict[str, bytes]:
-    """The stored bytes of the images the page shows (``report_html.pictured``)."""
-    images.hold(wanted)
-    return {sha: images(sha) for sha in wanted if images.holds([sha])}
 
 
 def _galleries(settings: Settings, raw: pa.Table, plan: Plan, raw_version: int, config_hash: str) -> dict[str, str]:
     """fastdup's HTML galleries of this run's duplicates and bad images (name -> page)."""
-    shown = sorted(gallery_shas(plan))
-    plan.images.hold(shown)
-    images = {sha: plan.images(sha) for sha in shown if plan.images.holds([sha])}
+    images = plan.images.held_bytes(sorted(gallery_shas(plan)))
     labels = dict(zip(raw.column("sha256").to_pylist(), raw.column("label").to_pylist()))
     return write_galleries(run_dir(settings, raw_version, config_hash) / "galleries", plan.duplicates,
                            plan.outliers, images, labels)

@@ -163,14 +163,16 @@ def snapshot_batches(facts: pa.Table, images: RawImages) -> Iterator[pa.RecordBa
     """
     shas = facts.column("sha256").to_pylist()
     if images.holds(shas):
-        for block in facts.to_batches(max_chunksize=ROW_BLOCK):
-            yield _with_images(pa.Table.from_batches([block], schema=facts.schema),
-                               images.column(block.column("sha256").to_pylist()))
+        for start in range(0, facts.num_rows, ROW_BLOCK):
+            yield _with_images(facts.slice(start, ROW_BLOCK), images.column(shas[start:start + ROW_BLOCK]))
         return
-    for block in images.blocks(facts.column("sha256").combine_chunks()):
-        rows = facts.take(pc.index_in(block.column("sha256"), value_set=facts.column("sha256")))
-        for start in range(0, block.num_rows, ROW_BLOCK):
-            yield _with_images(rows.slice(start, ROW_BLOCK), block.column("image").slice(start, ROW_BLOCK))
+    kept = facts.column("sha256").combine_chunks()
+    for block in images.blocks():  # one lookup a block finds the kept rows and their facts
+        at = pc.index_in(block.column("sha256"), value_set=kept)
+        found = at.is_valid()
+        rows, block_images = facts.take(at.filter(found)), block.column("image").filter(found)
+        for start in range(0, rows.num_rows, ROW_BLOCK):
+            yield _with_images(rows.slice(start, ROW_BLOCK), block_images.slice(start, ROW_BLOCK))
 
 
 def _with_images(facts: pa.Table, images: pa.ChunkedArray) -> pa.RecordBatch:

@@ -7,7 +7,7 @@ the wanted rows:
 
 * the features of the images not embedded yet (``blocks``: a batch reads its own images' bytes);
 * the copy scores of the candidate pairs (``hold``: the bytes of the pairs' images, for the
-  signatures, then ``release``);
+  signatures; kept for the snapshot, which they cover in a full run and for a batch's new rows);
 * the curated snapshot (``plan.snapshot_batches``: the kept rows' bytes streamed to the writer);
 * the report's thumbnails and the galleries (a few hundred images).
 
@@ -68,6 +68,11 @@ class RawImages:
         self._chunks: list[pa.Array] = []
         self._row: dict[str, int] = {}
         self._images = pa.chunked_array([], type=pa.binary())
+
+    def held_bytes(self, shas: Sequence[str]) -> dict[str, bytes]:
+        """The bytes of ``shas`` found in the version (held first: at most one scan), by sha256."""
+        self.hold(shas)
+        return {sha: self(sha) for sha in shas if sha in self._row}
 
     def holds(self, shas: Sequence[str]) -> bool:
         return all(s in self._row for s in shas)
