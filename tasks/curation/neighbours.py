@@ -59,7 +59,7 @@ class NeighbourGraph:
     """Per view, for each query (a row of ``queries``), its nearest eligible images: ``ids`` -1 where none."""
 
     queries: np.ndarray  # int64 eligible positions, one row each
-    ids: list[np.ndarray]  # per view: (len(queries), k) int64 eligible positions, nearest first
+    ids: list[np.ndarray]  # per view: (len(queries), k) int32 eligible positions, nearest first (half of int64's memory)
     sims: list[np.ndarray]  # per view: (len(queries), k) float32 cosines
     search: str  # how they were found, for the report
 
@@ -83,7 +83,7 @@ def neighbour_graph(views: Sequence[Any], eligible: Sequence[str], queries: Sequ
     n = len(eligible)
     kk = min(k, n - 1) if n > 1 else 0
     if not len(q) or kk <= 0:
-        empty = np.zeros((len(q), 0), dtype=np.int64)
+        empty = np.zeros((len(q), 0), dtype=np.int32)
         return NeighbourGraph(q, [empty for _ in views], [empty.astype(np.float32) for _ in views], "none")
     if n < exact_below:
         found = [_exact(np.asarray(v), q, kk) for v in views]  # below the threshold: every row, few
@@ -109,7 +109,7 @@ def _cosines(matrix: Any, q: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 def _exact(matrix: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact top ``k`` other rows of each query by cosine, nearest first, ties by position."""
-    ids = np.empty((len(q), k), dtype=np.int64)
+    ids = np.empty((len(q), k), dtype=np.int32)
     sims = np.empty((len(q), k), dtype=np.float32)
     for start in range(0, len(q), SEARCH_BLOCK):
         block = q[start:start + SEARCH_BLOCK]
@@ -140,7 +140,7 @@ def _indexed(matrix: Any, eligible: Sequence[str], q: np.ndarray, k: int, folder
 def _eligible_positions(indexed: Sequence[str], eligible: Sequence[str]) -> np.ndarray:
     """Each indexed row's position among the eligible images, or -1 (indexed once, not eligible now)."""
     pos = {sha: i for i, sha in enumerate(eligible)}
-    return np.fromiter((pos.get(sha, -1) for sha in indexed), dtype=np.int64, count=len(indexed))
+    return np.fromiter((pos.get(sha, -1) for sha in indexed), dtype=np.int32, count=len(indexed))
 
 
 def _ranked(at: np.ndarray, q: np.ndarray, ids: np.ndarray, sims: np.ndarray, k: int
@@ -151,7 +151,7 @@ def _ranked(at: np.ndarray, q: np.ndarray, ids: np.ndarray, sims: np.ndarray, k:
     hit = (p >= 0) & (p != q[:, None])
     order = np.lexsort((p, -sims, ~hit), axis=1)[:, :k]  # hits first, then (-cosine, position)
     ranked_hit = np.take_along_axis(hit, order, axis=1)
-    out_ids = np.full((len(q), k), -1, dtype=np.int64)
+    out_ids = np.full((len(q), k), -1, dtype=np.int32)
     out_sims = np.full((len(q), k), -np.inf, dtype=np.float32)
     width = order.shape[1]
     out_ids[:, :width] = np.where(ranked_hit, np.take_along_axis(p, order, axis=1), -1)

@@ -26,6 +26,7 @@ from tasks.curation.class_guard import guard_outliers, over_budget
 from tasks.curation.copy_pairs import (
     PAIRS_TABLE,
     CopyScores,
+    FreshPairs,
     blurred,
     load_scores,
     score_config,
@@ -73,7 +74,7 @@ class Plan:
     record_changes: set[str] | None  # record rows added or renamed now; None: the record is written whole
     new_images: int
     feature_rows: pa.Table  # features computed now, to store
-    pair_rows: pa.Table  # copy scores computed now, to store
+    pairs: FreshPairs  # copy scores computed now, to store (``store_scores`` writes them a block at a time)
     nearest: NearestMap | None = None  # each eligible image's nearest score (the separation test's input), to store
     duplicates: list[tuple[str, str, float]] = field(default_factory=list)
     outliers: list[tuple[str, str, str, ImageFeatures]] = field(default_factory=list)
@@ -126,7 +127,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     # Rules that could not show they separate on this data: they dropped nothing, and say why.
     info.setdefault("decisions", {}).setdefault("abstained", []).extend(abstained)
     return Plan(
-        pair_rows=graph.scores.fresh_rows(run_id),
+        pairs=graph.scores.fresh,
         curated=_kept_facts(kept_rows),
         images=images,
         dropped=dropped,
@@ -405,8 +406,8 @@ def store_caches(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> No
     """Features and copy scores computed by this plan (content-addressed caches: a re-run adds nothing)."""
     if plan.feature_rows.num_rows:
         store_features(settings.table_uri(EMBEDDINGS_TABLE), plan.feature_rows, {**metadata, "step": "curate_features"})
-    if plan.pair_rows.num_rows:
-        store_scores(settings.table_uri(PAIRS_TABLE), plan.pair_rows,
+    if plan.pairs.count:
+        store_scores(settings.table_uri(PAIRS_TABLE), plan.pairs, metadata["run_id"],
                      {**metadata, "step": "curate_pairs", "score_config": score_config()})
     if plan.nearest is not None:  # after the pairs: stamped with the pairs' version it is complete for
         store_nearest(settings.table_uri(NEAREST_TABLE), plan.nearest,
