@@ -44,15 +44,18 @@ EXACT_BELOW = 10**9  # exact_search_below for the exact mode: above any size her
 def _decisions(settings, raw_version: int, report_path: str) -> dict:
     """sha256 -> [split, component] of the kept images, -> [reason, kept image] of the dropped ones and
     -> [kept image] of the possible copies (kept where the class abstained), for one raw version."""
-    from tasks.curation.tables import REPORT_TABLE
+    from tasks.curation.tables import COMPONENTS_TABLE, REPORT_TABLE
     from tasks.data import lake
 
-    curated = lake.read(settings.curated_table, lake.current_version(settings.curated_table),
-                        columns=["sha256", "split", "component"])
+    head = lake.commit_at(settings.curated_table, lake.current_version(settings.curated_table))
+    curated = lake.read(settings.curated_table, head.version, columns=["sha256", "split"])
+    record = lake.read(settings.table_uri(COMPONENTS_TABLE), int(head.metadata["components_version"]),
+                       columns=["sha256", "component"])  # the kept images' components, as the commit names them
+    component = dict(zip(record.column("sha256").to_pylist(), record.column("component").to_pylist()))
     report = lake.read(settings.table_uri(REPORT_TABLE), lake.current_version(settings.table_uri(REPORT_TABLE)),
                        columns=["raw_version", "sha256", "reason", "kept_sha256"])
     rows = [r for r in report.to_pylist() if r["raw_version"] == raw_version]
-    return {"kept": {r["sha256"]: [r["split"], r["component"]] for r in curated.to_pylist()},
+    return {"kept": {r["sha256"]: [r["split"], component[r["sha256"]]] for r in curated.to_pylist()},
             "dropped": {r["sha256"]: [r["reason"], r["kept_sha256"]] for r in rows},
             "possible": {p["sha256"]: [p["partner"]] for p in
                          json.loads(Path(report_path).read_text())["decisions"]["possible_copies"]}}
@@ -112,7 +115,15 @@ def _run_batch(settings, batch: Path, profile: Path | None = None) -> dict:
             "batch_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "batch_kept": done.kept, "batch_dropped": done.dropped_by_reason,
             "batch_decisions": _decisions(settings, raw2, done.report_path),
+            "batch_snapshot": _snapshot_write(settings.curated_table, done.curated_version),
             "search": json.loads(Path(done.report_path).read_text()).get("similarity", {}).get("search")}
+
+
+def _snapshot_write(uri: str, version: int) -> dict:
+    """What the batch's snapshot commit did: data files added and removed (removed > 0: the snapshot was rewritten)."""
+    lines = [json.loads(line) for line in (Path(uri) / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+    return {"files_added": sum("add" in a for a in lines), "files_removed": sum("remove" in a for a in lines),
+            "rows_added": sum(json.loads(a["add"].get("stats") or "{}").get("numRecords", 0) for a in lines if "add" in a)}
 
 
 def batch_on(kept: Path, batch: Path, profile: Path | None) -> dict:

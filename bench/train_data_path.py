@@ -63,7 +63,7 @@ def make_table(uri: str, n: int, source: int, seed: int = 0) -> int:
             bucket = i % 20
             split = "train" if bucket < 14 else "val" if bucket < 17 else "test"
             sha = hashlib.sha256(data + str(i).encode()).hexdigest()
-            rows.append({"sha256": sha, "image": data, "label": label, "split": split, "component": sha[:16],
+            rows.append({"sha256": sha, "image": data, "label": label, "split": split,
                          "width": source, "height": source})
         table = pa.Table.from_pylist(rows, schema=CURATED_SCHEMA)
         if version is None:

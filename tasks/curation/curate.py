@@ -211,7 +211,10 @@ def _record_assignments(settings: Settings, plan: Plan, base_meta: dict[str, Any
 
 def _write_snapshot(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> int:
     """The curated snapshot of this raw version: the newly kept rows appended when every row of the
-    current version is kept as it is, else the whole snapshot (a version is always the full snapshot)."""
+    current version is kept as it is, else the whole snapshot (a version is always the full snapshot).
+
+    A snapshot written before the component left it (``CURATED_SCHEMA``) is written whole, once.
+    """
     uri = settings.curated_table
     table = lake.open_table(uri) if lake.exists(uri) else None
     added = _appended(table, plan.curated) if table is not None else None
@@ -224,16 +227,18 @@ def _write_snapshot(settings: Settings, plan: Plan, metadata: dict[str, Any]) ->
                                  configuration=lake.stats_columns_config(CURATED_SCHEMA))
 
 
-SNAPSHOT_KEY_COLUMNS = ["sha256", "label", "split", "component", "width", "height"]  # the image follows the sha256
+SNAPSHOT_KEY_COLUMNS = ["sha256", "label", "split", "width", "height"]  # the image follows the sha256
 
 
 def _appended(table: Any, curated: pa.Table) -> pa.Table | None:
     """The rows of ``curated`` (the kept facts) to append to ``table``'s snapshot, or None when a row there
-    changes or goes.
+    changes or goes, or the table's columns are not this snapshot's.
 
     Each stored row is found among the kept ones by one hash lookup (no sort of either side: at a million
     rows two string sorts were most of this step in a batch), then the key columns are compared in that order.
     """
+    if pa.schema(table.schema().to_arrow()).names != CURATED_SCHEMA.names:
+        return None
     prior = lake.scan(table, columns=SNAPSHOT_KEY_COLUMNS)
     if prior.num_rows == 0:
         return None

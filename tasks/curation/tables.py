@@ -15,13 +15,15 @@ EMBEDDINGS_TABLE = "curation_embeddings"
 COMPONENTS_TABLE = "curation_components"
 REPORT_TABLE = "curation_report"
 
+# The curated snapshot holds only what never changes once an image is kept, so a batch appends to it. An image's
+# component (whose key a later merge renames) is in the assignment record, at the version the snapshot's commit
+# names (``components_version``): joined on sha256 it gives each kept row's component.
 CURATED_SCHEMA = pa.schema(
     [
         pa.field("sha256", pa.string(), nullable=False),
         pa.field("image", pa.binary(), nullable=False),
         pa.field("label", pa.string(), nullable=False),
         pa.field("split", pa.string(), nullable=False),
-        pa.field("component", pa.string(), nullable=False),
         pa.field("width", pa.int32(), nullable=False),
         pa.field("height", pa.int32(), nullable=False),
     ]

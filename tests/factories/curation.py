@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from pathlib import Path
 
 from PIL import Image
@@ -61,10 +62,12 @@ def components(settings, version: int) -> dict[str, dict]:
 
 
 def outcome(settings, result) -> dict[str, dict]:
-    """sha256 -> {"kept", "component", "split", "reason", "kept_sha256"} from the snapshot and the report table."""
+    """sha256 -> {"kept", "component", "split", "reason", "kept_sha256"} from the snapshot, the assignment record at
+    the version its commit names (a kept image's component) and the report table."""
     table = lake.read(result.curated_table, result.curated_version).to_pylist()
-    out = {r["sha256"]: {"kept": True, "component": r["component"], "split": r["split"], "reason": None,
-                         "kept_sha256": None} for r in table}
+    record = components(settings, result.components_version)
+    out = {r["sha256"]: {"kept": True, "component": record[r["sha256"]]["component"], "split": r["split"],
+                         "reason": None, "kept_sha256": None} for r in table}
     uri = settings.table_uri(REPORT_TABLE)
     if not lake.exists(uri):  # nothing was ever dropped
         return out
@@ -97,3 +100,9 @@ def photo_crops(per_class: int = 150, seed: int = 0) -> list[tuple[str, Image.Im
                 x, y = int(rng.integers(src.width - side + 1)), int(rng.integers(src.height - side + 1))
                 out.append((label, src.crop((x, y, x + side, y + side))))
     return out
+
+
+def files_removed(uri: str, version: int) -> int:
+    """How many data files the commit of ``version`` removed from a local Delta table (0: it only added)."""
+    log = Path(uri) / "_delta_log" / f"{version:020d}.json"
+    return sum(1 for line in log.read_text().splitlines() if json.loads(line).get("remove") is not None)

@@ -36,7 +36,7 @@ def curated_rows() -> tuple[dict[str, Any], ...]:
         bucket = i % 20
         split = "train" if bucket < 14 else "val" if bucket < 17 else "test"
         rows.append(
-            {"sha256": sha, "image": data, "label": str(int(label)), "split": split, "component": sha[:16], "width": 8, "height": 8}
+            {"sha256": sha, "image": data, "label": str(int(label)), "split": split, "width": 8, "height": 8}
         )
     return tuple(rows)
 
@@ -59,14 +59,14 @@ def split_rows(split: str) -> list[dict[str, Any]]:
 
 
 def curated_table(images: np.ndarray, labels: np.ndarray, splits: list[str]) -> pa.Table:
-    """A curated-images table of 8x8 grey ``images`` (one component each) with the given labels and splits."""
+    """A curated-images table of 8x8 grey ``images`` with the given labels and splits."""
     data = [encode(a) for a in images]
     shas = [hashlib.sha256(d).hexdigest() for d in data]
     n = len(data)
     return pa.table({
         "sha256": pa.array(shas, pa.string()), "image": pa.array(data, pa.binary()),
         "label": pa.array([str(int(v)) for v in labels], pa.string()), "split": pa.array(splits, pa.string()),
-        "component": pa.array(shas, pa.string()), "width": pa.array([8] * n, pa.int32()),
+        "width": pa.array([8] * n, pa.int32()),
         "height": pa.array([8] * n, pa.int32()),
     })
 

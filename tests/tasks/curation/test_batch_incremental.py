@@ -5,6 +5,7 @@
 * a batch curated with the stored summary decides exactly as one whose summary is gone (full scan);
 * a batch retried after a crash behind its caches and its record writes the same snapshot, record and
   summary as one that ran once; its snapshot is the first one with the batch's rows appended;
+* a snapshot written before the component left it is written whole once, then batches append;
 * the memory-mapped vector files (``tasks.curation.vectors``) are extended by the batch, the same after a
   retry, and rebuilt from the features table when missing, with the same decisions.
 """
@@ -15,21 +16,22 @@ import random
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from PIL import Image, ImageEnhance
 
 from tasks.curation import nearest as nearest_module
 from tasks.curation.copy_pairs import PAIRS_TABLE, CopyScores
-from tasks.curation.curate import _record_assignments, curate
+from tasks.curation.curate import _appended, _record_assignments, curate
 from tasks.curation.curation_features import feature_config
 from tasks.curation.nearest import NEAREST_TABLE, full_nearest, update_nearest
 from tasks.curation.neighbours import index_dir
-from tasks.curation.plan import plan_in_workdir, store_caches
+from tasks.curation.plan import KEPT_FACTS_SCHEMA, plan_in_workdir, store_caches
 from tasks.curation.tables import COMPONENTS_TABLE
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
 from tasks.settings import load_settings
-from tests.factories.curation import IMAGES, LABELS, encode, outcome, plant
+from tests.factories.curation import IMAGES, LABELS, encode, files_removed, outcome, plant
 
 
 def _scores(pairs: dict[tuple[str, str], float], fresh: dict[tuple[str, str], float]) -> CopyScores:
@@ -166,3 +168,29 @@ def test_a_batch_rebuilds_missing_vector_files_and_decides_the_same(batch_home, 
     assert _tables(rebuilt_settings, rebuilt) == _tables(with_files, kept)
     assert _report_decisions(rebuilt) == _report_decisions(kept)
     assert _rows(_vector_files(rebuilt_settings)) == _rows(_vector_files(with_files))  # every eligible image
+
+
+def test_a_snapshot_that_holds_the_component_is_written_whole_once_then_batches_append(batch_home, tmp_path) -> None:
+    """A home curated before the component left the snapshot: its next batch writes the snapshot whole without the
+    column (the same rows a batch appends on a home without it); the table is then one a batch appends to."""
+    home, raw2 = batch_home
+    plain_settings, old_settings = _copy(home, tmp_path / "plain"), _copy(home, tmp_path / "old")
+    uri = old_settings.curated_table
+    head = lake.commit_at(uri, lake.current_version(uri))
+    snapshot = lake.read(uri, head.version)
+    record = lake.read(old_settings.table_uri(COMPONENTS_TABLE), int(head.metadata["components_version"]))
+    component = dict(zip(record.column("sha256").to_pylist(), record.column("component").to_pylist()))
+    lake.overwrite(uri, snapshot.add_column(4, "component", pa.array(
+        [component[s] for s in snapshot.column("sha256").to_pylist()], pa.string())), head.metadata)
+
+    plain = curate(plain_settings, raw2, run_id="c2", logical_date="2026-11-22")
+    migrated = curate(old_settings, raw2, run_id="c2", logical_date="2026-11-22")
+    assert files_removed(plain.curated_table, plain.curated_version) == 0  # appended
+    assert files_removed(uri, migrated.curated_version) > 0  # written whole, once
+    assert lake.read(uri, migrated.curated_version).schema == lake.read(plain.curated_table, plain.curated_version).schema
+    assert "component" not in lake.read(uri, migrated.curated_version).schema.names
+    assert _tables(old_settings, migrated) == _tables(plain_settings, plain)
+
+    # From now on a batch that keeps every stored row as it is appends: nothing in the table asks for a rewrite.
+    facts = lake.read(uri, migrated.curated_version, columns=KEPT_FACTS_SCHEMA.names)
+    assert _appended(lake.open_table(uri), facts).num_rows == 0

@@ -138,8 +138,9 @@ def test_planted_duplicates_conflicts_and_bad_images(settings, tmp_path):
     assert [r["sha256"] for r in rows] == sorted(r["sha256"] for r in rows)
     split_of_component: dict[str, set] = {}
     for r in rows:  # no component straddles splits, and each split is the pure function of the component key
-        split_of_component.setdefault(r["component"], set()).add(r["split"])
-        assert r["split"] == split_for(r["component"], cfg.split_salt, ratios) == record[r["sha256"]]["split"]
+        component = record[r["sha256"]]["component"]  # the snapshot's commit names the record's version
+        split_of_component.setdefault(component, set()).add(r["split"])
+        assert r["split"] == split_for(component, cfg.split_salt, ratios) == record[r["sha256"]]["split"]
     assert all(len(s) == 1 for s in split_of_component.values())
     assert sum(result.counts_by_split.values()) == result.kept == len(rows)
 

@@ -18,7 +18,17 @@ from tasks.curation.curation_features import pixel_embedding
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
 from tasks.data.sample_data import write_digits
-from tests.factories.curation import IMAGES, LABELS, components, encode, outcome, pair_rule_only, plant, sha
+from tests.factories.curation import (
+    IMAGES,
+    LABELS,
+    components,
+    encode,
+    files_removed,
+    outcome,
+    pair_rule_only,
+    plant,
+    sha,
+)
 
 SURE, UNSURE = 0.975, 0.965  # planted similarities stay clear of the 0.97 threshold by this margin
 COPY_MARGIN = 0.995  # the merge blend's copy score to either source stays below this (threshold 0.9974)
@@ -158,7 +168,10 @@ def test_new_batch_moves_no_recorded_image_and_embeds_only_new_ones(settings, tm
     assert out2[by_role["merge"]]["kept"]
 
     rows = lake.read(second.curated_table, second.curated_version).to_pylist()
-    assert all(r["split"] == split_for(r["component"], cfg.split_salt, ratios) for r in rows)
+    assert all(r["split"] == split_for(rec2[r["sha256"]]["component"], cfg.split_salt, ratios) for r in rows)
+    # The merge renamed a component in the record only: the snapshot kept its rows and got the batch's appended.
+    assert files_removed(second.curated_table, second.curated_version) == 0
+    assert len(rows) == first.kept + sum(o["kept"] for s, o in out2.items() if s not in out1)
 
     # The older raw version is still curated once: asking again reuses its (not newest) commit.
     before = lake.current_version(settings.curated_table)
@@ -179,4 +192,5 @@ def test_a_new_salt_starts_a_fresh_record(settings, tmp_path):
     assert second.embedded == 0  # features do not depend on the salt
     ratios = dict(settings.curation.split_ratios)
     rows = lake.read(second.curated_table, second.curated_version).to_pylist()
-    assert all(r["split"] == split_for(r["component"], "v2", ratios) for r in rows)
+    record = components(salted, second.components_version)
+    assert all(r["split"] == split_for(record[r["sha256"]]["component"], "v2", ratios) for r in rows)

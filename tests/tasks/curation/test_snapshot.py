@@ -15,13 +15,18 @@ from tasks.data import lake
 
 
 def _facts(rows: list[tuple[str, str, str]]) -> pa.Table:
-    return pa.Table.from_pylist([{"sha256": s, "label": label, "split": split, "component": s, "width": 8, "height": 8}
+    return pa.Table.from_pylist([{"sha256": s, "label": label, "split": split, "width": 8, "height": 8}
                                  for s, label, split in rows], schema=KEPT_FACTS_SCHEMA)
 
 
-def _stored(tmp_path, rows: list[tuple[str, str, str]]):
+def _stored(tmp_path, rows: list[tuple[str, str, str]], component: bool = False):
+    """A stored snapshot of ``rows`` (``component``: with the column snapshots had before it moved to the record)."""
+    facts = _facts(rows)
+    table = facts.add_column(1, CURATED_SCHEMA.field("image"), pa.array([s.encode() for s, _, _ in rows], pa.binary()))
+    if component:
+        table = table.add_column(4, "component", facts.column("sha256"))
     uri = str(tmp_path / "snapshot")
-    lake.overwrite(uri, _facts(rows), {"run_id": "r"})
+    lake.overwrite(uri, table, {"run_id": "r"})
     return lake.open_table(uri)
 
 
@@ -42,6 +47,13 @@ def test_a_stored_row_that_changes_goes_or_repeats_makes_the_snapshot_whole_agai
     assert _appended(twice, _facts([*STORED, ("d", "0", "val")])) is None
 
 
+def test_a_snapshot_that_still_holds_the_component_is_written_whole_once(tmp_path):
+    old = _stored(tmp_path / "old", STORED, component=True)
+    assert "component" in old.schema().to_arrow().names
+    assert _appended(old, _facts([*STORED, ("d", "0", "val")])) is None  # same rows: the columns differ
+    assert _appended(_stored(tmp_path / "new", STORED), _facts([*STORED, ("d", "0", "val")])).num_rows == 1
+
+
 @pytest.mark.parametrize("held", [False, True])
 def test_the_snapshot_gets_each_kept_rows_own_bytes_in_blocks_from_a_scan_or_the_held_images(
         settings, raw_digits, monkeypatch, held):
@@ -50,8 +62,8 @@ def test_the_snapshot_gets_each_kept_rows_own_bytes_in_blocks_from_a_scan_or_the
     raw = lake.read(settings.raw_table, raw_digits.raw_version, columns=["sha256", "image", "label"])
     stored = {r["sha256"]: r for r in raw.to_pylist()}
     kept = sorted(stored)[::3]  # a third of the images, in sha256 order as a plan keeps them
-    facts = pa.Table.from_pylist([{"sha256": s, "label": stored[s]["label"], "split": "train", "component": s,
-                                   "width": 8, "height": 8} for s in kept], schema=KEPT_FACTS_SCHEMA)
+    facts = pa.Table.from_pylist([{"sha256": s, "label": stored[s]["label"], "split": "train", "width": 8,
+                                   "height": 8} for s in kept], schema=KEPT_FACTS_SCHEMA)
     images = RawImages(settings.raw_table, raw_digits.raw_version)
     if held:
         images.hold(kept[:-1] + kept[-1:])
