@@ -137,11 +137,36 @@ def batch_on(kept: Path, batch: Path, profile: Path | None) -> dict:
     home = Path(tempfile.mkdtemp(prefix="cd4ml-bench-batch-")) / kept.name
     shutil.copytree(kept, home, symlinks=True)
     try:
-        result = _run_batch(load_settings("sit", home=home), batch, profile)
+        settings = load_settings("sit", home=home)
+        migrated = _migrate_snapshot(settings)
+        result = {**_run_batch(settings, batch, profile), "snapshot_migrated_first_s": migrated}
     finally:
         shutil.rmtree(home.parent, ignore_errors=True)
     print(json.dumps({k: v for k, v in result.items() if k != "batch_decisions"}))
     return result
+
+
+def _migrate_snapshot(settings) -> float | None:
+    """A home kept before the component left the curated snapshot: the snapshot written without it first, untimed, as
+    the first batch after the upgrade does (once), so that the timed batch is a batch; its seconds, or None."""
+    import pyarrow as pa
+
+    from tasks.curation.tables import CURATED_SCHEMA
+    from tasks.data import lake
+
+    uri = settings.curated_table
+    table = lake.open_table(uri)
+    if "component" not in table.schema().to_arrow().names:
+        return None
+    start, head = time.perf_counter(), lake.commit_at(uri, table.version())
+
+    def batches():
+        for block in lake.scan_blocks(uri, head.version, CURATED_SCHEMA.names, 1 << 16):
+            yield pa.RecordBatch.from_arrays([block.column(n).combine_chunks() for n in CURATED_SCHEMA.names],
+                                             schema=CURATED_SCHEMA)
+
+    lake.overwrite_stream(uri, CURATED_SCHEMA, batches, head.metadata, lake.stats_columns_config(CURATED_SCHEMA))
+    return time.perf_counter() - start
 
 
 def _differences(a: dict, b: dict, listed_by_both: bool = False) -> list[str]:
