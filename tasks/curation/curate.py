@@ -145,10 +145,11 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
         return reuse_prior(settings, raw_version, config_hash, prior, run_id, logical)
 
     raw = read_raw(settings, raw_version)
-    plan = plan_in_workdir(settings, raw, raw_version, run_id)
     base_meta = {"run_id": run_id, "logical_date": logical, "raw_version": str(raw_version),
                  "config_hash": config_hash}
-    store_caches(settings, plan, {**base_meta, "feature_config": feature_config(settings.curation)})
+    cache_meta = {**base_meta, "feature_config": feature_config(settings.curation)}
+    plan = plan_in_workdir(settings, raw, raw_version, run_id, cache_meta)
+    store_caches(settings, plan, cache_meta)
     if plan.curated.num_rows == 0:
         raise CurationError(
             f"curating {settings.raw_table} version {raw_version} dropped every image ({count_reasons(plan.dropped)}): "
@@ -164,7 +165,7 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
         "dropped_by_reason": json.dumps(count_reasons(plan.dropped), sort_keys=True),
         "components_version": str(components_version),
         "new_images": plan.new_images,
-        "embedded": plan.feature_rows.num_rows,
+        "embedded": plan.embedded,
         # The classes whose near-duplicates were kept: the next batch reuses this curation's walk where nothing changed.
         "near_duplicate_abstained": json.dumps(sorted({a["label"] for a in plan.info["decisions"]["abstained"]
                                                        if a["rule"] == "near_duplicate"})),
@@ -185,7 +186,7 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
         run_id=run_id, logical_date=logical, galleries=galleries, report_table=settings.table_uri(REPORT_TABLE),
         components_table=settings.table_uri(COMPONENTS_TABLE), components_version=components_version,
         embeddings_table=settings.table_uri(EMBEDDINGS_TABLE), new_images=plan.new_images,
-        embedded=plan.feature_rows.num_rows, report_html=str(page),
+        embedded=plan.embedded, report_html=str(page),
     )
     log_result(result)
     return result

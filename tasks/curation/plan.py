@@ -3,7 +3,8 @@
 Features are loaded or computed, bad images set aside (``tasks.curation.outliers``), the
 component graph built from the record, pixels, embeddings and copy scores, keys and splits
 assigned (``tasks.curation.assignments``) and each component deduplicated
-(``tasks.curation.dedupe``). The only thing written here is fastdup's private work folder.
+(``tasks.curation.dedupe``). What is written here: fastdup's private work folder, and the features computed
+(a content-addressed cache, stored as soon as computed).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class Plan:
     record_changed: bool
     record_changes: set[str] | None  # record rows added or renamed now; None: the record is written whole
     new_images: int
-    feature_rows: pa.Table  # features computed now, to store
+    embedded: int  # images embedded now (their features are stored as soon as computed)
     pairs: FreshPairs  # copy scores computed now, to store (``store_scores`` writes them a block at a time)
     nearest: NearestMap | None = None  # each eligible image's nearest score (the separation test's input), to store
     duplicates: list[tuple[str, str, float]] = field(default_factory=list)
@@ -81,8 +82,11 @@ class Plan:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work: Path) -> Plan:
-    """Decide what is kept, dropped and where it goes; writes only ``work`` (fastdup's folder).
+def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work: Path,
+          cache_meta: dict[str, Any]) -> Plan:
+    """Decide what is kept, dropped and where it goes; writes only ``work`` (fastdup's folder) and the features
+    it computes (a content-addressed cache, with ``cache_meta``: stored as soon as computed, never held while
+    planning, and a retry embeds nothing again).
 
     Phases: features (stored or computed), bad images set aside, the component graph, keys and
     splits, then each component deduplicated.
@@ -90,8 +94,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     cfg = settings.curation
     images = RawImages(settings.raw_table, raw_version)
     by_sha = {r["sha256"]: r for r in sorted(raw.to_pylist(), key=lambda r: r["sha256"])}
-    stored, fresh = _features(settings, list(by_sha), images, run_id, work)
-    features: Features = merge_features(stored, fresh)
+    features, embedded, stored_before = _features(settings, list(by_sha), images, run_id, work, cache_meta)
     record, record_version = read_assignments(settings)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
@@ -111,8 +114,8 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     dropped.sort(key=lambda d: (d["component"], d["sha256"]))
     outliers.sort(key=lambda o: (o[1], (o[3].blur if o[1] == "blurry" else o[3].mean) or 0.0, o[0]))
     info = {
-        "features": {"config": feature_config(cfg), "method": cfg.embedding, "computed": fresh.num_rows,
-                     "stored_before": len(stored.by_sha)},
+        "features": {"config": feature_config(cfg), "method": cfg.embedding, "computed": embedded,
+                     "stored_before": stored_before},
         "similarity": {"queries": len(graph.pending), "corpus": len(eligible),
                        "pairs_at_or_above_threshold": graph.found,
                        "search": graph.search},
@@ -135,7 +138,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         record_changed=new_images > 0 or bool(renamed),
         record_changes={s for s, a in assignments.items() if record.get(s) != a} if record else None,
         new_images=new_images,
-        feature_rows=fresh,
+        embedded=embedded,
         duplicates=graph.duplicates,
         outliers=outliers,
         info=info,
@@ -182,9 +185,11 @@ def _with_images(facts: pa.Table, images: pa.ChunkedArray) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=CURATED_SCHEMA)
 
 
-def _features(settings: Settings, shas: list[str], images: RawImages, run_id: str, work: Path
-              ) -> tuple[Features, pa.Table]:
-    """(stored features of these images, rows computed now for the rest): each image is embedded once."""
+def _features(settings: Settings, shas: list[str], images: RawImages, run_id: str, work: Path,
+              cache_meta: dict[str, Any]) -> tuple[Features, int, int]:
+    """(the features of these images, how many were computed now, how many were stored): each image is embedded
+    once. The rows computed now are stored before the planning goes on (at a million images, about 0.5 GB
+    that were held to the end of the plan)."""
     cfg = settings.curation
     stored = load_features(settings.table_uri(EMBEDDINGS_TABLE), feature_config(cfg), set(shas), vectors=False)
     missing = [s for s in shas if s not in stored.by_sha]
@@ -194,7 +199,11 @@ def _features(settings: Settings, shas: list[str], images: RawImages, run_id: st
             chunk = block.slice(start, FEATURE_CHUNK)
             pairs = zip(chunk.column("sha256").to_pylist(), chunk.column("image").to_pylist())
             parts.append(compute_features(list(pairs), cfg, work, run_id))
-    return stored, pa.concat_tables(parts) if parts else FEATURES_SCHEMA.empty_table()
+    fresh = pa.concat_tables(parts) if parts else FEATURES_SCHEMA.empty_table()
+    del parts
+    if fresh.num_rows:
+        store_features(settings.table_uri(EMBEDDINGS_TABLE), fresh, {**cache_meta, "step": "curate_features"})
+    return merge_features(stored, fresh), fresh.num_rows, len(stored.by_sha)
 
 
 @dataclass
@@ -403,9 +412,8 @@ def _rows(pairs: np.ndarray) -> Iterator[list[int]]:
 
 
 def store_caches(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> None:
-    """Features and copy scores computed by this plan (content-addressed caches: a re-run adds nothing)."""
-    if plan.feature_rows.num_rows:
-        store_features(settings.table_uri(EMBEDDINGS_TABLE), plan.feature_rows, {**metadata, "step": "curate_features"})
+    """Copy scores and the nearest summary computed by this plan (content-addressed caches: a re-run adds nothing;
+    the features were stored as the plan computed them)."""
     if plan.pairs.count:
         store_scores(settings.table_uri(PAIRS_TABLE), plan.pairs, metadata["run_id"],
                      {**metadata, "step": "curate_pairs", "score_config": score_config()})
@@ -414,7 +422,8 @@ def store_caches(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> No
                       lake.current_version(settings.table_uri(PAIRS_TABLE)), metadata)
 
 
-def plan_in_workdir(settings: Settings, raw: pa.Table, raw_version: int, run_id: str) -> Plan:
+def plan_in_workdir(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, cache_meta: dict[str, Any]
+                    ) -> Plan:
     """Plan with fastdup's exported copies in a private folder that never outlives the call.
 
     Refused before any work when ``curation.embedding`` needs fastdup and it is not installed.
@@ -424,7 +433,7 @@ def plan_in_workdir(settings: Settings, raw: pa.Table, raw_version: int, run_id:
     parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=parent))
     try:
-        return _plan(settings, raw, raw_version, run_id, work)
+        return _plan(settings, raw, raw_version, run_id, work, cache_meta)
     finally:
         clear_dir(work)
 

@@ -37,10 +37,11 @@ def reuse_prior(
     if not stored and int(prior.metadata.get("dropped", "0")) > 0:
         # Crashed between the snapshot and its report rows: re-plan (features are stored) and record them.
         raw = read_raw(settings, raw_version)
-        plan = plan_in_workdir(settings, raw, raw_version, prior.metadata.get("run_id", run_id))
+        cache_meta = {"run_id": run_id, "logical_date": logical}
+        plan = plan_in_workdir(settings, raw, raw_version, prior.metadata.get("run_id", run_id), cache_meta)
         write_report_rows(settings, raw_version, config_hash, prior.version, plan.dropped,
                           prior.metadata.get("run_id", run_id), prior.metadata.get("logical_date", logical))
-        store_caches(settings, plan, {"run_id": run_id, "logical_date": logical})
+        store_caches(settings, plan, cache_meta)
         stored = plan.dropped
     dropped = stored or []
     galleries = existing_galleries(settings, raw_version, config_hash)
