@@ -81,7 +81,24 @@ class RawImages:
         return self._images[self._row[sha]].as_py()
 
     def column(self, shas: Sequence[str]) -> pa.ChunkedArray:
-        """The held images of ``shas``, in that order."""
+        """The held images of ``shas``, in that order, ``TAKE_ROWS`` at a time."""
         rows = np.fromiter((self._row[s] for s in shas), dtype=np.int64, count=len(shas))
-        blocks = [self._images.take(pa.array(rows[i:i + TAKE_ROWS])) for i in range(0, len(rows), TAKE_ROWS)]
-        return pa.chunked_array([c for block in blocks for c in block.chunks], type=pa.binary())
+        return pa.chunked_array([self._gather(rows[i:i + TAKE_ROWS]) for i in range(0, len(rows), TAKE_ROWS)],
+                                type=pa.binary())
+
+    def _gather(self, rows: np.ndarray) -> pa.Array:
+        """The held images at ``rows``, taken from each held chunk on its own, then put in the order asked.
+
+        Not ``ChunkedArray.take``: Arrow (25.0) joins every chunk into one array before taking (measured: +1 GB
+        for 65,536 rows of a 1 GB held column, on each call), which set the full run's peak at a million images.
+        """
+        starts = np.cumsum([0] + [len(c) for c in self._chunks])
+        chunk = np.searchsorted(starts, rows, side="right") - 1
+        order = np.argsort(chunk, kind="stable")
+        bounds = np.searchsorted(chunk[order], np.arange(len(self._chunks) + 1))
+        parts = [self._chunks[c].take(pa.array(rows[order[lo:hi]] - starts[c]))
+                 for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if hi > lo]
+        gathered = pa.concat_arrays(parts) if parts else pa.array([], pa.binary())
+        back = np.empty(len(order), dtype=np.int64)
+        back[order] = np.arange(len(order))
+        return gathered.take(pa.array(back)).cast(pa.binary())

@@ -88,3 +88,21 @@ def test_raw_images_hold_only_what_is_asked_and_answer_for_it(settings, raw_digi
     assert not images.holds(["0" * 64])
     images.release()
     assert not images.holds(some[:1])
+
+
+def test_held_images_gathered_across_many_chunks_in_the_order_asked(settings, raw_digits, monkeypatch):
+    import random
+
+    monkeypatch.setattr(raw_images, "BLOCK_ROWS", 100)  # 18 held chunks of the 1,797 digits
+    monkeypatch.setattr(raw_images, "TAKE_ROWS", 70)
+    images = RawImages(settings.raw_table, raw_digits.raw_version)
+    raw = lake.read(settings.raw_table, raw_digits.raw_version, columns=["sha256", "image"])
+    by_sha = dict(zip(raw.column("sha256").to_pylist(), raw.column("image").to_pylist()))
+    shas = sorted(by_sha)
+    images.hold(shas[::2])
+    images.hold(shas[1::2])  # a second scan: more chunks after the first ones
+    rng = random.Random(5)
+    asked = rng.sample(shas, 500) + rng.choices(shas, k=100)  # any order, some twice
+    got = images.column(asked)
+    assert got.type == pa.binary() and got.to_pylist() == [by_sha[s] for s in asked]
+    assert images.column([]).to_pylist() == []
