@@ -147,9 +147,8 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     raw = read_raw(settings, raw_version)
     base_meta = {"run_id": run_id, "logical_date": logical, "raw_version": str(raw_version),
                  "config_hash": config_hash}
-    cache_meta = {**base_meta, "feature_config": feature_config(settings.curation)}
-    plan = plan_in_workdir(settings, raw, raw_version, run_id, cache_meta)
-    store_caches(settings, plan, cache_meta)
+    plan = plan_in_workdir(settings, raw, raw_version, run_id, base_meta)  # refuses an embedding not installed first
+    store_caches(settings, plan, {**base_meta, "feature_config": feature_config(settings.curation)})
     if plan.curated.num_rows == 0:
         raise CurationError(
             f"curating {settings.raw_table} version {raw_version} dropped every image ({count_reasons(plan.dropped)}): "

@@ -85,8 +85,8 @@ class Plan:
 def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work: Path,
           cache_meta: dict[str, Any]) -> Plan:
     """Decide what is kept, dropped and where it goes; writes only ``work`` (fastdup's folder) and the features
-    it computes (a content-addressed cache, with ``cache_meta``: stored as soon as computed, never held while
-    planning, and a retry embeds nothing again).
+    it computes (a content-addressed cache, its commit with ``cache_meta`` and the feature config: stored as soon as
+    computed, never held while planning, and a retry embeds nothing again).
 
     Phases: features (stored or computed), bad images set aside, the component graph, keys and
     splits, then each component deduplicated.
@@ -202,7 +202,8 @@ def _features(settings: Settings, shas: list[str], images: RawImages, run_id: st
     fresh = pa.concat_tables(parts) if parts else FEATURES_SCHEMA.empty_table()
     del parts
     if fresh.num_rows:
-        store_features(settings.table_uri(EMBEDDINGS_TABLE), fresh, {**cache_meta, "step": "curate_features"})
+        store_features(settings.table_uri(EMBEDDINGS_TABLE), fresh,
+                       {**cache_meta, "feature_config": feature_config(cfg), "step": "curate_features"})
     return merge_features(stored, fresh), fresh.num_rows, len(stored.by_sha)
 
 

@@ -146,9 +146,8 @@ def test_a_retried_batch_writes_the_same_tables(batch_home, tmp_path) -> None:
     meta = {"run_id": "c2", "logical_date": "2026-11-22", "raw_version": str(raw2),
             "config_hash": retried_settings.section_hash("curation")}
     raw = lake.read(retried_settings.raw_table, raw2, columns=["sha256", "image", "width", "height", "label"])
-    cache_meta = {**meta, "feature_config": feature_config(retried_settings.curation)}
-    crashed = plan_in_workdir(retried_settings, raw, raw2, "c2", cache_meta)  # an attempt that died after caches, record
-    store_caches(retried_settings, crashed, cache_meta)
+    crashed = plan_in_workdir(retried_settings, raw, raw2, "c2", meta)  # an attempt that died after caches and record
+    store_caches(retried_settings, crashed, {**meta, "feature_config": feature_config(retried_settings.curation)})
     _record_assignments(retried_settings, crashed, meta)
     retried = curate(retried_settings, raw2, run_id="c2", logical_date="2026-11-22")
     assert _tables(retried_settings, retried) == _tables(once_settings, once)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.curation import curation_features
 from tasks.curation.curate import curate
 from tasks.curation.curation_features import write_galleries
 from tasks.curation.fastdup_optional import FastdupUnavailableError, fastdup_installed
@@ -56,9 +57,18 @@ def test_fastdup_is_imported_only_lazily_and_only_where_listed():
     assert found == ALLOWED_IMPORTS
 
 
+def _no_fastdup_metadata(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    if name == "fastdup":
+        raise PackageNotFoundError(name)
+    return version(name)
+
+
 def test_fastdup_embedding_is_refused_before_any_work_without_fastdup(settings, tmp_path, monkeypatch):
     raw_version = _ingested(settings, tmp_path, 12)
     monkeypatch.setitem(sys.modules, "fastdup", None)  # what an install without fastdup looks like to Python
+    monkeypatch.setattr(curation_features, "package_version", _no_fastdup_metadata)  # and to importlib.metadata
     assert not fastdup_installed()
     wants = settings.model_copy(update={"curation": settings.curation.model_copy(update={"embedding": "fastdup"})})
     with pytest.raises(FastdupUnavailableError, match=r"requirements-fastdup\.txt") as refused:
@@ -85,6 +95,7 @@ def test_galleries_are_skipped_with_one_log_line_without_fastdup(tmp_path, monke
 _CHILD = """
 import json, sys
 sys.modules["fastdup"] = None  # import fastdup now fails, as in an install without it
+from tasks.curation import curation_features
 from tasks.curation.curate import curate
 from tasks.settings import load_settings
 from tests.factories.curation import outcome
