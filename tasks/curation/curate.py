@@ -255,8 +255,6 @@ def _appended(table: Any, curated: pa.Table) -> pa.Table | None:
     return curated.filter(pa.array(~known))
 
 
-
-
 def _galleries(settings: Settings, raw: pa.Table, plan: Plan, raw_version: int, config_hash: str) -> dict[str, str]:
     """fastdup's HTML galleries of this run's duplicates and bad images (name -> page)."""
     images = plan.images.held_bytes(sorted(gallery_shas(plan)))
