@@ -109,6 +109,10 @@ class Features:
     row_of: dict[str, int]  # sha256 -> row of ``matrix``; images with an error have no row
     matrix: np.ndarray  # float32, L2-normalised rows
 
+    def facts(self) -> Features:
+        """The facts alone: the embedding's rows let go (once in their files: ``tasks.curation.vectors``)."""
+        return Features(self.by_sha, {}, np.zeros((0, 1), dtype=np.float32))
+
 
 STATS_CONFIG = f"stats=v2,norm_side={NORM_SIDE},norm_max_side={NORM_MAX_SIDE}"  # tasks.curation.image_stats
 

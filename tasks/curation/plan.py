@@ -56,7 +56,7 @@ from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import RawImages
 from tasks.curation.separation import separation_by_class
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
-from tasks.curation.vectors import stored_views
+from tasks.curation.vectors import RowView, stored_views
 from tasks.data import lake
 from tasks.settings import Settings
 
@@ -98,7 +98,9 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     record, record_version = read_assignments(settings)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
-    graph = _group(settings, eligible, record, features, images)
+    views = _views(settings, eligible, features)
+    features = features.facts()  # the vectors are read from the views' files from here on: not held
+    graph = _group(settings, eligible, record, features, images, views)
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), record, features, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
@@ -229,8 +231,9 @@ class _Graph:
 
 
 def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment], features: Features,
-           images: RawImages) -> _Graph:
-    """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies."""
+           images: RawImages, views: list[RowView]) -> _Graph:
+    """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies (the
+    neighbours from ``views``: the embedding's views of ``eligible``, by position)."""
     cfg = settings.curation
     pos = {sha: i for i, sha in enumerate(eligible)}
     sets = UnionFind(len(eligible))
@@ -244,7 +247,7 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
         first_of_pixels.setdefault(pixel_key(features, sha), pos[sha])
     for i in pending:
         sets.union(i, first_of_pixels[pixel_key(features, eligible[i])])
-    neighbours = _neighbours(settings, eligible, features, pending)
+    neighbours = _neighbours(settings, eligible, views, pending)
     similar = similar_pairs(neighbours, cfg.similar_neighbours, cfg.near_duplicate_threshold)
     for a, b, _ in similar:
         sets.union(a, b)
@@ -259,15 +262,14 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
                   len(candidates), copy_edges, search)
 
 
-def _neighbours(settings: Settings, eligible: list[str], features: Features, pending: list[int]) -> NeighbourGraph:
-    """Each new image's nearest eligible images by the embedding (and, for pixels, by the blurred embedding).
+def _views(settings: Settings, eligible: list[str], features: Features) -> list[RowView]:
+    """The embedding (and, for pixels, the blurred embedding) of the eligible images, by position.
 
-    The vectors are read by position from their memory-mapped files (``tasks.curation.vectors``), extended
-    first with the images they lack: this batch's fresh rows, or the stored rows when a file is rebuilt.
+    Read from their memory-mapped files (``tasks.curation.vectors``), extended first with the images they lack:
+    this run's fresh rows (``features``), or the stored rows when a file is rebuilt.
     """
     cfg = settings.curation
     config = feature_config(cfg)
-    folder = index_dir(settings.storage.lake_uri, settings.reports_path)
 
     def vectors_of(shas: list[str]) -> np.ndarray:  # computed now (the batch's own images), else stored
         stored = [s for s in shas if s not in features.row_of]
@@ -278,9 +280,16 @@ def _neighbours(settings: Settings, eligible: list[str], features: Features, pen
         return np.stack([features.matrix[features.row_of[s]] if s not in at else older[at[s]] for s in shas])
 
     derived = [lambda m: blurred(m, cfg.feature_size)] if cfg.embedding == "pixels" and eligible else []
-    views = stored_views(folder, config, eligible, vectors_of, derived)
+    return stored_views(index_dir(settings.storage.lake_uri, settings.reports_path), config, eligible, vectors_of,
+                        derived)
+
+
+def _neighbours(settings: Settings, eligible: list[str], views: list[RowView], pending: list[int]) -> NeighbourGraph:
+    """Each new image's nearest eligible images in every view (the faiss index beside the views' files)."""
+    cfg = settings.curation
     k = max(cfg.similar_neighbours, cfg.copy_candidates)
-    return neighbour_graph(views, eligible, pending, k, cfg.exact_search_below, folder, config)
+    return neighbour_graph(views, eligible, pending, k, cfg.exact_search_below,
+                           index_dir(settings.storage.lake_uri, settings.reports_path), feature_config(cfg))
 
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],

@@ -159,9 +159,18 @@ def scan_batches(
     measured 490 MB resident after 15,000 of 100,000 images, growing with the table; file by file
     it stays at a row group); anything else goes through the dataset.
     """
+    try:
+        yield from _scanned(uri, version, list(columns), dict(where or {}), batch_rows)
+    finally:
+        # Arrow's allocator (mimalloc) keeps what a scan freed for reuse: measured after reading 100,000 features,
+        # 212 MB resident with nothing allocated. Given back when the scan ends (or is abandoned).
+        pa.default_memory_pool().release_unused()
+
+
+def _scanned(uri: str, version: int, cols: list[str], where: dict[str, list[Any]], batch_rows: int
+             ) -> Iterator[pa.RecordBatch]:
     import pyarrow.parquet as pq
 
-    cols, where = list(columns), dict(where or {})
     expression = None
     for name, values in where.items():
         term = pc.field(name).isin(list(values))
