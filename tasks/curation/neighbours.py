@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,26 +74,77 @@ def index_dir(lake_uri: str, reports_path: Path) -> Path:
 
 def neighbour_graph(views: Sequence[Any], eligible: Sequence[str], queries: Sequence[int], k: int,
                     exact_below: int, folder: Path, version: str) -> NeighbourGraph:
-    """The ``k`` nearest eligible images of each query in every view (unit rows, one per eligible image).
+    """The ``k`` nearest eligible images of each query in every view (unit rows, one per eligible image), whole.
 
     A view is an array or a ``tasks.curation.vectors.RowView`` (rows gathered by position from a
     memory-mapped file): the index search reads only the rows it adds, queries and compares.
     """
-    q = np.asarray(queries, dtype=np.int64)
-    n = len(eligible)
-    kk = min(k, n - 1) if n > 1 else 0
+    q, kk = np.asarray(queries, dtype=np.int64), _width(len(eligible), k)
     if not len(q) or kk <= 0:
         empty = np.zeros((len(q), 0), dtype=np.int32)
         return NeighbourGraph(q, [empty for _ in views], [empty.astype(np.float32) for _ in views], "none")
+    ids = [np.concatenate([found for _, found in _searched(v, i, eligible, q, kk, exact_below, folder, version)])
+           for i, v in enumerate(views)]
+    return NeighbourGraph(q, ids, [_cosines(v, q, i) for v, i in zip(views, ids)],
+                          _search_name(len(eligible), exact_below))
+
+
+@dataclass(frozen=True)
+class NeighbourPairs:
+    """What a curation takes from the neighbour graph: ``similar_pairs`` of the first view, ``candidate_pairs``."""
+
+    similar: list[tuple[int, int, float]]
+    candidates: np.ndarray  # (n, 2) int64 eligible positions, i < j, sorted and unique
+    search: str
+
+
+def neighbour_pairs(views: Sequence[Any], eligible: Sequence[str], queries: Sequence[int], similar_k: int,
+                    copy_k: int, threshold: float, exact_below: int, folder: Path, version: str) -> NeighbourPairs:
+    """``similar_pairs(graph, similar_k, threshold)`` and ``candidate_pairs(graph, copy_k)`` of the graph of
+    ``k = max(similar_k, copy_k)`` neighbours, the same pairs in the same order, found a block of queries at a time.
+
+    The graph is never whole (at a million images, its ids and cosines in two views held 0.5 GB), and only the
+    first view's cosines are computed (the only ones a decision reads).
+    """
+    q, kk = np.asarray(queries, dtype=np.int64), _width(len(eligible), max(similar_k, copy_k))
+    if not len(q) or kk <= 0:
+        return NeighbourPairs([], np.zeros((0, 2), dtype=np.int64), "none")
+    edges, codes = [], []
+    for i, view in enumerate(views):
+        for rows, ids in _searched(view, i, eligible, q, kk, exact_below, folder, version):
+            if i == 0:
+                block = NeighbourGraph(rows, [ids], [_cosines(view, rows, ids)], "")
+                edges.append(_similar_edges(block, similar_k, threshold))
+            codes.append(_candidate_codes(rows, ids, copy_k, len(eligible)))
+    lo, hi, cos = (np.concatenate(parts) for parts in zip(*edges)) if edges else (np.zeros(0, np.int64),) * 3
+    unique = np.unique(np.concatenate(codes)) if codes else np.zeros(0, dtype=np.int64)
+    return NeighbourPairs(_first_found(lo, hi, cos), _decoded(unique, len(eligible)),
+                          _search_name(len(eligible), exact_below))
+
+
+def _width(n: int, k: int) -> int:
+    """Neighbours a query can have among ``n`` eligible images (itself excluded)."""
+    return min(k, n - 1) if n > 1 else 0
+
+
+def _search_name(n: int, exact_below: int) -> str:
     if n < exact_below:
-        found = [_exact(np.asarray(v), q, kk) for v in views]  # below the threshold: every row, few
-        search = f"exact cosine (numpy), {n} eligible images < exact_search_below {exact_below}"
-    else:
-        found = [_indexed(v, eligible, q, kk, folder, f"{version};view={i}") for i, v in enumerate(views)]
-        search = (f"faiss HNSW (M={HNSW_M}, efConstruction={HNSW_EF_CONSTRUCTION}, efSearch>={HNSW_EF_SEARCH}), "
-                  f"{n} eligible images >= exact_search_below {exact_below}")
-    ids = [f[0] for f in found]
-    return NeighbourGraph(q, ids, [_cosines(v, q, i) for v, i in zip(views, ids)], search)
+        return f"exact cosine (numpy), {n} eligible images < exact_search_below {exact_below}"
+    return (f"faiss HNSW (M={HNSW_M}, efConstruction={HNSW_EF_CONSTRUCTION}, efSearch>={HNSW_EF_SEARCH}), "
+            f"{n} eligible images >= exact_search_below {exact_below}")
+
+
+def _searched(view: Any, i: int, eligible: Sequence[str], q: np.ndarray, k: int, exact_below: int, folder: Path,
+              version: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(queries, their ``k`` nearest eligible positions: int32, -1 where none) a block of ``RANK_BLOCK`` queries at a
+    time, in one view: exact below ``exact_below`` eligible images (every row, few), else from the stored index."""
+    if len(eligible) < exact_below:
+        matrix = np.asarray(view)
+        for start in range(0, len(q), RANK_BLOCK):
+            rows = q[start:start + RANK_BLOCK]
+            yield rows, _exact(matrix, rows, k)[0]
+        return
+    yield from _indexed(view, eligible, q, k, folder, f"{version};view={i}")
 
 
 def _cosines(matrix: Any, q: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -124,17 +175,16 @@ def _exact(matrix: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
 
 
 def _indexed(matrix: Any, eligible: Sequence[str], q: np.ndarray, k: int, folder: Path, version: str
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """Top ``k`` eligible neighbours of each query from the stored index, extended first with unindexed rows."""
+             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Top ``k`` eligible neighbours of each query from the stored index, extended first with unindexed rows;
+    searched and ranked a block of queries at a time (bounded hits)."""
     index = ShaIndex.open(folder, version, matrix.shape[1])
     index.extend(eligible, matrix)
     at = _eligible_positions(index.shas, eligible)
-    blocks = []
-    for start in range(0, len(q), RANK_BLOCK):  # searched and ranked a block of queries at a time: bounded hits
+    for start in range(0, len(q), RANK_BLOCK):
         rows = q[start:start + RANK_BLOCK]
         ids, sims = index.search(matrix[rows], k + 1 + SEARCH_SLACK)
-        blocks.append(_ranked(at, rows, ids, sims, k))
-    return np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks])
+        yield rows, _ranked(at, rows, ids, sims, k)[0]
 
 
 def _eligible_positions(indexed: Sequence[str], eligible: Sequence[str]) -> np.ndarray:
@@ -228,17 +278,23 @@ def candidate_pairs(graph: NeighbourGraph, k: int) -> np.ndarray:
 
     An int64 array, not a set of tuples: a million queries give about 13 million pairs.
     """
-    codes = []
     n = 1 + max([int(graph.queries.max(initial=-1))] + [int(ids.max(initial=-1)) for ids in graph.ids])
-    for ids in graph.ids:
-        b = ids[:, :k].astype(np.int64)
-        a = np.broadcast_to(graph.queries.astype(np.int64)[:, None], b.shape)
-        found = b >= 0
-        lo, hi = np.minimum(a, b)[found], np.maximum(a, b)[found]
-        pair = lo != hi
-        codes.append(lo[pair] * n + hi[pair])
-    unique = np.unique(np.concatenate(codes)) if codes else np.zeros(0, dtype=np.int64)
-    return np.stack([unique // max(n, 1), unique % max(n, 1)], axis=1)
+    codes = [_candidate_codes(graph.queries, ids, k, n) for ids in graph.ids]
+    return _decoded(np.unique(np.concatenate(codes)) if codes else np.zeros(0, dtype=np.int64), n)
+
+
+def _candidate_codes(queries: np.ndarray, ids: np.ndarray, k: int, n: int) -> np.ndarray:
+    """``lo * n + hi`` of each (query, one of its ``k`` nearest) pair, itself and missing neighbours left out."""
+    b = ids[:, :k].astype(np.int64)
+    a = np.broadcast_to(queries.astype(np.int64)[:, None], b.shape)
+    found = b >= 0
+    lo, hi = np.minimum(a, b)[found], np.maximum(a, b)[found]
+    pair = lo != hi
+    return lo[pair] * n + hi[pair]
+
+
+def _decoded(codes: np.ndarray, n: int) -> np.ndarray:
+    return np.stack([codes // max(n, 1), codes % max(n, 1)], axis=1)
 
 
 def similar_pairs(graph: NeighbourGraph, k: int, threshold: float) -> list[tuple[int, int, float]]:
@@ -249,6 +305,12 @@ def similar_pairs(graph: NeighbourGraph, k: int, threshold: float) -> list[tuple
     """
     if not graph.ids:
         return []
+    return _first_found(*_similar_edges(graph, k, threshold))
+
+
+def _similar_edges(graph: NeighbourGraph, k: int, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lo, hi, cosine) of each query's ``k`` nearest of the first view at ``threshold`` or above, query by query,
+    nearest first (a pair found from both sides is there twice)."""
     ids, sims = graph.ids[0][:, :k], graph.sims[0][:, :k]
     # A float32 superset first (no float64 copy of every cosine), then the test as the Python floats compared.
     rows, cols = np.nonzero((ids >= 0) & (sims >= np.nextafter(np.float32(threshold), np.float32(-np.inf))))
@@ -256,8 +318,12 @@ def similar_pairs(graph: NeighbourGraph, k: int, threshold: float) -> list[tuple
     exact = cos.astype(np.float64) >= threshold
     rows, cols, cos = rows[exact], cols[exact], cos[exact]
     a, b = graph.queries.astype(np.int64)[rows], ids[rows, cols].astype(np.int64)
-    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    return np.minimum(a, b), np.maximum(a, b), cos
+
+
+def _first_found(lo: np.ndarray, hi: np.ndarray, cos: np.ndarray) -> list[tuple[int, int, float]]:
+    """Each pair once, where it was first found."""
     n = 1 + max(int(hi.max(initial=-1)), 0)
     _, first = np.unique(lo * n + hi, return_index=True)
-    first.sort()  # each pair where it was first found
+    first.sort()
     return list(zip(lo[first].tolist(), hi[first].tolist(), cos[first].tolist()))

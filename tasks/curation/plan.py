@@ -50,7 +50,7 @@ from tasks.curation.curation_features import (
 from tasks.curation.dedupe import dedupe_component, pixel_key
 from tasks.curation.fastdup_optional import require_embedding
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
-from tasks.curation.neighbours import NeighbourGraph, candidate_pairs, index_dir, neighbour_graph, similar_pairs
+from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
 from tasks.curation.outliers import is_constant, screen
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import RawImages
@@ -248,13 +248,11 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
     for i in pending:
         sets.union(i, first_of_pixels[pixel_key(features, eligible[i])])
     neighbours = _neighbours(settings, eligible, views, pending)
-    similar = similar_pairs(neighbours, cfg.similar_neighbours, cfg.near_duplicate_threshold)
-    for a, b, _ in similar:
+    for a, b, _ in neighbours.similar:
         sets.union(a, b)
-    best = heapq.nsmallest(GALLERY_IMAGES, similar, key=lambda t: (-t[2], t[0], t[1]))
-    found, search = len(similar), neighbours.search
-    candidates = candidate_pairs(neighbours, cfg.copy_candidates)
-    del neighbours, similar  # about 1 GB at a million images (32 neighbours a view): not held while scoring
+    best = heapq.nsmallest(GALLERY_IMAGES, neighbours.similar, key=lambda t: (-t[2], t[0], t[1]))
+    found, search, candidates = len(neighbours.similar), neighbours.search, neighbours.candidates
+    del neighbours  # the similar pairs (a Python list): not held while scoring
     images.hold([eligible[i] for i in np.unique(candidates)])  # the bytes the signatures need, one scan
     scores = CopyScores(images, load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
     copy_edges = _link_copies(cfg, eligible, candidates, scores, sets)
@@ -284,11 +282,12 @@ def _views(settings: Settings, eligible: list[str], features: Features) -> list[
                         derived)
 
 
-def _neighbours(settings: Settings, eligible: list[str], views: list[RowView], pending: list[int]) -> NeighbourGraph:
-    """Each new image's nearest eligible images in every view (the faiss index beside the views' files)."""
+def _neighbours(settings: Settings, eligible: list[str], views: list[RowView], pending: list[int]) -> NeighbourPairs:
+    """The new images' similar pairs and copy candidates from their nearest eligible images in every view (the
+    faiss index beside the views' files), found a block of queries at a time."""
     cfg = settings.curation
-    k = max(cfg.similar_neighbours, cfg.copy_candidates)
-    return neighbour_graph(views, eligible, pending, k, cfg.exact_search_below,
+    return neighbour_pairs(views, eligible, pending, cfg.similar_neighbours, cfg.copy_candidates,
+                           cfg.near_duplicate_threshold, cfg.exact_search_below,
                            index_dir(settings.storage.lake_uri, settings.reports_path), feature_config(cfg))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tasks.curation.neighbours import (
     NeighbourGraph,
@@ -12,6 +13,7 @@ from tasks.curation.neighbours import (
     candidate_pairs,
     index_dir,
     neighbour_graph,
+    neighbour_pairs,
     similar_pairs,
 )
 
@@ -37,6 +39,26 @@ def test_index_finds_the_exact_neighbours(tmp_path: Path) -> None:
     assert similar_pairs(indexed, 8, 0.97) == similar_pairs(exact, 8, 0.97)
     assert {(a, b) for a, b, _ in similar_pairs(exact, 8, 0.97)} == {(3, 700), (9, 901)}
     assert not any(i == q for q, row in zip(queries, exact.ids[0].tolist()) for i in row)  # never itself
+
+
+@pytest.mark.parametrize("exact_below", [0, 10**9])
+def test_pairs_found_block_by_block_are_the_whole_graphs_pairs_in_the_same_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exact_below: int) -> None:
+    """What a curation takes (similar pairs of the first view, candidates of every view) without the whole graph."""
+    m = _unit_rows(1500, seed=3)
+    m[1200:1300] = (m[:100] + 0.05 * m[1200:1300]) / np.linalg.norm(m[:100] + 0.05 * m[1200:1300], axis=1,
+                                                                       keepdims=True)  # near copies
+    views = [m, np.roll(m, 1, axis=1)]
+    shas, queries = _shas(1500), list(range(0, 1500, 2))
+    whole = neighbour_graph(views, shas, queries, 12, exact_below=exact_below, folder=tmp_path, version="v")
+    monkeypatch.setattr("tasks.curation.neighbours.RANK_BLOCK", 64)  # 12 blocks of queries
+    pairs = neighbour_pairs(views, shas, queries, 12, 5, 0.99, exact_below=exact_below, folder=tmp_path,
+                            version="v")
+    assert pairs.search == whole.search
+    assert pairs.similar == similar_pairs(whole, 12, 0.99) and len(pairs.similar) >= 50
+    assert np.array_equal(pairs.candidates, candidate_pairs(whole, 5))
+    empty = neighbour_pairs(views, shas, [], 12, 5, 0.99, exact_below=exact_below, folder=tmp_path, version="v")
+    assert empty.similar == [] and empty.candidates.shape == (0, 2)
 
 
 def test_index_skips_images_that_are_not_eligible_now(tmp_path: Path) -> None:
