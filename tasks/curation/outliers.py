@@ -24,7 +24,8 @@ import numpy as np
 
 from tasks.curation.assignments import Assignment
 from tasks.curation.bulk_limits import RULES, Verdict, judge
-from tasks.curation.curation_features import Features, ImageFeatures
+from tasks.curation.curation_features import Features
+from tasks.curation.feature_facts import ImageFeatures
 from tasks.curation.tables import drop_row
 from tasks.errors import DataError
 from tasks.settings import OutlierSettings
