@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.curation.feature_facts import FACT_COLUMNS, FactColumns, ImageFeatures
+from tasks.curation.tables import RawFacts
 
 
 def _table(rows: list[dict]) -> pa.Table:
@@ -69,3 +70,13 @@ def test_merged_takes_the_newer_row_and_keeps_the_rest() -> None:
     merged = older.merged(newer)
     assert len(merged) == 4 and merged["c" * 64].blur == 9.0 and merged["a" * 64].error.startswith("undecodable")
     assert len(FactColumns.empty().merged(newer)) == 2 and len(FactColumns.empty()) == 0
+
+
+def test_raw_facts_read_as_the_dicts_of_the_raw_rows() -> None:
+    raw = pa.table({"sha256": ["b" * 64, "a" * 64, "c" * 64, "a" * 64], "width": pa.array([32, 640, 8, 33], pa.int32()),
+                    "height": pa.array([32, 480, 8, 34], pa.int32()), "label": ["7", "cat", "7", "dog"]})
+    facts = RawFacts.from_table(raw)
+    expected = {r["sha256"]: r for r in sorted(raw.to_pylist(), key=lambda r: r["sha256"])}
+    assert list(facts) == list(expected) and dict(facts.items()) == expected
+    assert all(type(facts[s]["width"]) is int and type(facts[s]["label"]) is str for s in facts)
+    assert facts["a" * 64] == {"sha256": "a" * 64, "width": 33, "height": 34, "label": "dog"}  # its last row
