@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -85,7 +85,7 @@ class Bridge:
     copy_of: tuple[str, str, str] | None  # (reason, recorded image, how): a copy of one with its label
 
 
-def bridge_rows(bridges: list[Bridge], by_sha: Mapping[str, dict[str, Any]], record: dict[str, Assignment],
+def bridge_rows(bridges: list[Bridge], by_sha: dict[str, dict[str, Any]], record: dict[str, Assignment],
                 abstain: Collection[str]) -> list[dict[str, Any]]:
     """Drop rows of the bridges, named once the classes' tests are known.
 
@@ -113,7 +113,7 @@ def bridge_rows(bridges: list[Bridge], by_sha: Mapping[str, dict[str, Any]], rec
 
 
 def assign(
-    components: list[list[str]], record: dict[str, Assignment], features: Features, by_sha: Mapping[str, dict[str, Any]],
+    components: list[list[str]], record: dict[str, Assignment], features: Features, by_sha: dict[str, dict[str, Any]],
     scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
 ) -> tuple[dict[str, Assignment], dict[str, list[str]], dict[str, str], int, list[Bridge]]:
     """Keys and splits for this curation's components (the rules in the module doc).

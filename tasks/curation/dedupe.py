@@ -50,7 +50,7 @@ class RecordedMembers:
         self.by_digest = group_by_pixels(recorded, features)
 
 
-def recorded_original(sha: str, recorded: RecordedMembers, features: Features, by_sha: Mapping[str, dict[str, Any]],
+def recorded_original(sha: str, recorded: RecordedMembers, features: Features, by_sha: dict[str, dict[str, Any]],
                       scores: CopyScores, threshold: float) -> tuple[str, str, str] | None:
     """(reason, recorded image, how) when a new image is a copy of a recorded image with its label, else None."""
     label = by_sha[sha]["label"]

@@ -17,7 +17,6 @@ An absolute override that would drop a large share of the data stops the curatio
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +24,7 @@ import numpy as np
 
 from tasks.curation.assignments import Assignment
 from tasks.curation.bulk_limits import RULES, Verdict, judge
-from tasks.curation.curation_features import Features
-from tasks.curation.feature_facts import ImageFeatures
+from tasks.curation.curation_features import Features, ImageFeatures
 from tasks.curation.tables import drop_row
 from tasks.errors import DataError
 from tasks.settings import OutlierSettings
@@ -120,7 +118,7 @@ def _detail(verdict: Verdict, family: str, value: float, sigmas: float) -> str:
             f"of this version's {family} images; flagged beyond the gap at {bulk.cut:.4g})")
 
 
-def screen(by_sha: Mapping[str, dict[str, Any]], features: Features, record: dict[str, Assignment],
+def screen(by_sha: dict[str, dict[str, Any]], features: Features, record: dict[str, Assignment],
            limits: OutlierSettings) -> tuple[list[str], list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]],
                                              list[dict[str, str]]]:
     """(eligible shas in order, drop rows, outliers, abstentions): images without features and bad images are set aside."""

@@ -13,7 +13,7 @@ import functools
 import heapq
 import logging
 import tempfile
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,7 @@ from tasks.curation.outliers import is_constant, screen
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import RawImages
 from tasks.curation.separation import separation_by_class
-from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, RawFacts, drop_row
+from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
 from tasks.curation.vectors import RowView, stored_views
 from tasks.data import lake
 from tasks.settings import Settings
@@ -93,7 +93,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     """
     cfg = settings.curation
     images = RawImages(settings.raw_table, raw_version)
-    by_sha = RawFacts.from_table(raw)  # rows built when asked: no dict per image held
+    by_sha = {r["sha256"]: r for r in sorted(raw.to_pylist(), key=lambda r: r["sha256"])}
     features, embedded, stored_before = _features(settings, list(by_sha), images, run_id, work, cache_meta)
     record, record_version = read_assignments(settings)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
@@ -292,7 +292,7 @@ def _neighbours(settings: Settings, eligible: list[str], views: list[RowView], p
 
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],
-                       features: Features, by_sha: Mapping[str, dict[str, Any]], graph: "_Graph", nearest: NearestMap,
+                       features: Features, by_sha: dict[str, dict[str, Any]], graph: "_Graph", nearest: NearestMap,
                        dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None
                        ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Kept rows, with drops added to ``dropped``, after the class tests: separation first, then the class guard.
@@ -342,7 +342,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
 
 
 def _add_prior_outcomes(prior: PriorWalk, keys: list[str], groups: dict[str, list[str]],
-                        assignments: dict[str, Assignment], by_sha: Mapping[str, dict[str, Any]],
+                        assignments: dict[str, Assignment], by_sha: dict[str, dict[str, Any]],
                         kept_rows: list[dict[str, Any]], removed: list[dict[str, Any]]) -> None:
     """The kept rows and drops of the components ``keys``, as the previous curation decided them."""
     for key in keys:
@@ -356,7 +356,7 @@ def _kept_row(row: dict[str, Any], assigned: Assignment, key: str) -> dict[str, 
             "width": int(row["width"]), "height": int(row["height"])}
 
 
-def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: Mapping[str, dict[str, Any]]
+def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict[str, dict[str, Any]]
                ) -> dict[str, Any]:
     """The report's ``decisions``: where the rules abstained and why, and what was kept because of it."""
     possible = [{"sha256": s, "partner": p, "score": round(v, 6), "label": by_sha[s]["label"]}
@@ -384,7 +384,7 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: Mapp
 
 
 def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[str, Assignment],
-            features: Features, by_sha: Mapping[str, dict[str, Any]], scores: CopyScores, threshold: float,
+            features: Features, by_sha: dict[str, dict[str, Any]], scores: CopyScores, threshold: float,
             abstain: Collection[str] = ()
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[str, str, float]]]:
     """(kept rows, drop rows, possible copies) of the components ``keys``, each walked first assigned first."""

@@ -6,7 +6,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.curation.sha_columns import ShaColumns, columns_of
 from tasks.data import lake
 from tasks.errors import DataError
 from tasks.settings import Settings
@@ -66,25 +65,10 @@ def drop_row(row: dict[str, Any], reason: str, component: str, kept: str | None,
             "label": row["label"], "detail": detail}
 
 
-class RawFacts(ShaColumns[dict[str, Any]]):
-    """The raw version's facts by sha256 (``read_raw``'s rows: sha256, width, height, label), held as columns: a row
-    is the dict the table's row would be, built when asked (a million dicts held about 0.4 GB)."""
-
-    @classmethod
-    def from_table(cls, raw: pa.Table) -> RawFacts:
-        return cls(columns_of(raw, names=RAW_FACTS, ints=("width", "height"), strings=("label",)))
-
-    def _build(self, i: int) -> dict[str, Any]:
-        return {"sha256": self.value("sha256", i), **{name: self.value(name, i) for name in RAW_FACTS}}
-
-
-RAW_FACTS = ("width", "height", "label")
-
-
 def read_raw(settings: Settings, raw_version: int) -> pa.Table:
     """The raw version's facts (sha256, size, label): the image bytes stay in the table
     (``tasks.curation.raw_images`` reads those a step needs)."""
-    raw = lake.read(settings.raw_table, raw_version, columns=["sha256", *RAW_FACTS])
+    raw = lake.read(settings.raw_table, raw_version, columns=["sha256", "width", "height", "label"])
     if raw.num_rows == 0:
         raise CurationError(f"{settings.raw_table} version {raw_version} has no rows: nothing to curate")
     return raw

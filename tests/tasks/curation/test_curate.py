@@ -12,8 +12,8 @@ from PIL import Image, ImageEnhance, ImageFilter
 from tasks.curation import plan
 from tasks.curation.assignments import split_for
 from tasks.curation.curate import curate
+from tasks.curation.curation_features import ImageFeatures
 from tasks.curation.fastdup_optional import fastdup_installed
-from tasks.curation.feature_facts import ImageFeatures
 from tasks.curation.outliers import Measured, outlier_reason
 from tasks.curation.tables import (
     COMPONENTS_TABLE,
