@@ -88,16 +88,17 @@ def blurred(matrix: np.ndarray, side: int, sigma: float = BLUR_SIGMA) -> np.ndar
 # ---------------------------------------------------------------- scores
 
 
-def _score_chunk(chunk: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
-    return [copy_score.copy_score(a, b) for a, b in chunk]
+def _score_chunk(chunk: list[tuple[bytes, bytes]]) -> list[float]:
+    """The copy scores of pairs of packed signatures (``copy_score.packed``)."""
+    return [copy_score.copy_score(copy_score.unpacked(a), copy_score.unpacked(b)) for a, b in chunk]
 
 
-def _signature_chunk(chunk: list[bytes]) -> list[tuple[np.ndarray | None, str | None]]:
-    """(signature, None), or (None, why) for an image whose signature cannot be computed."""
-    out: list[tuple[np.ndarray | None, str | None]] = []
+def _signature_chunk(chunk: list[bytes]) -> list[tuple[bytes | None, str | None]]:
+    """(packed signature, None), or (None, why) for an image whose signature cannot be computed."""
+    out: list[tuple[bytes | None, str | None]] = []
     for data in chunk:
         try:
-            out.append((copy_score.copy_signature(data), None))
+            out.append((copy_score.packed(copy_score.copy_signature(data)), None))
         except Exception as exc:  # any decoder failure: the caller scores the image as no copy
             out.append((None, str(exc)))
     return out
@@ -246,7 +247,7 @@ class CopyScores:
         self.fresh = FreshPairs()
         self._partners: dict[str, dict[str, float]] = {}  # sha -> {scored partner: score}, gathered on demand
         self._none_stored: set[str] = set()  # images found to have no stored partner
-        self._sigs: dict[str, np.ndarray | None] = {}
+        self._sigs: dict[str, bytes | None] = {}  # packed (copy_score.packed): a third of an array's memory
         self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
 
     @staticmethod
@@ -348,12 +349,12 @@ class _Scorer:
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"))
         return self
 
-    def __call__(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+    def __call__(self, items: list[tuple[bytes, bytes]]) -> list[float]:
         scores = self._mapped(_score_chunk, items, CHUNK, PARALLEL_FROM)
         self.left -= len(items)
         return scores
 
-    def signatures(self, images: list[bytes]) -> list[tuple[np.ndarray | None, str | None]]:
+    def signatures(self, images: list[bytes]) -> list[tuple[bytes | None, str | None]]:
         return self._mapped(_signature_chunk, images, SIGNATURE_CHUNK, SIGNATURE_CHUNK)
 
     def _mapped(self, fn: Callable[[list[Any]], list[Any]], items: list[Any], chunk: int, parallel_from: int

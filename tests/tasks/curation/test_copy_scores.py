@@ -90,3 +90,35 @@ def test_scoring_in_blocks_computes_each_signature_once_and_holds_only_those_sti
     assert list(blocked.fresh.items()) == list(whole.fresh.items())  # same pairs, same scores
     assert sorted(calls) == sorted(set(calls))  # no signature computed twice: none dropped while still needed
     assert max(held) < len(set(calls)) - 5  # and fewer held at once than were computed
+
+
+def test_signatures_are_held_packed_and_given_back_equal() -> None:
+    """What scoring holds (packed) unpacks to the signature itself, for every kind of image, and scores the same."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from tasks.curation.copy_score import HEADER, copy_score, copy_signature, packed, unpacked
+
+    rng = np.random.default_rng(3)
+
+    def encoded(mode: str, size: tuple[int, int], fmt: str) -> bytes:
+        out = io.BytesIO()
+        pixels = rng.integers(0, 256, (size[1], size[0], len(mode)), dtype=np.uint8)
+        Image.fromarray(pixels.squeeze(-1) if mode == "L" else pixels, mode).save(out, fmt)
+        return out.getvalue()
+
+    images = [encoded("L", (32, 32), "PNG"), encoded("RGB", (640, 480), "JPEG"), encoded("RGBA", (7, 300), "PNG"),
+              encoded("L", (3000, 2), "PNG")]
+    sigs = [copy_signature(data) for data in images]
+    assert len(packed(sigs[0])) < sigs[0].nbytes / 3  # 16 x 16 pixels: 277 bytes, not 1,044
+    for sig in sigs:
+        held = packed(sig)
+        assert held[0] == 1 and len(held) == 1 + 4 * HEADER + len(sig) - HEADER  # whole grey levels: a byte a pixel
+        back = unpacked(held)
+        assert back.dtype == np.float32 and np.array_equal(back, sig)
+    assert copy_score(unpacked(packed(sigs[0])), unpacked(packed(sigs[1]))) == copy_score(sigs[0], sigs[1])
+    odd = sigs[0].copy()
+    odd[10] = 0.5  # not a whole grey level: kept as float32, still equal
+    assert packed(odd)[0] == 0 and np.array_equal(unpacked(packed(odd)), odd)
