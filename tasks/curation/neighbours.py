@@ -113,8 +113,7 @@ def neighbour_pairs(views: Sequence[Any], eligible: Sequence[str], queries: Sequ
     for i, view in enumerate(views):
         for rows, ids in _searched(view, i, eligible, q, kk, exact_below, folder, version):
             if i == 0:
-                block = NeighbourGraph(rows, [ids], [_cosines(view, rows, ids)], "")
-                edges.append(_similar_edges(block, similar_k, threshold))
+                edges.append(_similar_edges(rows, ids, _cosines(view, rows, ids), similar_k, threshold))
             codes.append(_candidate_codes(rows, ids, copy_k, len(eligible)))
     lo, hi, cos = (np.concatenate(parts) for parts in zip(*edges)) if edges else (np.zeros(0, np.int64),) * 3
     unique = np.unique(np.concatenate(codes)) if codes else np.zeros(0, dtype=np.int64)
@@ -305,19 +304,20 @@ def similar_pairs(graph: NeighbourGraph, k: int, threshold: float) -> list[tuple
     """
     if not graph.ids:
         return []
-    return _first_found(*_similar_edges(graph, k, threshold))
+    return _first_found(*_similar_edges(graph.queries, graph.ids[0], graph.sims[0], k, threshold))
 
 
-def _similar_edges(graph: NeighbourGraph, k: int, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(lo, hi, cosine) of each query's ``k`` nearest of the first view at ``threshold`` or above, query by query,
-    nearest first (a pair found from both sides is there twice)."""
-    ids, sims = graph.ids[0][:, :k], graph.sims[0][:, :k]
+def _similar_edges(queries: np.ndarray, ids: np.ndarray, sims: np.ndarray, k: int, threshold: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lo, hi, cosine) of each query's ``k`` nearest (``ids``, ``sims``: one view) at ``threshold`` or above, query
+    by query, nearest first (a pair found from both sides is there twice)."""
+    ids, sims = ids[:, :k], sims[:, :k]
     # A float32 superset first (no float64 copy of every cosine), then the test as the Python floats compared.
     rows, cols = np.nonzero((ids >= 0) & (sims >= np.nextafter(np.float32(threshold), np.float32(-np.inf))))
     cos = sims[rows, cols]
     exact = cos.astype(np.float64) >= threshold
     rows, cols, cos = rows[exact], cols[exact], cos[exact]
-    a, b = graph.queries.astype(np.int64)[rows], ids[rows, cols].astype(np.int64)
+    a, b = queries.astype(np.int64)[rows], ids[rows, cols].astype(np.int64)
     return np.minimum(a, b), np.maximum(a, b), cos
 
 
