@@ -58,10 +58,12 @@ def read_assignments(settings: Settings) -> tuple[dict[str, Assignment], int | N
     if head.metadata.get("split_salt") != settings.curation.split_salt:
         log.warning("curate: %s was written with another split_salt: starting a fresh assignment record", uri)
         return {}, version
-    t = lake.read(uri, version).to_pydict()
+    t = lake.read(uri, version)
+    text = {c: lake.interned(t.column(c)) for c in ("sha256", "component", "split", "run_id")}  # one object a value
     return {
         s: Assignment(c, sp, int(v), r)
-        for s, c, sp, v, r in zip(t["sha256"], t["component"], t["split"], t["first_raw_version"], t["run_id"])
+        for s, c, sp, v, r in zip(text["sha256"], text["component"], text["split"],
+                                  t.column("first_raw_version").to_pylist(), text["run_id"])
     }, version
 
 

@@ -334,10 +334,10 @@ def stored_vectors(uri: str, config: str, shas: list[str]) -> np.ndarray:
 
 
 def _as_features(table: pa.Table) -> Features:
-    shas = table.column("sha256").to_pylist()
+    shas = lake.interned(table.column("sha256"))  # the raw rows' and the record's keys: one object each
     names = FACT_COLUMNS
     # A table written before the columns were added has no such column: None (its rows are another config).
-    cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * len(shas) for c in names}
+    cols = {c: _column(table, c) if c in table.column_names else [None] * len(shas) for c in names}
     by_sha = {sha: ImageFeatures(*(cols[c][i] for c in names)) for i, sha in enumerate(shas)}
     if "embedding" not in table.column_names:  # facts only: the vectors are read from their file
         return Features(by_sha, {}, np.zeros((0, 1), dtype=np.float32))
@@ -351,6 +351,14 @@ def _as_features(table: pa.Table) -> Features:
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     matrix = matrix / np.where(norms == 0, 1.0, norms)
     return Features(by_sha, {shas[i]: r for r, i in enumerate(valid)}, matrix)
+
+
+_REPEATED_FACTS = ("error", "family")  # a few distinct values over many rows: interned (a digest is one an image)
+
+
+def _column(table: pa.Table, name: str) -> list[Any]:
+    """A fact column as Python values; those of few distinct values interned: equal values one object."""
+    return lake.interned(table.column(name)) if name in _REPEATED_FACTS else table.column(name).to_pylist()
 
 
 def merge_features(stored: Features, new_rows: pa.Table) -> Features:

@@ -93,7 +93,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     """
     cfg = settings.curation
     images = RawImages(settings.raw_table, raw_version)
-    by_sha = {r["sha256"]: r for r in sorted(raw.to_pylist(), key=lambda r: r["sha256"])}
+    by_sha = _raw_rows(raw)
     features, embedded, stored_before = _features(settings, list(by_sha), images, run_id, work, cache_meta)
     record, record_version = read_assignments(settings)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
@@ -146,6 +146,15 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         info=info,
         nearest=nearest,
     )
+
+
+def _raw_rows(raw: pa.Table) -> dict[str, dict[str, Any]]:
+    """The raw version's facts by sha256, in sha256 order; the sha256 and the label interned (``lake.interned``): the
+    features and the record hold the same key objects, and a label is one object however many images carry it."""
+    rows = raw.to_pylist()
+    for row, sha, label in zip(rows, lake.interned(raw.column("sha256")), lake.interned(raw.column("label"))):
+        row["sha256"], row["label"] = sha, label
+    return {r["sha256"]: r for r in sorted(rows, key=lambda r: r["sha256"])}
 
 
 FEATURE_CHUNK = 20_000  # images decoded per call: their bytes and row dicts are held one chunk at a time

@@ -36,6 +36,7 @@ import json
 import logging
 import random
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -223,6 +224,17 @@ def _plain_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [pc.cast(c, pa.string()) if pa.types.is_string_view(c.type) else c for c in batch.columns],
         names=batch.schema.names)
+
+
+def interned(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A string column as Python strings, each distinct value one object (``sys.intern``) whichever table it came from.
+
+    Curation holds the same strings in several per-image maps: an image's sha256 is a key of the raw rows, of its
+    features and of the assignment record, and its component, split, run id and label repeat across rows. Read
+    with ``to_pylist`` each copy is its own object (a sha256 string is 113 bytes: about 108 MiB a copy at a
+    million images); interned, one. A dictionary lookup by an interned key is also a pointer comparison.
+    """
+    return [None if s is None else sys.intern(s) for s in column.to_pylist()]
 
 
 def ledger_rows(uri: str) -> tuple[list[dict[str, Any]], DeltaTable | None]:
