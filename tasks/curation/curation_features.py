@@ -353,12 +353,11 @@ def _as_features(table: pa.Table) -> Features:
     return Features(by_sha, {shas[i]: r for r, i in enumerate(valid)}, matrix)
 
 
-_REPEATED_FACTS = ("error", "family")  # a few distinct values over many rows: interned (a digest is one an image)
-
-
 def _column(table: pa.Table, name: str) -> list[Any]:
-    """A fact column as Python values; those of few distinct values interned: equal values one object."""
-    return lake.interned(table.column(name)) if name in _REPEATED_FACTS else table.column(name).to_pylist()
+    """A fact column as Python values, its strings interned: a family or an error is one object over many rows,
+    and an image's pixel digest the same object as its pixel key in the nearest summary."""
+    column = table.column(name)
+    return lake.interned(column) if pa.types.is_string(column.type) else column.to_pylist()
 
 
 def merge_features(stored: Features, new_rows: pa.Table) -> Features:

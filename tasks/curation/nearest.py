@@ -155,9 +155,10 @@ def _stored(uri: str, pairs_version: int | None) -> tuple[dict[str, Row], dict[s
             or head.metadata.get("pairs_version") != str(pairs_version):
         return None
     t = lake.read(uri, version, columns=["sha256", "label", "pixel_key", "nearest", "partner"])
-    rows = dict(zip(t.column("sha256").to_pylist(),
-                    zip(t.column("label").to_pylist(), t.column("pixel_key").to_pylist(),
-                        t.column("nearest").to_pylist(), t.column("partner").to_pylist())))
+    # Interned: the keys, labels, pixel keys and partners are the objects the plan's other maps hold.
+    rows = dict(zip(lake.interned(t.column("sha256")),
+                    zip(lake.interned(t.column("label")), lake.interned(t.column("pixel_key")),
+                        t.column("nearest").to_pylist(), lake.interned(t.column("partner")))))
     return rows, {k: head.metadata.get(k) for k in ("run_id", "raw_version")}
 
 

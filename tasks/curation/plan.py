@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -112,7 +112,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     dropped.extend(bridge_rows(bridges, by_sha, record, decisions["abstain"]))
     decisions = _decisions(decisions, kept_bad, by_sha)
 
-    kept_rows.sort(key=lambda r: r["sha256"])
+    kept_rows.sort()  # by sha256: a kept image is in one component
     dropped.sort(key=lambda d: (d["component"], d["sha256"]))
     outliers.sort(key=lambda o: (o[1], (o[3].blur if o[1] == "blurry" else o[3].mean) or 0.0, o[0]))
     info = {
@@ -164,9 +164,25 @@ ROW_BLOCK = 65_536  # rows a block: the snapshot's batches, candidate pairs read
 KEPT_FACTS_SCHEMA = CURATED_SCHEMA.remove(CURATED_SCHEMA.get_field_index("image"))
 
 
-def _kept_facts(kept_rows: list[dict[str, Any]]) -> pa.Table:
+class KeptRow(NamedTuple):
+    """A kept image: its row of the snapshot without the image bytes, and its component.
+
+    A named tuple, not a dict: one is held for every kept image from the walk to the snapshot (88 bytes against
+    272 a dict: about 175 MiB less at a million images).
+    """
+
+    sha256: str
+    label: str
+    split: str
+    width: int
+    height: int
+    component: str
+
+
+def _kept_facts(kept_rows: list[KeptRow]) -> pa.Table:
     """The curated snapshot's rows without their image bytes (the snapshot's columns but ``image``)."""
-    return pa.Table.from_pylist(kept_rows, schema=KEPT_FACTS_SCHEMA)
+    columns = dict(zip(KeptRow._fields, zip(*kept_rows))) if kept_rows else {f: () for f in KeptRow._fields}
+    return pa.table({name: columns[name] for name in KEPT_FACTS_SCHEMA.names}, schema=KEPT_FACTS_SCHEMA)
 
 
 def snapshot_batches(facts: pa.Table, images: RawImages) -> Iterator[pa.RecordBatch]:
@@ -303,7 +319,7 @@ def _neighbours(settings: Settings, eligible: list[str], views: list[RowView], p
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],
                        features: Features, by_sha: dict[str, dict[str, Any]], graph: "_Graph", nearest: NearestMap,
                        dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None
-                       ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                       ) -> tuple[list[KeptRow], dict[str, Any]]:
     """Kept rows, with drops added to ``dropped``, after the class tests: separation first, then the class guard.
 
     A class whose copies do not stand out from its bulk (``tasks.curation.separation``) abstains;
@@ -339,7 +355,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
         rewalked = {s for k in again for s in groups[k]}
         kept_again, removed_again, possible_again = walk(sorted(again))
         walked_now |= again
-        kept_rows = [r for r in kept_rows if r["component"] not in again] + kept_again
+        kept_rows = [r for r in kept_rows if r.component not in again] + kept_again
         removed = [d for d in removed if d["component"] not in again] + removed_again
         possible = [p for p in possible if p[0] not in rewalked] + possible_again
     dropped.extend(removed)
@@ -352,7 +368,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
 
 def _add_prior_outcomes(prior: PriorWalk, keys: list[str], groups: dict[str, list[str]],
                         assignments: dict[str, Assignment], by_sha: dict[str, dict[str, Any]],
-                        kept_rows: list[dict[str, Any]], removed: list[dict[str, Any]]) -> None:
+                        kept_rows: list[KeptRow], removed: list[dict[str, Any]]) -> None:
     """The kept rows and drops of the components ``keys``, as the previous curation decided them."""
     for key in keys:
         kept, rows = prior.outcome(key, groups[key])
@@ -360,9 +376,8 @@ def _add_prior_outcomes(prior: PriorWalk, keys: list[str], groups: dict[str, lis
         kept_rows.extend(_kept_row(by_sha[sha], assignments[sha], key) for sha in kept)
 
 
-def _kept_row(row: dict[str, Any], assigned: Assignment, key: str) -> dict[str, Any]:
-    return {"sha256": row["sha256"], "label": row["label"], "split": assigned.split, "component": key,
-            "width": int(row["width"]), "height": int(row["height"])}
+def _kept_row(row: dict[str, Any], assigned: Assignment, key: str) -> KeptRow:
+    return KeptRow(row["sha256"], row["label"], assigned.split, int(row["width"]), int(row["height"]), key)
 
 
 def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict[str, dict[str, Any]]
@@ -395,9 +410,9 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict
 def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[str, Assignment],
             features: Features, by_sha: dict[str, dict[str, Any]], scores: CopyScores, threshold: float,
             abstain: Collection[str] = ()
-            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[str, str, float]]]:
+            ) -> tuple[list[KeptRow], list[dict[str, Any]], list[tuple[str, str, float]]]:
     """(kept rows, drop rows, possible copies) of the components ``keys``, each walked first assigned first."""
-    kept_rows: list[dict[str, Any]] = []
+    kept_rows: list[KeptRow] = []
     dropped: list[dict[str, Any]] = []
     possible: list[tuple[str, str, float]] = []
     for key in keys:

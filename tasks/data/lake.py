@@ -233,6 +233,8 @@ def interned(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     features and of the assignment record, and its component, split, run id and label repeat across rows. Read
     with ``to_pylist`` each copy is its own object (a sha256 string is 113 bytes: about 108 MiB a copy at a
     million images); interned, one. A dictionary lookup by an interned key is also a pointer comparison.
+    The cost: Python's table of interned strings, one entry a distinct value (about 40 bytes), whose slots
+    are kept by the process once grown (a task runs in its own process).
     """
     return [None if s is None else sys.intern(s) for s in column.to_pylist()]
 
