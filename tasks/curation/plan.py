@@ -118,7 +118,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     info = {
         "features": {"config": feature_config(cfg), "method": cfg.embedding, "computed": embedded,
                      "stored_before": stored_before},
-        "similarity": {"queries": len(graph.pending), "corpus": len(eligible),
+        "similarity": {"queries": graph.queries, "corpus": len(eligible),
                        "pairs_at_or_above_threshold": graph.found,
                        "search": graph.search},
         "copies": {"candidates": graph.candidates, "copy_edges": graph.copy_edges,
@@ -240,7 +240,7 @@ class _Graph:
 
     eligible: list[str]  # sorted: a component's root is its smallest sha256
     sets: UnionFind
-    pending: list[int]  # eligible images not in the record yet: the only ones compared
+    queries: int  # eligible images not in the record yet: the only ones compared
     scores: CopyScores
     found: int = 0  # pairs at or above near_duplicate_threshold
     duplicates: list[tuple[str, str, float]] = field(default_factory=list)
@@ -260,18 +260,7 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
     """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies (the
     neighbours from ``views``: the embedding's views of ``eligible``, by position)."""
     cfg = settings.curation
-    pos = {sha: i for i, sha in enumerate(eligible)}
-    sets = UnionFind(len(eligible))
-    first_of_component: dict[str, int] = {}
-    for sha in eligible:
-        if sha in record:
-            sets.union(pos[sha], first_of_component.setdefault(record[sha].component, pos[sha]))
-    pending = [pos[s] for s in eligible if s not in record]
-    first_of_pixels: dict[str, int] = {}
-    for sha in eligible:
-        first_of_pixels.setdefault(pixel_key(features, sha), pos[sha])
-    for i in pending:
-        sets.union(i, first_of_pixels[pixel_key(features, eligible[i])])
+    sets, pending = _known_sets(eligible, record, features)
     neighbours = _neighbours(settings, eligible, views, pending)
     for a, b, _ in neighbours.similar:
         sets.union(a, b)
@@ -281,8 +270,26 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
     images.hold([eligible[i] for i in np.unique(candidates)])  # the bytes the signatures need, one scan
     scores = CopyScores(images, load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
     copy_edges = _link_copies(cfg, eligible, candidates, scores, sets)
-    return _Graph(eligible, sets, pending, scores, found, [(eligible[a], eligible[b], s) for a, b, s in best],
+    return _Graph(eligible, sets, len(pending), scores, found, [(eligible[a], eligible[b], s) for a, b, s in best],
                   len(candidates), copy_edges, search)
+
+
+def _known_sets(eligible: list[str], record: dict[str, Assignment], features: Features
+                ) -> tuple[UnionFind, np.ndarray]:
+    """(the recorded components as they are, each new image joined to the first eligible image of its pixels; the
+    new images' positions). Its maps (a component's, a pixel key's first image) are gone before the search."""
+    sets = UnionFind(len(eligible))
+    first_of_component: dict[str, int] = {}
+    for i, sha in enumerate(eligible):
+        if sha in record:
+            sets.union(i, first_of_component.setdefault(record[sha].component, i))
+    pending = np.fromiter((i for i, sha in enumerate(eligible) if sha not in record), dtype=np.int64)
+    first_of_pixels: dict[str, int] = {}
+    for i, sha in enumerate(eligible):
+        first_of_pixels.setdefault(pixel_key(features, sha), i)
+    for i in pending.tolist():
+        sets.union(i, first_of_pixels[pixel_key(features, eligible[i])])
+    return sets, pending
 
 
 def _views(settings: Settings, eligible: list[str], features: Features) -> list[RowView]:
@@ -307,7 +314,8 @@ def _views(settings: Settings, eligible: list[str], features: Features) -> list[
                         derived)
 
 
-def _neighbours(settings: Settings, eligible: list[str], views: list[RowView], pending: list[int]) -> NeighbourPairs:
+def _neighbours(settings: Settings, eligible: list[str], views: list[RowView], pending: np.ndarray
+                ) -> NeighbourPairs:
     """The new images' similar pairs and copy candidates from their nearest eligible images in every view (the
     faiss index beside the views' files), found a block of queries at a time."""
     cfg = settings.curation
