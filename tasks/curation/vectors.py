@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -63,21 +65,19 @@ class VectorFile:
         """Those of ``shas`` not in the file, sorted."""
         return sorted(s for s in shas if s not in self.row_of)
 
-    def append(self, shas: Sequence[str], rows: np.ndarray) -> None:
-        """Add ``rows`` (one per sha of ``shas``, none already in the file) after the stored ones, atomically."""
+    def append(self, shas: Sequence[str], blocks: Iterable[np.ndarray]) -> None:
+        """Add the rows of ``blocks`` (in order, one per sha of ``shas``, none already in the file) after the stored
+        ones, atomically. Each block is written as it comes: memory holds one block, never the new rows twice."""
         if not len(shas):
             return
-        rows = np.ascontiguousarray(rows, dtype=np.float32).reshape(len(shas), -1)
-        if self.array is not None and self.array.shape[1] != rows.shape[1]:
-            raise ValueError(f"{self.path.name}: rows of {rows.shape[1]} floats, the file has {self.array.shape[1]}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as out:
-            np.lib.format.write_array_header_1_0(
-                out, {"descr": "<f4", "fortran_order": False, "shape": (len(self.shas) + len(shas), rows.shape[1])})
-            for start in range(0, len(self.shas), COPY_ROWS):  # the stored rows, a block at a time
-                out.write(np.ascontiguousarray(self.array[start:start + COPY_ROWS]).tobytes())
-            out.write(rows.tobytes())
+        try:
+            with open(tmp, "wb") as out:
+                self._write(out, len(shas), iter(blocks))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, self.path)  # rows first, then the list: a crash between leaves a mismatch (rebuilt)
         shas_tmp = self.path.with_name(f"{self.path.with_suffix('.shas').name}.{os.getpid()}.tmp")
         shas_tmp.write_text("".join(f"{s}\n" for s in [*self.shas, *shas]))
@@ -85,6 +85,27 @@ class VectorFile:
         self.row_of.update((s, len(self.shas) + i) for i, s in enumerate(shas))
         self.shas = [*self.shas, *shas]
         self.array = np.load(self.path, mmap_mode="r")
+
+    def _write(self, out: BinaryIO, new: int, blocks: Iterator[np.ndarray]) -> None:
+        """The header, the stored rows a block at a time, then the ``new`` rows of ``blocks`` as they come."""
+        first = _rows(next(blocks))
+        width = first.shape[1] if self.array is None else self.array.shape[1]
+        np.lib.format.write_array_header_1_0(
+            out, {"descr": "<f4", "fortran_order": False, "shape": (len(self.shas) + new, width)})
+        for start in range(0, len(self.shas), COPY_ROWS):
+            out.write(memoryview(np.ascontiguousarray(self.array[start:start + COPY_ROWS])))
+        written = 0
+        for block in itertools.chain([first], map(_rows, blocks)):
+            if block.shape[1] != width:
+                raise ValueError(f"{self.path.name}: rows of {block.shape[1]} floats, the file has {width}")
+            out.write(memoryview(block))
+            written += len(block)
+        if written != new:
+            raise ValueError(f"{self.path.name}: {written} rows for {new} images")
+
+
+def _rows(block: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(block, dtype=np.float32).reshape(len(block), -1)
 
 
 class RowView:
@@ -140,8 +161,9 @@ def stored_views(folder: Path, version: str, eligible: Sequence[str],
                 if key not in fetched:
                     fetched[key] = np.asarray(vectors_of(missing), dtype=np.float32)
                 base = fetched[key]
-                store.append(missing, base if derive is None else np.concatenate(  # a block at a time: bounded
-                    [derive(base[start:start + COPY_ROWS]) for start in range(0, len(base), COPY_ROWS)]))
+                store.append(missing, (base[start:start + COPY_ROWS] if derive is None  # a block at a time: bounded
+                                       else derive(base[start:start + COPY_ROWS])
+                                       for start in range(0, len(base), COPY_ROWS)))
         rows = np.fromiter((store.row_of[s] for s in eligible), dtype=np.int64, count=len(eligible))
         views.append(RowView(store.array if store.array is not None else np.zeros((0, 1), np.float32), rows))
     return views

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tasks.curation import vectors
 from tasks.curation.copy_pairs import blurred
@@ -78,3 +79,18 @@ def test_row_view_gathers_by_position() -> None:
     assert view.shape == (3, 4) and len(view) == 3
     np.testing.assert_array_equal(view[np.array([[0, 2], [1, 1]])], m[[[9, 5], [2, 2]]])
     np.testing.assert_array_equal(np.asarray(view), m[[9, 2, 5]])
+
+
+def test_rows_are_appended_block_by_block_and_a_short_or_wrong_append_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    m = _unit_rows(50, dim=8, seed=2)
+    shas = _shas(50)
+    store = VectorFile.open(tmp_path, "v;view=0")
+    store.append(shas[:20], iter([m[:7], m[7:20]]))  # blocks of any length, written as they come
+    store.append(shas[20:], iter([m[20:21], m[21:50]]))
+    np.testing.assert_array_equal(np.load(store.path), m)
+    before = _files(tmp_path)
+    for blocks, why in (([m[:3]], "3 rows for 4 images"), ([m[:4, :4]], "rows of 4 floats, the file has 8")):
+        with pytest.raises(ValueError, match=why):
+            store.append(_shas(4, "b"), iter(blocks))
+        assert _files(tmp_path) == before and not list(tmp_path.glob("*.tmp"))
+    assert VectorFile.open(tmp_path, "v;view=0").shas == shas
