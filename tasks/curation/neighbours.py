@@ -91,11 +91,24 @@ def neighbour_graph(views: Sequence[Any], eligible: Sequence[str], queries: Sequ
 
 @dataclass(frozen=True)
 class NeighbourPairs:
-    """What a curation takes from the neighbour graph: ``similar_pairs`` of the first view, ``candidate_pairs``."""
+    """What a curation takes from the neighbour graph: ``similar_pairs`` of the first view, ``candidate_pairs``.
 
-    similar: list[tuple[int, int, float]]
+    In arrays: the similar pairs as a Python list set the million's high-water mark (5.5 GiB, run 15).
+    """
+
+    similar: np.ndarray  # (n, 2) int64 eligible positions i < j: ``similar_pairs``, each once, in the order found
+    similar_cos: np.ndarray  # their float32 cosines
     candidates: np.ndarray  # (n, 2) int64 eligible positions, i < j, sorted and unique
     search: str
+
+    def similar_list(self) -> list[tuple[int, int, float]]:
+        """``similar_pairs``' list: (i, j, cosine)."""
+        return list(zip(self.similar[:, 0].tolist(), self.similar[:, 1].tolist(), self.similar_cos.tolist()))
+
+    def most_similar(self, n: int) -> list[tuple[int, int, float]]:
+        """The ``n`` similar pairs of highest cosine, ties by positions: (i, j, cosine)."""
+        top = np.lexsort((self.similar[:, 1], self.similar[:, 0], -self.similar_cos))[:n]
+        return list(zip(self.similar[top, 0].tolist(), self.similar[top, 1].tolist(), self.similar_cos[top].tolist()))
 
 
 def neighbour_pairs(views: Sequence[Any], eligible: Sequence[str], queries: Sequence[int], similar_k: int,
@@ -108,7 +121,8 @@ def neighbour_pairs(views: Sequence[Any], eligible: Sequence[str], queries: Sequ
     """
     q, kk = np.asarray(queries, dtype=np.int64), _width(len(eligible), max(similar_k, copy_k))
     if not len(q) or kk <= 0:
-        return NeighbourPairs([], np.zeros((0, 2), dtype=np.int64), "none")
+        none = np.zeros((0, 2), dtype=np.int64)
+        return NeighbourPairs(none, np.zeros(0, dtype=np.float32), none, "none")
     edges, codes = [], []
     for i, view in enumerate(views):
         for rows, ids in _searched(view, i, eligible, q, kk, exact_below, folder, version):
@@ -117,8 +131,9 @@ def neighbour_pairs(views: Sequence[Any], eligible: Sequence[str], queries: Sequ
             codes.append(_candidate_codes(rows, ids, copy_k, len(eligible)))
     lo, hi, cos = (np.concatenate(parts) for parts in zip(*edges)) if edges else (np.zeros(0, np.int64),) * 3
     unique = np.unique(np.concatenate(codes)) if codes else np.zeros(0, dtype=np.int64)
-    return NeighbourPairs(_first_found(lo, hi, cos), _decoded(unique, len(eligible)),
-                          _search_name(len(eligible), exact_below))
+    first = _first_found(lo, hi)
+    return NeighbourPairs(np.stack([lo[first], hi[first]], axis=1), cos[first].astype(np.float32),
+                          _decoded(unique, len(eligible)), _search_name(len(eligible), exact_below))
 
 
 def _width(n: int, k: int) -> int:
@@ -304,7 +319,9 @@ def similar_pairs(graph: NeighbourGraph, k: int, threshold: float) -> list[tuple
     """
     if not graph.ids:
         return []
-    return _first_found(*_similar_edges(graph.queries, graph.ids[0], graph.sims[0], k, threshold))
+    lo, hi, cos = _similar_edges(graph.queries, graph.ids[0], graph.sims[0], k, threshold)
+    first = _first_found(lo, hi)
+    return list(zip(lo[first].tolist(), hi[first].tolist(), cos[first].tolist()))
 
 
 def _similar_edges(queries: np.ndarray, ids: np.ndarray, sims: np.ndarray, k: int, threshold: float
@@ -321,9 +338,9 @@ def _similar_edges(queries: np.ndarray, ids: np.ndarray, sims: np.ndarray, k: in
     return np.minimum(a, b), np.maximum(a, b), cos
 
 
-def _first_found(lo: np.ndarray, hi: np.ndarray, cos: np.ndarray) -> list[tuple[int, int, float]]:
-    """Each pair once, where it was first found."""
+def _first_found(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Where each pair (lo, hi) is first found, in order: the rows that keep each pair once."""
     n = 1 + max(int(hi.max(initial=-1)), 0)
     _, first = np.unique(lo * n + hi, return_index=True)
     first.sort()
-    return list(zip(lo[first].tolist(), hi[first].tolist(), cos[first].tolist()))
+    return first

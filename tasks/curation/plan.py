@@ -10,7 +10,6 @@ assigned (``tasks.curation.assignments``) and each component deduplicated
 from __future__ import annotations
 
 import functools
-import heapq
 import logging
 import tempfile
 from collections.abc import Collection, Iterator
@@ -262,11 +261,11 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
     cfg = settings.curation
     sets, pending = _known_sets(eligible, record, features)
     neighbours = _neighbours(settings, eligible, views, pending)
-    for a, b, _ in neighbours.similar:
+    for a, b in _rows(neighbours.similar):
         sets.union(a, b)
-    best = heapq.nsmallest(GALLERY_IMAGES, neighbours.similar, key=lambda t: (-t[2], t[0], t[1]))
+    best = neighbours.most_similar(GALLERY_IMAGES)
     found, search, candidates = len(neighbours.similar), neighbours.search, neighbours.candidates
-    del neighbours  # the similar pairs (a Python list): not held while scoring
+    del neighbours  # the similar pairs: not held while scoring
     images.hold([eligible[i] for i in np.unique(candidates)])  # the bytes the signatures need, one scan
     scores = CopyScores(images, load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
     copy_edges = _link_copies(cfg, eligible, candidates, scores, sets)

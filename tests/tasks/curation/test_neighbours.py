@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from pathlib import Path
 
 import numpy as np
@@ -55,10 +56,11 @@ def test_pairs_found_block_by_block_are_the_whole_graphs_pairs_in_the_same_order
     pairs = neighbour_pairs(views, shas, queries, 12, 5, 0.99, exact_below=exact_below, folder=tmp_path,
                             version="v")
     assert pairs.search == whole.search
-    assert pairs.similar == similar_pairs(whole, 12, 0.99) and len(pairs.similar) >= 50
+    assert pairs.similar_list() == similar_pairs(whole, 12, 0.99) and len(pairs.similar) >= 50
+    assert pairs.most_similar(7) == heapq.nsmallest(7, pairs.similar_list(), key=lambda t: (-t[2], t[0], t[1]))
     assert np.array_equal(pairs.candidates, candidate_pairs(whole, 5))
     empty = neighbour_pairs(views, shas, [], 12, 5, 0.99, exact_below=exact_below, folder=tmp_path, version="v")
-    assert empty.similar == [] and empty.candidates.shape == (0, 2)
+    assert empty.similar_list() == [] == empty.most_similar(3) and empty.candidates.shape == (0, 2)
 
 
 def test_index_skips_images_that_are_not_eligible_now(tmp_path: Path) -> None:
