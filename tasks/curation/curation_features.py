@@ -342,15 +342,32 @@ def _as_features(table: pa.Table) -> Features:
     if "embedding" not in table.column_names:  # facts only: the vectors are read from their file
         return Features(by_sha, {}, np.zeros((0, 1), dtype=np.float32))
     emb = table.column("embedding")
-    valid = [i for i, (sha, ok) in enumerate(zip(shas, emb.is_valid().to_pylist())) if ok and by_sha[sha].error is None]
-    if not valid:
+    ok = emb.is_valid().to_numpy(zero_copy_only=False) & np.fromiter(
+        (by_sha[sha].error is None for sha in shas), dtype=bool, count=len(shas))
+    valid = np.flatnonzero(ok)
+    if not len(valid):
         return Features(by_sha, {}, np.zeros((0, 1), dtype=np.float32))
-    picked = emb.take(pa.array(valid, type=pa.int64())).combine_chunks()
-    dim = len(picked[0].as_py())
-    matrix = np.asarray(picked.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(valid), dim)
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    matrix = matrix / np.where(norms == 0, 1.0, norms)
-    return Features(by_sha, {shas[i]: r for r, i in enumerate(valid)}, matrix)
+    return Features(by_sha, {shas[i]: r for r, i in enumerate(valid.tolist())}, _unit_rows(emb, ok, len(valid)))
+
+
+def _unit_rows(emb: pa.ChunkedArray, ok: np.ndarray, rows: int) -> np.ndarray:
+    """The ``ok`` rows of an embedding column as one float32 matrix of unit rows, filled a chunk at a time: memory
+    holds the matrix and one chunk (a whole column's take, flatten and division were four copies of it)."""
+    matrix: np.ndarray | None = None
+    at = start = 0
+    for chunk in emb.chunks:
+        picked = chunk.filter(pa.array(ok[start:start + len(chunk)]))
+        start += len(chunk)
+        if not len(picked):
+            continue
+        block = np.asarray(picked.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(picked), -1)
+        if matrix is None:
+            matrix = np.empty((rows, block.shape[1]), dtype=np.float32)
+        norms = np.linalg.norm(block, axis=1, keepdims=True)
+        matrix[at:at + len(block)] = block / np.where(norms == 0, 1.0, norms)
+        at += len(block)
+    assert matrix is not None and at == rows
+    return matrix
 
 
 def _column(table: pa.Table, name: str) -> list[Any]:

@@ -1,9 +1,11 @@
 """The features table gains the statistics' columns without losing what an older version of it holds."""
 
+import numpy as np
 import pyarrow as pa
 
 from tasks.curation.curation_features import (
     FEATURES_SCHEMA,
+    _as_features,
     compute_features,
     feature_config,
     load_features,
@@ -38,3 +40,19 @@ def test_rows_with_the_new_columns_merge_into_a_table_written_before_them(settin
     assert fresh.by_sha["c" * 64].error.startswith("undecodable")
     old = load_features(uri, old_row["config"], {"a" * 64}).by_sha["a" * 64]
     assert (old.blur, old.contrast, old.family) == (240.0, None, None)
+
+
+def test_the_embedding_matrix_is_the_valid_rows_made_unit_length_whichever_chunks_hold_them():
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(9, 4)).astype(np.float32)
+    vectors[4] = 0.0  # a flat image's row stays zero
+    rows = [{"sha256": f"{i:064d}", "embedding": v.tolist(), "error": None} for i, v in enumerate(vectors)]
+    rows[2]["embedding"], rows[6]["error"] = None, "did not decode"  # no row in the matrix
+    schema = pa.schema([FEATURES_SCHEMA.field(c) for c in ("sha256", "embedding", "error")])
+    table = pa.Table.from_batches([pa.RecordBatch.from_pylist(part, schema=schema)
+                                   for part in (rows[:1], rows[1:5], [], rows[5:])], schema=schema)
+    features = _as_features(table)
+    valid = [0, 1, 3, 4, 5, 7, 8]
+    norms = np.linalg.norm(vectors[valid], axis=1, keepdims=True)
+    np.testing.assert_array_equal(features.matrix, vectors[valid] / np.where(norms == 0, 1.0, norms))
+    assert features.row_of == {f"{i:064d}": r for r, i in enumerate(valid)}
