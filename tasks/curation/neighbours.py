@@ -254,18 +254,19 @@ class ShaIndex:
         """Add the rows of ``shas`` not indexed yet (sha256 order, one thread) and store the index; how many."""
         import faiss
 
-        new = sorted((s, r) for r, s in enumerate(shas) if s not in self._known)
+        new = [r for r, s in enumerate(shas) if s not in self._known]  # positions, in sha256 order: no tuples
+        new.sort(key=shas.__getitem__)
         if not new:
             return 0
-        rows = np.ascontiguousarray(matrix[[r for _, r in new]], dtype=np.float32)
+        rows = np.ascontiguousarray(matrix[np.asarray(new, dtype=np.int64)], dtype=np.float32)
         threads = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1)  # HNSW insertion in parallel depends on thread timing
         try:
             self.index.add(rows)
         finally:
             faiss.omp_set_num_threads(threads)
-        self.shas.extend(s for s, _ in new)
-        self._known.update(s for s, _ in new)
+        self.shas.extend(shas[r] for r in new)
+        self._known.update(shas[r] for r in new)
         self._store()
         return len(new)
 
