@@ -308,3 +308,12 @@ def test_scan_blocks_regroups_every_row_once_across_files_written_by_merge_and_a
     assert all(b.schema.field("k").type == pa.string() for b in blocks)
     assert sorted(k for b in blocks for k in b.column("k").to_pylist()) == list("abcdefghij")
     assert [b.num_rows for b in lake.scan_blocks(uri, version, ["k"], 100)] == [10]
+
+
+def test_interned_strings_are_one_object_a_value_across_columns_and_tables():
+    label = "".join(["ca", "t"])  # built at run time: not a constant the compiler already interned
+    first = lake.interned(pa.chunked_array([[label, None], [label, "dog"]]))
+    second = lake.interned(pa.array(["dog", label]))
+    assert first == [label, None, label, "dog"] and second == ["dog", label]
+    assert first[0] is first[2] is second[1] and first[3] is second[0]
+    assert pa.array([label]).to_pylist()[0] is not first[0]  # what a plain read gives: a copy a row
