@@ -52,6 +52,7 @@ PAIRS_TABLE = "curation_pairs"
 PARALLEL_FROM = 4000
 CHUNK = 250  # pairs per worker task
 SIGNATURE_CHUNK = 500  # images per worker task when signatures are computed (~0.3 ms each)
+SIGN_ROWS = 20_000  # images whose bytes are held at once when the signatures are computed from a scan
 SCORE_BLOCK = 50_000  # pairs whose work items are held at once (signatures are cached per image)
 STORE_BLOCK = 65_536  # pair rows written at once: only these rows' sha256 strings exist together
 BLUR_SIGMA = 1.0  # embedding pixels: the second candidate search's blur
@@ -242,8 +243,10 @@ class CopyScores:
     """
 
     def __init__(self, image_of: Callable[[str], bytes],
-                 stored: StoredPairs | dict[tuple[str, str], float] | None = None, workers: int | None = None) -> None:
+                 stored: StoredPairs | dict[tuple[str, str], float] | None = None, workers: int | None = None,
+                 scan: Callable[[list[str]], Iterable[pa.Table]] | None = None) -> None:
         self._image_of = image_of
+        self._scan = scan  # (sha256, image) tables of the images asked for, in one pass: signed before the scoring
         self.stored = stored if isinstance(stored, StoredPairs) else StoredPairs.from_dict(stored or {})
         self.fresh = FreshPairs()
         self._partners: dict[str, dict[str, float]] = {}  # sha -> {scored partner: score}, gathered on demand
@@ -296,14 +299,21 @@ class CopyScores:
 
         unknown = np.fromiter((self.get(a, b) is None for block in blocks(keys) for a, b in block), dtype=bool,
                               count=len(keys))
-        self._score(int(unknown.sum()), blocks(keys[unknown]))
+        todo = keys[unknown]
+        images = np.unique(np.concatenate([todo // n, todo % n])).tolist() if self._scan is not None else []
+        self._score(len(todo), blocks(todo), [shas[i] for i in images])
 
-    def _score(self, total: int, blocks: Iterator[list[tuple[str, str]]]) -> None:
-        """Score ``total`` unknown pairs, given in blocks in key order; the signatures are dropped at the end."""
+    def _score(self, total: int, blocks: Iterator[list[tuple[str, str]]], signed_first: Sequence[str] = ()) -> None:
+        """Score ``total`` unknown pairs, given in blocks in key order; the signatures are dropped at the end.
+
+        ``signed_first``: the images of those pairs, signed from one scan before the first block (``scan``).
+        """
         if not total:
             return
         unusable: list[tuple[str, str]] = []
         with _Scorer(self.workers if total >= PARALLEL_FROM else 1, total) as run:
+            if signed_first:
+                self._sign_scanned(signed_first, run)
             for pairs_now in blocks:
                 self._signatures(sorted({s for p in pairs_now for s in p}), run)
                 block = [(p, self._sigs[p[0]], self._sigs[p[1]]) for p in pairs_now]
@@ -323,7 +333,21 @@ class CopyScores:
     def _signatures(self, shas: list[str], run: _Scorer) -> None:
         """Compute the signatures of ``shas`` not known yet (in the workers when there are many)."""
         todo = [s for s in shas if s not in self._sigs]
-        for sha, (sig, error) in zip(todo, run.signatures([self._image_of(s) for s in todo])):
+        self._signed(todo, run.signatures([self._image_of(s) for s in todo]))
+
+    def _sign_scanned(self, shas: list[str], run: _Scorer) -> None:
+        """The signatures of ``shas`` from one scan of their bytes, ``SIGN_ROWS`` images at a time: no image is held
+        for the scoring (a million 32x32 PNGs are about 0.85 GB, their packed signatures about 0.3 GB, let go as
+        the scoring passes them)."""
+        assert self._scan is not None
+        for block in self._scan(shas):
+            for start in range(0, block.num_rows, SIGN_ROWS):
+                part = block.slice(start, SIGN_ROWS)
+                self._signed(lake.interned(part.column("sha256")),  # the keys the plan holds: one object each
+                             run.signatures(part.column("image").to_pylist()))
+
+    def _signed(self, shas: list[str], results: list[tuple[bytes | None, str | None]]) -> None:
+        for sha, (sig, error) in zip(shas, results):
             if error is not None:  # decoded once by ingest and by curation: say so, score it as no copy
                 log.warning("curate: no copy signature for %s: %s", sha[:12], error)
             self._sigs[sha] = sig

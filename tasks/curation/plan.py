@@ -266,8 +266,9 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
     best = neighbours.most_similar(GALLERY_IMAGES)
     found, search, candidates = len(neighbours.similar), neighbours.search, neighbours.candidates
     del neighbours  # the similar pairs: not held while scoring
-    images.hold([eligible[i] for i in np.unique(candidates)])  # the bytes the signatures need, one scan
-    scores = CopyScores(images, load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)))
+    # The signatures come from one scan of the pairs' images. It leaves their bytes held for the snapshot and the
+    # report within a budget (a batch's); past it (a first curation's every image) those steps scan again.
+    scores = CopyScores(images, load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)), scan=images.blocks_holding)
     copy_edges = _link_copies(cfg, eligible, candidates, scores, sets)
     return _Graph(eligible, sets, len(pending), scores, found, [(eligible[a], eligible[b], s) for a, b, s in best],
                   len(candidates), copy_edges, search)

@@ -122,3 +122,35 @@ def test_signatures_are_held_packed_and_given_back_equal() -> None:
     odd = sigs[0].copy()
     odd[10] = 0.5  # not a whole grey level: kept as float32, still equal
     assert packed(odd)[0] == 0 and np.array_equal(unpacked(packed(odd)), odd)
+
+
+def test_signatures_from_one_scan_score_as_those_computed_image_by_image() -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from tests.factories.curation import noise_pngs
+
+    rng = np.random.default_rng(3)
+    images = {f"{rng.integers(1 << 62):016x}": data for data in noise_pngs(30, 12, seed=3)}
+    shas = sorted(images)
+    positions = rng.integers(0, len(shas), (120, 2))
+    lazy = CopyScores(images.__getitem__, workers=1)
+    lazy.score_positions(positions, shas)
+    scans: list[list[str]] = []
+
+    def scan(wanted: list[str]):
+        scans.append(list(wanted))
+        for start in range(0, len(wanted), 7):  # blocks, as a table scan yields them
+            part = wanted[start:start + 7]
+            yield pa.table({"sha256": part, "image": pa.array([images[s] for s in part], pa.binary())})
+
+    def never(sha: str) -> bytes:
+        raise AssertionError(f"{sha} read one by one")
+
+    scanned = CopyScores(never, workers=1, scan=scan)
+    scanned.score_positions(positions, shas)
+    assert list(scanned.fresh.items()) == list(lazy.fresh.items())  # same pairs, same scores
+    paired = {s for i, j in positions.tolist() if i != j for s in (shas[i], shas[j])}
+    assert len(scans) == 1 and sorted(scans[0]) == sorted(paired)  # one scan, of the pairs' images only
+    scanned.score_positions(positions, shas)  # all known now: no scan
+    assert len(scans) == 1

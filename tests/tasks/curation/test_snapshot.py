@@ -106,3 +106,18 @@ def test_held_images_gathered_across_many_chunks_in_the_order_asked(settings, ra
     got = images.column(asked)
     assert got.type == pa.binary() and got.to_pylist() == [by_sha[s] for s in asked]
     assert images.column([]).to_pylist() == []
+
+
+def test_a_scan_holds_what_it_passes_within_its_budget_and_nothing_past_it(settings, raw_digits, monkeypatch):
+    monkeypatch.setattr(raw_images, "BLOCK_ROWS", 100)
+    raw = lake.read(settings.raw_table, raw_digits.raw_version, columns=["sha256", "image"])
+    by_sha = dict(zip(raw.column("sha256").to_pylist(), raw.column("image").to_pylist()))
+    wanted = sorted(by_sha)[::4]
+    size = sum(len(by_sha[s]) for s in wanted)
+    within = RawImages(settings.raw_table, raw_digits.raw_version)
+    scanned = [s for b in within.blocks_holding(wanted, budget=2 * size) for s in b.column("sha256").to_pylist()]
+    assert sorted(scanned) == wanted and within.holds(wanted) and within(wanted[7]) == by_sha[wanted[7]]
+    past = RawImages(settings.raw_table, raw_digits.raw_version)
+    assert sorted(s for b in past.blocks_holding(wanted, budget=size // 3) for s in b.column("sha256").to_pylist()) \
+        == wanted  # every image still passes once
+    assert not past.holds(wanted[:1]) and not past.holds(wanted[-1:])  # but none is held
