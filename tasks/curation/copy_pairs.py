@@ -236,7 +236,8 @@ class FreshPairs:
 class CopyScores:
     """Copy scores of pairs of images, by sha256: stored ones, and new ones computed on demand.
 
-    ``image_of(sha)`` gives an image's bytes (its signature is computed once a ``score_many``). ``fresh``
+    ``image_of(sha)`` gives an image's bytes (its signature is computed once a ``score_many``), or ``scan(shas)``
+    every image's of the pairs to score, in one pass, as (sha256, image) tables (signed before the first block). ``fresh``
     holds the pairs scored here, to be stored (``FreshPairs``); an image whose signature cannot be computed
     scores 0 against everything (curation has already set aside what does not decode). Stored scores stay
     in arrays (``StoredPairs``); an image's partners are gathered the first time they are asked for.

@@ -6,8 +6,9 @@ version's ``sha256`` and ``image`` columns, a block of ``BLOCK_ROWS`` rows at a 
 the wanted rows:
 
 * the features of the images not embedded yet (``blocks``: a batch reads its own images' bytes);
-* the copy scores of the candidate pairs (``hold``: the bytes of the pairs' images, for the
-  signatures; kept for the snapshot, which they cover in a full run and for a batch's new rows);
+* the copy signatures of the pairs to score (``blocks_holding``: signed as scanned; the bytes are kept
+  for the snapshot and the report while they fit ``HOLD_BUDGET``, as a batch's do; a first curation's
+  every image does not, and those steps scan again);
 * the curated snapshot (``plan.snapshot_batches``: the kept rows' bytes streamed to the writer);
 * the report's thumbnails and the galleries (a few hundred images).
 
