@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from tasks.curation.copy_pairs import PAIRS_SCHEMA, CopyScores, FreshPairs
 
@@ -40,6 +41,22 @@ def test_partners_and_rows_match_the_dicts_they_replace() -> None:
     assert [(a, b, v) for a, b, v in scores.fresh.items()] == [(a, b, v) for (a, b), v in fresh]
 
 
+def _scored_noise(count: int, pairs: int, seed: int) -> tuple[dict[str, bytes], list[str], Any, CopyScores]:
+    """Noise images by sha256, the sha256s sorted, random position pairs (both orders, repeats, a few (i, i)) and
+    their scores computed image by image in this process: the reference a way of scoring is checked against."""
+    import numpy as np
+
+    from tests.factories.curation import noise_pngs
+
+    rng = np.random.default_rng(seed)
+    images = {f"{rng.integers(1 << 62):016x}": data for data in noise_pngs(count, 12, seed=seed)}
+    shas = sorted(images)
+    positions = rng.integers(0, len(shas), (pairs, 2))
+    reference = CopyScores(images.__getitem__, workers=1)
+    reference.score_positions(positions, shas)
+    return images, shas, positions, reference
+
+
 def test_nothing_scored_gives_no_rows_and_no_partners() -> None:
     fresh = FreshPairs()
     assert fresh.count == 0 and fresh.partners("a") == {} and fresh.rows("r").num_rows == 0
@@ -64,17 +81,9 @@ def test_pairs_given_as_positions_score_as_pairs_of_shas() -> None:
 
 
 def test_scoring_in_blocks_computes_each_signature_once_and_holds_only_those_still_ahead(monkeypatch) -> None:
-    import numpy as np
-
     import tasks.curation.copy_pairs as copy_pairs
-    from tests.factories.curation import noise_pngs
 
-    rng = np.random.default_rng(2)
-    images = {f"{rng.integers(1 << 62):016x}": data for data in noise_pngs(40, 12, seed=2)}
-    shas = sorted(images)
-    positions = rng.integers(0, len(shas), (300, 2))
-    whole = CopyScores(images.__getitem__, workers=1)
-    whole.score_positions(positions, shas)
+    images, shas, positions, whole = _scored_noise(40, 300, seed=2)
 
     calls: list[str] = []
     held: list[int] = []
@@ -125,17 +134,9 @@ def test_signatures_are_held_packed_and_given_back_equal() -> None:
 
 
 def test_signatures_from_one_scan_score_as_those_computed_image_by_image() -> None:
-    import numpy as np
     import pyarrow as pa
 
-    from tests.factories.curation import noise_pngs
-
-    rng = np.random.default_rng(3)
-    images = {f"{rng.integers(1 << 62):016x}": data for data in noise_pngs(30, 12, seed=3)}
-    shas = sorted(images)
-    positions = rng.integers(0, len(shas), (120, 2))
-    lazy = CopyScores(images.__getitem__, workers=1)
-    lazy.score_positions(positions, shas)
+    images, shas, positions, lazy = _scored_noise(30, 120, seed=3)
     scans: list[list[str]] = []
 
     def scan(wanted: list[str]):
