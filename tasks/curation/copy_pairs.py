@@ -139,7 +139,9 @@ class StoredPairs:
         code = self._code.get(sha)
         if code is None or not self.count:
             return {}
-        lo, hi = np.searchsorted(self._first, [code, code + 1])
+        # The needles in the codes' own dtype: numpy would otherwise cast the whole int32 array to int64 on every
+        # call (measured: 15 ms a call against 7 us for 15 million codes; at the million, hours of lookups).
+        lo, hi = np.searchsorted(self._first, np.array([code, code + 1], dtype=self._first.dtype))
         return dict(zip([self.shas[j] for j in self._second[lo:hi].tolist()], self._scores[lo:hi].tolist()))
 
 
