@@ -88,7 +88,10 @@ class VectorFile:
 
     def _write(self, out: BinaryIO, new: int, blocks: Iterator[np.ndarray]) -> None:
         """The header, the stored rows a block at a time, then the ``new`` rows of ``blocks`` as they come."""
-        first = _rows(next(blocks))
+        head = next(blocks, None)
+        if head is None:
+            raise ValueError(f"{self.path.name}: 0 rows for {new} images")
+        first = _rows(head)
         width = first.shape[1] if self.array is None else self.array.shape[1]
         np.lib.format.write_array_header_1_0(
             out, {"descr": "<f4", "fortran_order": False, "shape": (len(self.shas) + new, width)})

@@ -89,7 +89,8 @@ def test_rows_are_appended_block_by_block_and_a_short_or_wrong_append_leaves_the
     store.append(shas[20:], iter([m[20:21], m[21:50]]))
     np.testing.assert_array_equal(np.load(store.path), m)
     before = _files(tmp_path)
-    for blocks, why in (([m[:3]], "3 rows for 4 images"), ([m[:4, :4]], "rows of 4 floats, the file has 8")):
+    for blocks, why in (([m[:3]], "3 rows for 4 images"), ([m[:4, :4]], "rows of 4 floats, the file has 8"),
+                        ([], "0 rows for 4 images")):
         with pytest.raises(ValueError, match=why):
             store.append(_shas(4, "b"), iter(blocks))
         assert _files(tmp_path) == before and not list(tmp_path.glob("*.tmp"))
