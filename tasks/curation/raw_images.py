@@ -2,8 +2,8 @@
 
 A curation reads the raw version's facts (sha256, label, size: ``tables.read_raw``) and leaves the
 bytes in the table. Each step that decodes images reads the ones it needs in one scan of the
-version's ``sha256`` and ``image`` columns, a block of ``BLOCK_ROWS`` rows at a time, keeping only
-the wanted rows:
+version (``lake.scan_keyed``: the ``sha256`` column marks the wanted rows, then only the row groups
+holding one are read), in blocks of at most ``BLOCK_ROWS`` rows or ``BLOCK_BYTES`` bytes:
 
 * the features of the images not embedded yet (``blocks``: a batch reads its own images' bytes);
 * the copy signatures of the pairs to score (``blocks_holding``: signed as scanned; the bytes are kept
@@ -25,11 +25,11 @@ from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tasks.data import lake
 
-BLOCK_ROWS = 1 << 18  # rows a scan block: one set lookup each (it hashes every wanted image: a few per scan)
+BLOCK_ROWS = 1 << 18  # rows a scan block at most
+BLOCK_BYTES = 64 << 20  # bytes of images a scan block at most (about: past it by one read of lake.READ_ROWS rows)
 TAKE_ROWS = 65_536  # rows gathered at a time from the held chunks
 HOLD_BUDGET = 256 << 20  # bytes of images a scan for the signatures may leave held for the later steps
 
@@ -43,14 +43,15 @@ class RawImages:
 
     def blocks(self, wanted: Collection[str] | pa.Array | None = None) -> Iterator[pa.Table]:
         """(sha256, image) tables of the wanted rows (None: every row), in the table's order: one scan."""
-        value_set = None if wanted is None else wanted if isinstance(wanted, pa.Array) else pa.array(
-            sorted(wanted), pa.string())
-        if value_set is not None and len(value_set) == 0:
-            return
-        for block in lake.scan_blocks(self.uri, self.version, ["sha256", "image"], BLOCK_ROWS):
-            picked = block if value_set is None else block.filter(pc.is_in(block.column("sha256"), value_set=value_set))
-            if picked.num_rows:
-                yield picked.set_column(1, "image", picked.column("image").cast(pa.binary()))
+        columns = ["sha256", "image"]
+        if wanted is None:
+            blocks = lake.scan_blocks(self.uri, self.version, columns, BLOCK_ROWS, BLOCK_BYTES)
+        else:
+            value_set = wanted if isinstance(wanted, pa.Array) else pa.array(sorted(wanted), pa.string())
+            blocks = lake.scan_keyed(self.uri, self.version, "sha256", value_set, columns, BLOCK_ROWS, BLOCK_BYTES)
+        for block in blocks:
+            if block.num_rows:
+                yield block.set_column(1, "image", block.column("image").cast(pa.binary()))
         # Arrow's allocator (mimalloc) keeps what a scan freed for reuse: measured at a million images, a scan
         # for the features left 0.8 GB resident with nothing allocated, beside the bytes held next (0.2 GB after).
         pa.default_memory_pool().release_unused()

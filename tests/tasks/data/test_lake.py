@@ -310,6 +310,57 @@ def test_scan_blocks_regroups_every_row_once_across_files_written_by_merge_and_a
     assert [b.num_rows for b in lake.scan_blocks(uri, version, ["k"], 100)] == [10]
 
 
+def _keyed_table(tmp_path) -> tuple[str, int]:
+    """Keys k00..k39: a MERGE's file (string_view), then two files of row groups of 4 rows, the last with a column
+    added later (null in the others)."""
+    from deltalake import WriterProperties, write_deltalake
+
+    uri = str(tmp_path / "t")
+    lake.merge_new_rows(uri, _rows([f"k{i:02d}" for i in range(8)]), "k", {"run_id": "r1"})
+    more = _rows([f"k{i:02d}" for i in range(8, 24)])
+    lake.append_stream(uri, pa.RecordBatchReader.from_batches(more.schema, more.to_batches()), {"run_id": "r2"},
+                       lake.open_table(uri), row_group_rows=4)
+    later = _rows([f"k{i:02d}" for i in range(24, 40)]).append_column("extra", pa.array(range(16), pa.int64()))
+    write_deltalake(uri, later, mode="append", schema_mode="merge",
+                    writer_properties=WriterProperties(max_row_group_size=4))
+    return uri, lake.current_version(uri)
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_scan_keyed_gives_the_wanted_rows_in_order_reading_only_the_row_groups_holding_one(tmp_path, monkeypatch, local):
+    import pyarrow.parquet as pq
+
+    uri, version = _keyed_table(tmp_path)
+    if not local:  # what a remote table takes: the dataset, every row read, the marked ones kept
+        monkeypatch.setattr(lake, "_plain_local_files", lambda table: None)
+    read_groups = []
+    real = pq.ParquetFile.iter_batches
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches",
+                        lambda self, *a, **kw: (read_groups.append(kw.get("row_groups")), real(self, *a, **kw))[1])
+    order = [k for b in lake.scan_batches(uri, version, ["k"]) for k in b.column("k").to_pylist()]
+    wanted = ["k03", "k09", "k10", "k33", "k99"]  # k99 is not in the table
+    read_groups.clear()
+    blocks = list(lake.scan_keyed(uri, version, "k", pa.array(wanted), ["k", "blob", "extra"], 2, 1 << 20))
+    got = [r for b in blocks for r in b.to_pylist()]
+    assert [r["k"] for r in got] == [k for k in order if k in wanted]  # the table's order, each row once
+    assert all(r["blob"] == r["k"].encode() for r in got)
+    assert [r["extra"] for r in got if r["k"] == "k33"] == [9] and {r["extra"] for r in got if r["k"] < "k24"} == {None}
+    assert [b.num_rows for b in blocks] == [2, 2] and {b.schema.field("k").type for b in blocks} == {pa.string()}
+    if local:  # the keys read whole, then only the groups holding a wanted key: k03, k09+k10, k33
+        assert sorted(g for g in read_groups if g is not None) == [[0], [0], [2]]
+    by_bytes = list(lake.scan_keyed(uri, version, "k", pa.array(wanted), ["k", "blob"], 100, 1))
+    assert [b.num_rows for b in by_bytes] == [1, 2, 1]  # a block ends once it holds block_bytes: a read at most
+    assert list(lake.scan_keyed(uri, version, "k", pa.array([], pa.string()), ["k"], 2, 1 << 20)) == []
+    assert list(lake.scan_keyed(uri, version, "k", pa.array(["k99"]), ["k"], 2, 1 << 20)) == []
+
+
+def test_scan_blocks_ends_a_block_at_its_bytes(tmp_path):
+    uri, version = _keyed_table(tmp_path)
+    by_bytes = lake.scan_blocks(uri, version, ["k", "blob"], 1000, block_bytes=1)
+    assert sorted(b.num_rows for b in by_bytes) == [8, 16, 16]  # a block a read (here a file: fewer than READ_ROWS)
+    assert [b.num_rows for b in lake.scan_blocks(uri, version, ["k", "blob"], 1000)] == [40]
+
+
 def test_interned_strings_are_one_object_a_value_across_columns_and_tables():
     label = "".join(["ca", "t"])  # built at run time: not a constant the compiler already interned
     first = lake.interned(pa.chunked_array([[label, None], [label, "dog"]]))
