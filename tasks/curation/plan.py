@@ -52,7 +52,7 @@ from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store
 from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
 from tasks.curation.outliers import is_constant, screen
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
-from tasks.curation.raw_images import RawImages
+from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.separation import separation_by_class
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
 from tasks.curation.vectors import RowView, stored_views
@@ -188,13 +188,15 @@ def snapshot_batches(facts: pa.Table, images: RawImages) -> Iterator[pa.RecordBa
     """The curated snapshot's rows, ``ROW_BLOCK`` at a time, each block's image bytes gathered as it goes.
 
     From the images held for the copy scores when they hold every kept row (a batch's new rows, a full
-    run's), else from one scan of the raw version in its own order. The snapshot is never a second copy
+    run's), else from one scan of the raw version in its own order; a batch holds about ``BLOCK_BYTES`` of images
+    at most. The snapshot is never a second copy
     of the dataset's images in memory (at a million images that copy set the curation's peak).
     """
     shas = facts.column("sha256").to_pylist()
     if images.holds(shas):
-        for start in range(0, facts.num_rows, ROW_BLOCK):
-            yield _with_images(facts.slice(start, ROW_BLOCK), images.column(shas[start:start + ROW_BLOCK]))
+        step = min(ROW_BLOCK, images.rows_within(BLOCK_BYTES))  # ROW_BLOCK photos would be GBs
+        for start in range(0, facts.num_rows, step):
+            yield _with_images(facts.slice(start, step), images.column(shas[start:start + step]))
         return
     kept = facts.column("sha256").combine_chunks()
     for block in images.blocks():  # one lookup a block finds the kept rows and their facts

@@ -96,6 +96,11 @@ class RawImages:
         self.hold(shas)
         return {sha: self(sha) for sha in shas if sha in self._row}
 
+    def rows_within(self, budget: int) -> int:
+        """How many held images of their mean size fit in ``budget`` bytes (at least one)."""
+        held = sum(c.nbytes for c in self._chunks)
+        return max(1, budget * len(self._row) // held) if held else 1
+
     def holds(self, shas: Sequence[str]) -> bool:
         return all(s in self._row for s in shas)
 

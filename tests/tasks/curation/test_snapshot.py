@@ -70,6 +70,13 @@ def test_the_snapshot_gets_each_kept_rows_own_bytes_in_blocks_from_a_scan_or_the
         assert images.holds(kept) and not images.holds(sorted(stored)[1:2])
     batches = list(snapshot_batches(facts, images))
     assert all(b.schema == CURATED_SCHEMA and b.num_rows <= 64 for b in batches)
+    if held:  # past ROW_BLOCK, a batch holds about BLOCK_BYTES of images at most (thousands of photos: GBs)
+        mean = sum(b.column("image").nbytes for b in batches) / len(kept)
+        monkeypatch.setattr(plan, "BLOCK_BYTES", int(10 * mean))
+        small = list(snapshot_batches(facts, images))
+        rows = {b.num_rows for b in small[:-1]}  # the held chunks' sizes count their offsets too
+        assert len(rows) == 1 and 5 <= rows.pop() <= 10
+        assert pa.Table.from_batches(small).equals(pa.Table.from_batches(batches))
     rows = pa.Table.from_batches(batches).to_pylist()
     assert sorted(r["sha256"] for r in rows) == kept
     assert all(r["image"] == stored[r["sha256"]]["image"] and r["label"] == stored[r["sha256"]]["label"] for r in rows)
