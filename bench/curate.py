@@ -58,12 +58,27 @@ def _save(folder: Path, label: int, name: str, img: Image.Image, fmt: str = "PNG
     return target
 
 
-def write_images(folder: Path, n: int, seed: int, prefix: str) -> dict[str, int]:
-    """``n`` images under ``folder/<label>/``: 97.8% augmented digits, 2% near-copies, 0.2% bad."""
+def _photo(img: Image.Image, side: int, rng: np.random.Generator) -> Image.Image:
+    """A 32x32 grey image as a ``side`` x ``side`` colour one whose PNG is about a photo's size (faint colour noise:
+    about 100 KB at 256 px); the identity at 32 px."""
+    if side == 32:
+        return img
+    grey = np.asarray(img.resize((side, side), Image.BICUBIC), dtype=np.int16)[..., None]
+    noisy = grey + rng.integers(-8, 9, (side, side, 3))
+    return Image.fromarray(noisy.clip(0, 255).astype(np.uint8), mode="RGB")
+
+
+def write_images(folder: Path, n: int, seed: int, prefix: str, side: int = 32) -> dict[str, int]:
+    """``n`` images under ``folder/<label>/``: 97.8% augmented digits, 2% near-copies, 0.2% bad; ``side`` px a side
+    (32: grey, the default; more: colour, about a photo's bytes: ``_photo``)."""
     from tasks.data.sample_data import digits_arrays
 
     images, labels = digits_arrays()
     rng = np.random.default_rng(seed)
+
+    def save(folder: Path, label: int, name: str, img: Image.Image, fmt: str = "PNG", **kw) -> Path:
+        return _save(folder, label, name, _photo(img, side, rng), fmt, **kw)
+
     n_bad = max(1, n // 500)
     n_dup = max(1, n // 50)
     n_base = n - n_bad - n_dup
@@ -71,20 +86,20 @@ def write_images(folder: Path, n: int, seed: int, prefix: str) -> dict[str, int]
     for i in range(n_base):
         k = int(rng.integers(len(images)))
         img = _augmented(images[k], rng)
-        _save(folder, int(labels[k]), f"{prefix}{i:06d}.png", img)
+        save(folder, int(labels[k]), f"{prefix}{i:06d}.png", img)
         made.append((img, int(labels[k])))
     for i in range(n_dup):
         img, label = made[int(rng.integers(len(made)))]
         if i % 2:
-            _save(folder, label, f"{prefix}dup{i:05d}.jpg", img, "JPEG", quality=90)
+            save(folder, label, f"{prefix}dup{i:05d}.jpg", img, "JPEG", quality=90)
         else:
-            _save(folder, label, f"{prefix}dup{i:05d}.png", ImageEnhance.Brightness(img).enhance(1.1))
+            save(folder, label, f"{prefix}dup{i:05d}.png", ImageEnhance.Brightness(img).enhance(1.1))
     for i in range(n_bad):  # faint noise keeps the bytes unique: identical files under two labels are ingest rejects
         img, label = made[i]
         faint = rng.integers(0, 4, (32, 32)).astype(np.uint8)
         bad = [Image.fromarray(faint, mode="L"), Image.fromarray(255 - faint, mode="L"),
                img.filter(ImageFilter.GaussianBlur(3))]
-        _save(folder, label, f"{prefix}bad{i:05d}.png", bad[i % 3])
+        save(folder, label, f"{prefix}bad{i:05d}.png", bad[i % 3])
     return {"augmented": n_base, "near_copies": n_dup, "bad": n_bad}
 
 

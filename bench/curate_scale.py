@@ -186,19 +186,20 @@ def _differences(a: dict, b: dict, listed_by_both: bool = False) -> list[str]:
     return out
 
 
-def generated(data: Path, n: int) -> tuple[Path, Path]:
+def generated(data: Path, n: int, side: int = 32) -> tuple[Path, Path]:
     """The ``n`` images and their 1% batch under ``data``, written once (a ``.mix.json`` marks a finished set)."""
     from curate import write_images  # bench/curate.py's generator
 
-    full, batch = data / f"full_{n}", data / f"batch_{n}"
-    done = data / f".mix_{n}.json"
+    name = f"{n}" if side == 32 else f"{n}_{side}px"
+    full, batch = data / f"full_{name}", data / f"batch_{name}"
+    done = data / f".mix_{name}.json"
     if done.exists():
         return full, batch
     shutil.rmtree(full, ignore_errors=True)
     shutil.rmtree(batch, ignore_errors=True)
     start = time.perf_counter()
-    mix = write_images(full, n, seed=1, prefix="a")
-    write_images(batch, max(1, n // 100), seed=2, prefix="b")
+    mix = write_images(full, n, seed=1, prefix="a", side=side)
+    write_images(batch, max(1, n // 100), seed=2, prefix="b", side=side)
     seconds = time.perf_counter() - start
     done.write_text(json.dumps({"mix": mix, "seconds": seconds}))
     print(f"{n:,} images {mix} written in {seconds:.0f} s", file=sys.stderr, flush=True)
@@ -206,8 +207,8 @@ def generated(data: Path, n: int) -> tuple[Path, Path]:
 
 
 def _measure(root: Path, n: int, modes: list[str], keep: Path | None = None, data: Path | None = None,
-             keep_homes: Path | None = None) -> dict[str, dict]:
-    full, batch = generated(data or root, n)
+             keep_homes: Path | None = None, side: int = 32) -> dict[str, dict]:
+    full, batch = generated(data or root, n, side)
     results = {}
     for mode in modes:
         out = root / f"{mode}_{n}.json"
@@ -274,6 +275,8 @@ def main() -> None:
                         help="only the batch, on a copy of a home kept by --keep-homes, with this checkout's code")
     parser.add_argument("--profile", help="with --batch-on: write the batch's cProfile statistics here")
     parser.add_argument("--generate-only", action="store_true", help="write the images into --data and stop")
+    parser.add_argument("--side", type=int, default=32,
+                        help="pixels a side: 32 grey (default); more: colour PNGs of about a photo's bytes")
     parser.add_argument("--run", nargs=5, metavar=("HOME", "FULL", "BATCH", "MODE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
@@ -290,13 +293,13 @@ def main() -> None:
         if data is None:
             parser.error("--generate-only needs --data")
         for n in args.images:
-            generated(data, n)
+            generated(data, n, args.side)
         return
     root = Path(tempfile.mkdtemp(prefix="cd4ml-bench-scale-"))
     load_before = os.getloadavg()
     keep = Path(args.keep) if args.keep else None
     runs = {n: _measure(root, n, (["exact"] if n <= args.exact_up_to else []) + ["index"], keep, data,
-                     Path(args.keep_homes) if args.keep_homes else None) for n in args.images}
+                     Path(args.keep_homes) if args.keep_homes else None, args.side) for n in args.images}
     summary = _print(args.images, runs, (load_before[0], os.getloadavg()[0]))
     summary["load_average"] = [load_before[0], os.getloadavg()[0]]
     slim = {n: {m: {k: v for k, v in r.items() if not k.endswith("_decisions")} for m, r in modes.items()}
