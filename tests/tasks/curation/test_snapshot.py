@@ -33,17 +33,21 @@ def _stored(tmp_path, rows: list[tuple[str, str, str]], component: bool = False)
 STORED = [("c", "1", "train"), ("a", "0", "train"), ("b", "1", "test")]  # not in sha256 order, as appends leave it
 
 
-def test_rows_already_stored_unchanged_leave_only_the_new_ones_to_append(tmp_path):
+@pytest.mark.parametrize("block_rows", [1 << 18, 2])  # the stored rows read in one block, or a few
+def test_rows_already_stored_unchanged_leave_only_the_new_ones_to_append(tmp_path, monkeypatch, block_rows):
+    monkeypatch.setattr(lake, "LOOKUP_BLOCK_ROWS", block_rows)
     table = _stored(tmp_path, STORED)
     added = _appended(table, _facts(sorted([*STORED, ("d", "0", "val"), ("0", "1", "train")])))
     assert added.column("sha256").to_pylist() == ["0", "d"]
 
 
-def test_a_stored_row_that_changes_goes_or_repeats_makes_the_snapshot_whole_again(tmp_path):
+@pytest.mark.parametrize("block_rows", [1 << 18, 2])
+def test_a_stored_row_that_changes_goes_or_repeats_makes_the_snapshot_whole_again(tmp_path, monkeypatch, block_rows):
+    monkeypatch.setattr(lake, "LOOKUP_BLOCK_ROWS", block_rows)
     table = _stored(tmp_path, STORED)
     assert _appended(table, _facts([("a", "0", "train"), ("b", "1", "val"), ("c", "1", "train")])) is None  # moved
     assert _appended(table, _facts([("a", "0", "train"), ("c", "1", "train"), ("d", "0", "val")])) is None  # b gone
-    twice = _stored(tmp_path / "twice", [*STORED, ("a", "0", "train")])
+    twice = _stored(tmp_path / "twice", [*STORED, ("a", "0", "train")])  # in two blocks when they are 2 rows
     assert _appended(twice, _facts([*STORED, ("d", "0", "val")])) is None
 
 
