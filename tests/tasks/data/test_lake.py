@@ -361,6 +361,24 @@ def test_scan_blocks_ends_a_block_at_its_bytes(tmp_path):
     assert [b.num_rows for b in lake.scan_blocks(uri, version, ["k", "blob"], 1000)] == [40]
 
 
+def test_row_groups_of_big_rows_hold_about_row_group_bytes(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(lake, "ROW_GROUP_BYTES", 50_000)
+    keys = [f"k{i:03d}" for i in range(60)]
+    big = pa.table({"k": keys, "blob": pa.array([k.encode() * 2500 for k in keys], pa.binary())})  # 10 KB a row
+    small = _rows(keys)
+    for name, rows, expected in (("big", big, 4), ("small", small, 60)):  # a group of 60 small rows: 300 bytes
+        uri = str(tmp_path / name)
+        lake.append_stream(uri, pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches()), {"run_id": "r"},
+                           None, row_group_rows=2048)
+        (path,) = lake._plain_local_files(lake.open_table(uri))
+        meta = pq.ParquetFile(path).metadata
+        sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        assert max(sizes) == expected and sum(sizes) == 60, sizes
+        assert lake.read(uri, 0).sort_by("k").equals(rows.sort_by("k"))
+
+
 def test_interned_strings_are_one_object_a_value_across_columns_and_tables():
     label = "".join(["ca", "t"])  # built at run time: not a constant the compiler already interned
     first = lake.interned(pa.chunked_array([[label, None], [label, "dog"]]))
