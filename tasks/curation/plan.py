@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tasks.curation.assignments import Assignment, assign, bridge_rows, read_assignments
 from tasks.curation.class_guard import guard_outliers, over_budget
@@ -199,12 +198,10 @@ def snapshot_batches(facts: pa.Table, images: RawImages) -> Iterator[pa.RecordBa
             yield _with_images(facts.slice(start, step), images.column(shas[start:start + step]))
         return
     kept = facts.column("sha256").combine_chunks()
-    for block in images.blocks():  # one lookup a block finds the kept rows and their facts
-        at = pc.index_in(block.column("sha256"), value_set=kept)
-        found = at.is_valid()
-        rows, block_images = facts.take(at.filter(found)), block.column("image").filter(found)
+    for block in images.blocks(kept, position="at"):  # each row's place among the kept: no lookup a block
+        rows = facts.take(block.column("at"))
         for start in range(0, rows.num_rows, ROW_BLOCK):
-            yield _with_images(rows.slice(start, ROW_BLOCK), block_images.slice(start, ROW_BLOCK))
+            yield _with_images(rows.slice(start, ROW_BLOCK), block.column("image").slice(start, ROW_BLOCK))
 
 
 def _with_images(facts: pa.Table, images: pa.ChunkedArray) -> pa.RecordBatch:

@@ -41,14 +41,17 @@ class RawImages:
         self.uri, self.version = uri, version
         self.release()
 
-    def blocks(self, wanted: Collection[str] | pa.Array | None = None) -> Iterator[pa.Table]:
-        """(sha256, image) tables of the wanted rows (None: every row), in the table's order: one scan."""
+    def blocks(self, wanted: Collection[str] | pa.Array | None = None, position: str | None = None
+               ) -> Iterator[pa.Table]:
+        """(sha256, image) tables of the wanted rows (None: every row), in the table's order: one scan. With
+        ``position`` (and ``wanted`` an array), a third column of that name: each row's index in ``wanted``."""
         columns = ["sha256", "image"]
         if wanted is None:
             blocks = lake.scan_blocks(self.uri, self.version, columns, BLOCK_ROWS, BLOCK_BYTES)
         else:
             value_set = wanted if isinstance(wanted, pa.Array) else pa.array(sorted(wanted), pa.string())
-            blocks = lake.scan_keyed(self.uri, self.version, "sha256", value_set, columns, BLOCK_ROWS, BLOCK_BYTES)
+            blocks = lake.scan_keyed(self.uri, self.version, "sha256", value_set, columns, BLOCK_ROWS, BLOCK_BYTES,
+                                     position)
         for block in blocks:
             if block.num_rows:
                 yield block.set_column(1, "image", block.column("image").cast(pa.binary()))

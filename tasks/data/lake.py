@@ -221,40 +221,43 @@ def scan_blocks(uri: str, version: int, columns: Iterable[str], block_rows: int,
 
 
 def scan_keyed(uri: str, version: int, key: str, values: pa.Array, columns: list[str], block_rows: int,
-               block_bytes: int) -> Iterator[pa.Table]:
+               block_bytes: int, position: str | None = None) -> Iterator[pa.Table]:
     """The rows of one version whose ``key`` is one of ``values``, in the table's order, in tables of at most
-    about ``block_rows`` rows or ``block_bytes`` bytes, whichever comes first (``READ_ROWS`` are read at a time).
+    about ``block_rows`` rows or ``block_bytes`` bytes, whichever comes first (``READ_ROWS`` are read at a time);
+    with ``position``, a column of that name gives each row's key's index in ``values`` (int32).
 
-    Two passes. The key column alone, ``LOOKUP_BLOCK_ROWS`` at a time (one set lookup each: it hashes its whole
+    Two passes. The key column alone, ``LOOKUP_BLOCK_ROWS`` at a time (one lookup each: it hashes its whole
     value set), marks the wanted rows; then only the rows marked are kept from the other columns, and on a plain
     local table only the row groups holding one are read. Why: filtered block by block, a scan held a block of
     every column for each lookup, a quarter of a million images (0.25 GB of 32x32 PNGs, tens of GB of photos)
     to keep a few hundred, and read every row group for a batch's own images.
     """
-    marked = _marked_rows(uri, version, key, values) if len(values) else None
-    if marked is None or not marked.any():
+    at = _positions(uri, version, key, values) if len(values) else None
+    if at is None or not (at >= 0).any():
         return
     table = open_table(uri, version)
     files = _plain_local_files(table)
     read_rows = min(block_rows, READ_ROWS)
-    rows = _marked_row_groups(files, columns, pa.schema(table.schema().to_arrow()), marked, read_rows) \
-        if files is not None else _marked_batches(scan_batches(uri, version, columns, batch_rows=read_rows), marked)
+    rows = _marked_row_groups(files, columns, pa.schema(table.schema().to_arrow()), at, read_rows, position) \
+        if files is not None else _marked_batches(scan_batches(uri, version, columns, batch_rows=read_rows), at,
+                                                  position)
     yield from _regrouped(rows, block_rows, block_bytes)
 
 
 READ_ROWS = 128  # rows read at a time where rows may be images: 15 MB of 120 KB photos
 
 
-def _marked_rows(uri: str, version: int, key: str, values: pa.Array) -> np.ndarray:
-    """Whether each row of the version (in scan order) holds one of ``values`` in ``key``."""
-    marks = [pc.is_in(block.column(key), value_set=values).to_numpy(zero_copy_only=False)
+def _positions(uri: str, version: int, key: str, values: pa.Array) -> np.ndarray:
+    """Each row's (in scan order) key's index in ``values``, -1 where it is not one of them."""
+    parts = [pc.index_in(block.column(key), value_set=values).fill_null(-1).to_numpy().astype(np.int32)
              for block in scan_blocks(uri, version, [key], LOOKUP_BLOCK_ROWS)]
-    return np.concatenate(marks) if marks else np.zeros(0, dtype=bool)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
 
-def _marked_row_groups(files: list[str], columns: list[str], schema: pa.Schema, marked: np.ndarray, read_rows: int
-                       ) -> Iterator[pa.RecordBatch]:
-    """The marked rows of plain local files (in ``_scanned``'s order), reading only the row groups holding one."""
+def _marked_row_groups(files: list[str], columns: list[str], schema: pa.Schema, at: np.ndarray, read_rows: int,
+                       position: str | None) -> Iterator[pa.RecordBatch]:
+    """The marked rows (``at >= 0``) of plain local files (in ``_scanned``'s order), reading only the row groups
+    holding one."""
     import pyarrow.parquet as pq
 
     offset = 0
@@ -263,23 +266,26 @@ def _marked_row_groups(files: list[str], columns: list[str], schema: pa.Schema, 
         present = [c for c in columns if c in parquet.schema_arrow.names]
         for group in range(parquet.num_row_groups):
             size = parquet.metadata.row_group(group).num_rows
-            mask, offset = marked[offset:offset + size], offset + size
-            if mask.any():
+            part, offset = at[offset:offset + size], offset + size
+            if (part >= 0).any():
                 batches = parquet.iter_batches(batch_size=read_rows, row_groups=[group], columns=present)
-                yield from _marked_batches((_with_nulls(b, columns, schema) for b in batches), mask)
-    if offset != len(marked):
-        raise DataError(f"a keyed scan read {offset} rows where its keys had {len(marked)}")
+                yield from _marked_batches((_with_nulls(b, columns, schema) for b in batches), part, position)
+    if offset != len(at):
+        raise DataError(f"a keyed scan read {offset} rows where its keys had {len(at)}")
 
 
-def _marked_batches(batches: Iterable[pa.RecordBatch], marked: np.ndarray) -> Iterator[pa.RecordBatch]:
-    """The marked rows of ``batches`` (their rows in the order of ``marked``)."""
+def _marked_batches(batches: Iterable[pa.RecordBatch], at: np.ndarray, position: str | None
+                    ) -> Iterator[pa.RecordBatch]:
+    """The marked rows (``at >= 0``) of ``batches`` (their rows in the order of ``at``), with ``position``."""
     start = 0
     for batch in batches:
-        mask, start = marked[start:start + batch.num_rows], start + batch.num_rows
+        part, start = at[start:start + batch.num_rows], start + batch.num_rows
+        mask = part >= 0
         if mask.any():
-            yield _plain_strings(batch.filter(pa.array(mask)))  # a MERGE's files hold string_view
-    if start != len(marked):
-        raise DataError(f"a keyed scan read {start} rows where its keys had {len(marked)}")
+            kept = _plain_strings(batch.filter(pa.array(mask)))  # a MERGE's files hold string_view
+            yield kept if position is None else kept.append_column(position, pa.array(part[mask]))
+    if start != len(at):
+        raise DataError(f"a keyed scan read {start} rows where its keys had {len(at)}")
 
 
 def _regrouped(batches: Iterable[pa.RecordBatch], block_rows: int, block_bytes: int) -> Iterator[pa.Table]:

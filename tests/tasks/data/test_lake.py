@@ -348,6 +348,8 @@ def test_scan_keyed_gives_the_wanted_rows_in_order_reading_only_the_row_groups_h
     assert [b.num_rows for b in blocks] == [2, 2] and {b.schema.field("k").type for b in blocks} == {pa.string()}
     if local:  # the keys read whole, then only the groups holding a wanted key: k03, k09+k10, k33
         assert sorted(g for g in read_groups if g is not None) == [[0], [0], [2]]
+    placed = lake.scan_keyed(uri, version, "k", pa.array(wanted), ["k"], 100, 1 << 20, position="at")
+    assert [(r["k"], wanted[r["at"]]) for b in placed for r in b.to_pylist()] == [(r["k"], r["k"]) for r in got]
     by_bytes = list(lake.scan_keyed(uri, version, "k", pa.array(wanted), ["k", "blob"], 100, 1))
     assert [b.num_rows for b in by_bytes] == [1, 2, 1]  # a block ends once it holds block_bytes: a read at most
     assert list(lake.scan_keyed(uri, version, "k", pa.array([], pa.string()), ["k"], 2, 1 << 20)) == []
