@@ -241,7 +241,10 @@ def scan_keyed(uri: str, version: int, key: str, values: pa.Array, columns: list
     rows = _marked_row_groups(files, columns, pa.schema(table.schema().to_arrow()), at, read_rows, position) \
         if files is not None else _marked_batches(scan_batches(uri, version, columns, batch_rows=read_rows), at,
                                                   position)
-    yield from _regrouped(rows, block_rows, block_bytes)
+    try:
+        yield from _regrouped(rows, block_rows, block_bytes)
+    finally:
+        pa.default_memory_pool().release_unused()  # as ``scan_batches``: what the reads freed is handed back
 
 
 READ_ROWS = 128  # rows read at a time where rows may be images: 15 MB of 120 KB photos
