@@ -292,7 +292,8 @@ def _marked_batches(batches: Iterable[pa.RecordBatch], at: np.ndarray, position:
 
 
 def _regrouped(batches: Iterable[pa.RecordBatch], block_rows: int, block_bytes: int) -> Iterator[pa.Table]:
-    """``batches`` as tables of at most ``block_rows`` rows, ending a table once it holds ``block_bytes``."""
+    """``batches`` as tables, each ended once it holds ``block_rows`` rows or ``block_bytes`` bytes (so past either
+    by less than one batch); the last may hold fewer."""
     held: list[pa.RecordBatch] = []
     rows = size = 0
     for batch in batches:
