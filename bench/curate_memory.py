@@ -32,7 +32,7 @@ PHASES = {
     "tasks.curation.curate": ["read_raw", "plan_in_workdir", "store_caches", "_record_assignments", "_write_snapshot",
                               "write_report_rows", "_galleries", "write_page"],
     "tasks.curation.plan": ["_features", "load_features", "compute_features", "merge_features", "read_assignments",
-                            "screen", "guard_outliers", "_group", "_neighbours", "load_scores", "_link_copies",
+                            "screen", "guard_outliers", "_group", "_neighbours", "_link_copies",
                             "assign", "nearest_map", "_decide_duplicates", "store_features", "store_scores",
                             "store_nearest"],
 }

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.curation import copy_score
+from tasks.curation.pair_store import StoredPairs, StoredScores
 from tasks.data import lake
 
 log = logging.getLogger(__name__)
@@ -103,46 +104,6 @@ def _signature_chunk(chunk: list[bytes]) -> list[tuple[bytes | None, str | None]
         except Exception as exc:  # any decoder failure: the caller scores the image as no copy
             out.append((None, str(exc)))
     return out
-
-
-class StoredPairs:
-    """Scores of pairs as arrays, looked up by image on demand: no Python object per pair.
-
-    ``shas`` are the images the codes refer to (``code`` maps them back, built when first needed);
-    each pair is kept from both sides, sorted by its first image, so an image's partners are one
-    ``searchsorted`` slice (in the order of the rows, as a dict built row by row had them).
-    """
-
-    def __init__(self, shas: list[str], a: np.ndarray, b: np.ndarray, scores: np.ndarray,
-                 code: dict[str, int] | None = None) -> None:
-        self.shas = shas
-        self.count = len(a)
-        codes = np.int32 if len(shas) < 2**31 else np.int64  # half the memory: 123 MB at the million's pairs
-        first = np.stack([a, b], axis=1).ravel().astype(codes)  # row by row: a's side, then b's
-        order = np.argsort(first, kind="stable")
-        self._first = first[order]
-        self._second = np.stack([b, a], axis=1).ravel().astype(codes)[order]
-        self._scores = np.repeat(np.asarray(scores, dtype=np.float64), 2)[order]
-        self._code = code
-
-    @classmethod
-    def from_dict(cls, pairs: dict[tuple[str, str], float]) -> StoredPairs:
-        shas = sorted({s for pair in pairs for s in pair})
-        code = {s: i for i, s in enumerate(shas)}
-        keys = list(pairs)
-        return cls(shas, np.asarray([code[a] for a, _ in keys], dtype=np.int64),
-                   np.asarray([code[b] for _, b in keys], dtype=np.int64), np.asarray([pairs[k] for k in keys]), code)
-
-    def partners(self, sha: str) -> dict[str, float]:
-        if self._code is None:
-            self._code = {s: i for i, s in enumerate(self.shas)}
-        code = self._code.get(sha)
-        if code is None or not self.count:
-            return {}
-        # The needles in the codes' own dtype: numpy would otherwise cast the whole int32 array to int64 on every
-        # call (measured: 15 ms a call against 7 us for 15 million codes; at the million, hours of lookups).
-        lo, hi = np.searchsorted(self._first, np.array([code, code + 1], dtype=self._first.dtype))
-        return dict(zip([self.shas[j] for j in self._second[lo:hi].tolist()], self._scores[lo:hi].tolist()))
 
 
 class FreshPairs:
@@ -246,11 +207,11 @@ class CopyScores:
     """
 
     def __init__(self, image_of: Callable[[str], bytes],
-                 stored: StoredPairs | dict[tuple[str, str], float] | None = None, workers: int | None = None,
+                 stored: StoredScores | dict[tuple[str, str], float] | None = None, workers: int | None = None,
                  scan: Callable[[list[str]], Iterable[pa.Table]] | None = None) -> None:
         self._image_of = image_of
         self._scan = scan  # (sha256, image) tables of the images asked for, in one pass: signed before the scoring
-        self.stored = stored if isinstance(stored, StoredPairs) else StoredPairs.from_dict(stored or {})
+        self.stored = stored if isinstance(stored, StoredScores) else StoredScores.from_dict(stored or {})
         self.fresh = FreshPairs()
         self._partners: dict[str, dict[str, float]] = {}  # sha -> {scored partner: score}, gathered on demand
         self._none_stored: set[str] = set()  # images found to have no stored partner
@@ -280,6 +241,14 @@ class CopyScores:
         """The score if known (stored or computed), else None."""
         return self.partners(a).get(b)
 
+    def want(self, shas: Iterable[str]) -> None:
+        """Read the stored pairs of ``shas`` in one scan, before their partners are asked for (``StoredScores``)."""
+        self.stored.want(shas)
+
+    def want_all(self) -> None:
+        """Read the stored pairs of every eligible image (a full scan of the nearest map asks for all)."""
+        self.stored.want_all()
+
     def score_many(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Compute every unknown pair of ``pairs`` (in worker processes when many), a block at a time."""
         listed = list(pairs)
@@ -300,6 +269,7 @@ class CopyScores:
             for start in range(0, len(of), SCORE_BLOCK):
                 yield [(shas[k // n], shas[k % n]) for k in of[start:start + SCORE_BLOCK].tolist()]
 
+        self.want(shas[i] for i in np.unique(np.concatenate([keys // n, keys % n])).tolist())
         unknown = np.fromiter((self.get(a, b) is None for block in blocks(keys) for a, b in block), dtype=bool,
                               count=len(keys))
         todo = keys[unknown]
@@ -404,32 +374,6 @@ class _Scorer:
 
     def __exit__(self, *exc: object) -> None:
         self._close()
-
-
-def load_scores(uri: str, shas: set[str]) -> StoredPairs:
-    """Stored scores of pairs whose two images are both in ``shas``, under the current score config.
-
-    Streamed in blocks of ``lake.LOOKUP_BLOCK_ROWS`` rows (30 lookups for the million's 7.7 million pairs, where
-    record batches made about 240) of three columns (and the config), each coded in
-    Arrow against ``shas`` with one set lookup for both images: memory holds the pairs kept as integer
-    codes, never the table's strings; no Python object per pair.
-    """
-    version = lake.current_version(uri)
-    wanted_shas = sorted(shas)
-    if version is None or not shas:
-        return StoredPairs(wanted_shas, *(np.zeros(0, dtype=np.int64) for _ in range(2)), np.zeros(0))
-    wanted = pa.array(wanted_shas, pa.string())
-    config = score_config()
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for block in lake.scan_blocks(uri, version, ["sha256_a", "sha256_b", "score", "config"], lake.LOOKUP_BLOCK_ROWS):
-        same = pc.equal(block.column("config"), config)  # scan_blocks casts a MERGE's string_view to string
-        a, b = _coded_pairs(block, wanted)
-        keep = pc.and_(same, pc.and_(pc.is_valid(a), pc.is_valid(b)))
-        parts.append((a.filter(keep).to_numpy(zero_copy_only=False).astype(np.int64),
-                      b.filter(keep).to_numpy(zero_copy_only=False).astype(np.int64),
-                      block.column("score").filter(keep).to_numpy(zero_copy_only=False)))
-    a, b, scores = (np.concatenate([p[i] for p in parts]) if parts else np.zeros(0) for i in range(3))
-    return StoredPairs(wanted_shas, a.astype(np.int64), b.astype(np.int64), scores.astype(np.float64))
 
 
 def _coded_pairs(block: pa.Table, wanted: pa.Array) -> tuple[pa.Array, pa.Array]:

@@ -96,6 +96,7 @@ def full_nearest(eligible: Sequence[str], label_of: Callable[[str], str], pixels
                  scores: CopyScores, pairs_version: int | None = None) -> NearestMap:
     """Every eligible image's nearest from all its scored partners."""
     best = _Best(set(eligible), label_of, pixels_of, scores)
+    scores.want_all()
     rows = {sha: best.row(sha) for sha in eligible}
     return NearestMap(rows, set(rows), True, pairs_version)
 
@@ -114,11 +115,11 @@ def update_nearest(prior: dict[str, Row], eligible: Sequence[str], label_of: Cal
         return None
     gone = {s for s in prior if s not in now}
     rows = {s: prior[s] for s in kept}
-    if gone:  # nearest partners that left: recompute those images from their own partners
-        for s, row in rows.items():
-            if row[3] in gone:
-                rows[s] = best.row(s)
+    orphans = [s for s, row in rows.items() if row[3] in gone] if gone else []
     added = [s for s in eligible if s not in prior]
+    scores.want([*orphans, *added])  # their stored partners, in one scan
+    for s in orphans:  # nearest partners that left: recompute those images from their own partners
+        rows[s] = best.row(s)
     for s in added:
         rows[s] = best.row(s)
     for s in added:

@@ -27,7 +27,6 @@ from tasks.curation.copy_pairs import (
     CopyScores,
     FreshPairs,
     blurred,
-    load_scores,
     score_config,
     store_scores,
 )
@@ -50,6 +49,7 @@ from tasks.curation.fastdup_optional import require_embedding
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
 from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
 from tasks.curation.outliers import is_constant, screen
+from tasks.curation.pair_store import StoredScores
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.separation import separation_by_class
@@ -121,7 +121,8 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
                        "search": graph.search},
         "copies": {"candidates": graph.candidates, "copy_edges": graph.copy_edges,
                    "pairs_scored": graph.scores.fresh.count,
-                   "pairs_stored_before": graph.scores.stored.count, "score": score_config(),
+                   "stored_pairs_read": graph.scores.stored.count, "stored_pair_scans": graph.scores.stored.scans,
+                   "score": score_config(),
                    "threshold": cfg.copy_similarity},
         "assignments": {"table": settings.table_uri(COMPONENTS_TABLE), "read_version": record_version,
                         "recorded_before": len(record), "new": new_images, "merged_keys": len(renamed)},
@@ -267,7 +268,10 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
     del neighbours  # the similar pairs: not held while scoring
     # The signatures come from one scan of the pairs' images. It leaves their bytes held for the snapshot and the
     # report within a budget (a batch's); past it (a first curation's every image) those steps scan again.
-    scores = CopyScores(images, load_scores(settings.table_uri(PAIRS_TABLE), set(eligible)), scan=images.blocks_holding)
+    # The stored scores are read by image as the phases ask (the new images and their candidates first).
+    scores = CopyScores(images, StoredScores(settings.table_uri(PAIRS_TABLE), score_config(), eligible),
+                        scan=images.blocks_holding)
+    scores.want(eligible[i] for i in np.union1d(candidates.ravel(), pending).tolist())
     copy_edges = _link_copies(cfg, eligible, candidates, scores, sets)
     return _Graph(eligible, sets, len(pending), scores, found, [(eligible[a], eligible[b], s) for a, b, s in best],
                   len(candidates), copy_edges, search)
@@ -422,6 +426,7 @@ def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[
     kept_rows: list[KeptRow] = []
     dropped: list[dict[str, Any]] = []
     possible: list[tuple[str, str, float]] = []
+    scores.want(s for key in keys for s in groups[key])  # the walked members' stored pairs, in one scan
     for key in keys:
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
         kept, removed = dedupe_component(order, features, {s: by_sha[s]["label"] for s in order}, scores, threshold,

@@ -128,6 +128,18 @@ def test_a_batch_decides_as_a_full_recomputation(batch_home, tmp_path, monkeypat
     batch = curate(batch_settings, raw2, run_id="c2", logical_date="2026-11-22")
     assert _tables(batch_settings, batch) == _tables(full_settings, full)
     assert _report_decisions(batch) == _report_decisions(full)
+    pairs_uri = load_settings("sit", home=home).table_uri(PAIRS_TABLE)
+    before = lake.read(pairs_uri, lake.current_version(pairs_uri)).num_rows
+    # Read by image, a phase at a time (here the candidates' images, then the walk's: the classes that abstain now
+    # walk every component of theirs again), never one scan an image (test_pair_store: only the images asked for).
+    assert 0 < _copies(batch)["stored_pairs_read"] <= before and 1 <= _copies(batch)["stored_pair_scans"] <= 3
+    assert _copies(full)["stored_pairs_read"] == before  # the full scan of the nearest map reads them all
+
+
+def _copies(result) -> dict:
+    import json
+
+    return json.loads(Path(result.report_path).read_text())["copies"]
 
 
 def test_a_retried_batch_writes_the_same_tables(batch_home, tmp_path) -> None:

@@ -163,7 +163,7 @@ def test_an_images_partners_are_found_without_copying_the_codes() -> None:
 
     import numpy as np
 
-    from tasks.curation.copy_pairs import StoredPairs
+    from tasks.curation.pair_store import StoredPairs
 
     rng = np.random.default_rng(4)
     shas = [f"{i:064x}" for i in range(1000)]
