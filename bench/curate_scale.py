@@ -111,12 +111,15 @@ def _run_batch(settings, batch: Path, profile: Path | None = None) -> dict:
     if profiler:
         profiler.disable()
         profiler.dump_stats(str(profile))
-    return {"batch_s": time.perf_counter() - start, "batch_cpu_s": _cpu_seconds() - cpu,
+    seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    report = json.loads(Path(done.report_path).read_text())
+    return {"batch_s": seconds, "batch_cpu_s": cpu,
             "batch_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "batch_kept": done.kept, "batch_dropped": done.dropped_by_reason,
             "batch_decisions": _decisions(settings, raw2, done.report_path),
             "batch_snapshot": _snapshot_write(settings.curated_table, done.curated_version),
-            "search": json.loads(Path(done.report_path).read_text()).get("similarity", {}).get("search")}
+            "search": report.get("similarity", {}).get("search"),
+            "copies": report.get("copies")}  # the stored pairs it read, in how many scans; pairs scored
 
 
 def _snapshot_write(uri: str, version: int) -> dict:
