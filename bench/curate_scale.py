@@ -119,7 +119,8 @@ def _run_batch(settings, batch: Path, profile: Path | None = None) -> dict:
             "batch_decisions": _decisions(settings, raw2, done.report_path),
             "batch_snapshot": _snapshot_write(settings.curated_table, done.curated_version),
             "search": report.get("similarity", {}).get("search"),
-            "copies": report.get("copies")}  # the stored pairs it read, in how many scans; pairs scored
+            "copies": report.get("copies"),  # the stored pairs it read, in how many scans; pairs scored
+            "components": report.get("decisions", {}).get("components")}  # walked now, reused
 
 
 def _snapshot_write(uri: str, version: int) -> dict:
