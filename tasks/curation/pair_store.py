@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -84,6 +85,7 @@ class StoredScores:
         self._index: StoredPairs | None = None
         self.count = 0  # pairs held
         self.scans = 0  # scans of the table
+        self.seconds = 0.0  # spent scanning
         if pairs:
             self._add_given(pairs)
 
@@ -116,7 +118,9 @@ class StoredScores:
         if not len(new):
             return
         if self._version is not None:
+            start = time.perf_counter()
             self._scan(new)
+            self.seconds += time.perf_counter() - start
         self._read[new] = True
 
     def _scan(self, new: np.ndarray) -> None:

@@ -122,6 +122,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         "copies": {"candidates": graph.candidates, "copy_edges": graph.copy_edges,
                    "pairs_scored": graph.scores.fresh.count,
                    "stored_pairs_read": graph.scores.stored.count, "stored_pair_scans": graph.scores.stored.scans,
+                   "stored_pair_scan_s": round(graph.scores.stored.seconds, 2),
                    "score": score_config(),
                    "threshold": cfg.copy_similarity},
         "assignments": {"table": settings.table_uri(COMPONENTS_TABLE), "read_version": record_version,
