@@ -202,8 +202,9 @@ class CopyScores:
     ``image_of(sha)`` gives an image's bytes (its signature is computed once a ``score_many``), or ``scan(shas)``
     every image's of the pairs to score, in one pass, as (sha256, image) tables (signed before the first block). ``fresh``
     holds the pairs scored here, to be stored (``FreshPairs``); an image whose signature cannot be computed
-    scores 0 against everything (curation has already set aside what does not decode). Stored scores stay
-    in arrays (``StoredPairs``); an image's partners are gathered the first time they are asked for.
+    scores 0 against everything (curation has already set aside what does not decode). Stored scores
+    (``pair_store.StoredScores``) are read from the table by image, as ``want`` asks for them, and kept as arrays;
+    an image's partners are gathered the first time they are asked for.
     """
 
     def __init__(self, image_of: Callable[[str], bytes],
