@@ -204,6 +204,19 @@ def _download(settings: Settings, version: ModelVersion) -> Iterator[Path]:
         yield download_version(registry_client(settings), settings.tracking_uri, version, tmp)
 
 
+def set_version_tag(client: MlflowClient, name: str, version: str, key: str, value: str) -> None:
+    """Set one tag of a model version. Two writers of the same new tag at once (two imports of one source, which
+    converge on one version) race in MLflow's store, which reads and then inserts: the later insert is refused.
+    A refused write is done when the tag now holds this value (the other writer's, the same); otherwise it is raised.
+    """
+    try:
+        client.set_model_version_tag(name, version, key, value)
+    except MlflowException:
+        if (client.get_model_version(name, version).tags or {}).get(key) != value:
+            raise
+        log.info("tag %s of %s v%s was set to the same value by a concurrent writer", key, name, version)
+
+
 def record_manifest(settings: Settings, client: MlflowClient, version: ModelVersion,
                     expected: dict[str, str] | None = None) -> dict[str, str]:
     """Fingerprint the version's files and store the manifest on it; an existing manifest is kept as it is.
@@ -224,7 +237,7 @@ def record_manifest(settings: Settings, client: MlflowClient, version: ModelVers
         raise error
     for key, value in manifest_tags(manifest).items():
         if tags.get(key) != value:
-            client.set_model_version_tag(version.name, str(version.version), key, value)
+            set_version_tag(client, version.name, str(version.version), key, value)
     log.info("recorded the manifest of %s v%s: %d files, %s", version.name, version.version, len(manifest),
              manifest_digest(manifest))
     return manifest

@@ -23,7 +23,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from tasks.errors import DataError
-from tasks.models.integrity import record_manifest
+from tasks.models.integrity import record_manifest, set_version_tag
 from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def set_version_tags(client: MlflowClient, version: ModelVersion, tags: Mapping[
     current = dict(version.tags or {})
     for key, value in tags.items():
         if current.get(key) != value:
-            client.set_model_version_tag(version.name, str(version.version), key, value)
+            set_version_tag(client, version.name, str(version.version), key, value)
 
 
 def register_candidate(settings: Settings, candidate_run_id: str) -> int:

@@ -290,3 +290,31 @@ def test_a_version_is_read_from_its_own_registry_whatever_mlflow_points_at(tmp_p
         mlflow.set_registry_uri(saved[1])
         os.environ.pop("MLFLOW_TRACKING_URI", None)  # deleted above: monkeypatch puts back what was there
         os.environ.pop("MLFLOW_REGISTRY_URI", None)
+
+
+def test_a_tag_write_refused_because_a_concurrent_writer_set_the_same_value_is_done(tmp_path: Path) -> None:
+    """Two imports converging on one version both record its manifest: MLflow's store reads then inserts a new tag,
+    so the later insert of the same tag is refused. Same value: done; another value: the refusal is raised."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tasks.models.integrity import set_version_tag
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri, uri)
+    client.create_registered_model("m")
+    version = client.create_model_version("m", str(tmp_path / "model"))
+    real = client.set_model_version_tag
+
+    def concurrent_writer_first(value: str):
+        def refused(name: str, v: str, key: str, _mine: str) -> None:
+            real(name, v, key, value)  # the other racer's insert commits first
+            raise MlflowException("UNIQUE constraint failed")  # ours is refused (the store's own error)
+        return refused
+
+    client.set_model_version_tag = concurrent_writer_first("abc")
+    set_version_tag(client, "m", version.version, "cd4ml.manifest", "abc")
+    assert client.get_model_version("m", version.version).tags["cd4ml.manifest"] == "abc"
+    client.set_model_version_tag = concurrent_writer_first("other")
+    with pytest.raises(MlflowException):
+        set_version_tag(client, "m", version.version, "cd4ml.digest", "abc")
