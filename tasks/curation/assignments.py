@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from tasks.curation.copy_pairs import CopyScores
-from tasks.curation.curation_features import Features
 from tasks.curation.dedupe import RecordedMembers, recorded_original
 from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, drop_row
 from tasks.data import lake
@@ -115,7 +114,7 @@ def bridge_rows(bridges: list[Bridge], by_sha: dict[str, dict[str, Any]], record
 
 
 def assign(
-    components: list[list[str]], record: dict[str, Assignment], features: Features, by_sha: dict[str, dict[str, Any]],
+    components: list[list[str]], record: dict[str, Assignment], pixels: Mapping[str, str], by_sha: dict[str, dict[str, Any]],
     scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
 ) -> tuple[dict[str, Assignment], dict[str, list[str]], dict[str, str], int, list[Bridge]]:
     """Keys and splits for this curation's components (the rules in the module doc).
@@ -136,9 +135,9 @@ def assign(
             named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
             more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
             detail = f"would join recorded components {named}{more} in different splits"
-            members = RecordedMembers([m for m in group if m in record], features)
+            members = RecordedMembers([m for m in group if m in record], pixels)
             bridges += [Bridge(s, recorded[0], detail,
-                               recorded_original(s, members, features, by_sha, scores, cfg.copy_similarity))
+                               recorded_original(s, members, pixels, by_sha, scores, cfg.copy_similarity))
                         for s in newcomers]
             for s in group:
                 if s in record:

@@ -109,9 +109,15 @@ class Features:
     row_of: dict[str, int]  # sha256 -> row of ``matrix``; images with an error have no row
     matrix: np.ndarray  # float32, L2-normalised rows
 
-    def facts(self) -> Features:
-        """The facts alone: the embedding's rows let go (once in their files: ``tasks.curation.vectors``)."""
-        return Features(self.by_sha, {}, np.zeros((0, 1), dtype=np.float32))
+    def pixel_keys(self) -> dict[str, str]:
+        """sha256 -> its pixel key: the decoded pixels' digest, or the sha256 of an image without one. All the
+        grouping and the walk read of the facts once the bad images are set aside (the digest objects are shared:
+        the named tuples and their numbers, about 240 bytes an image, can go)."""
+        return {sha: f.pixel_digest or sha for sha, f in self.by_sha.items()}
+
+    def vectors(self) -> Features:
+        """The embedding's rows alone, the facts let go (``pixel_keys`` keeps what is read of them)."""
+        return Features({}, self.row_of, self.matrix)
 
 
 STATS_CONFIG = f"stats=v2,norm_side={NORM_SIDE},norm_max_side={NORM_MAX_SIDE}"  # tasks.curation.image_stats

@@ -6,30 +6,27 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from tasks.curation.copy_pairs import CopyScores
-from tasks.curation.curation_features import Features
+
+# ``pixels`` below: each image's pixel key (``Features.pixel_keys``: its decoded pixels' digest, or its sha256).
 
 
-def pixel_key(features: Features, sha: str) -> str:
-    return features.by_sha[sha].pixel_digest or sha
-
-
-def group_by_pixels(shas: list[str], features: Features) -> dict[str, list[str]]:
+def group_by_pixels(shas: list[str], pixels: Mapping[str, str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for s in shas:
-        out.setdefault(pixel_key(features, s), []).append(s)
+        out.setdefault(pixels[s], []).append(s)
     return out
 
 
-def _copies_of(sha: str, among: Mapping[str, Any] | set[str], by_digest: dict[str, list[str]], features: Features,
+def _copies_of(sha: str, among: Mapping[str, Any] | set[str], by_digest: dict[str, list[str]], pixels: Mapping[str, str],
                scores: CopyScores, threshold: float) -> list[tuple[str, str]]:
     """Images of ``among`` known now to be copies of ``sha``: (image, how), same pixels first, then scored pairs.
 
     ``by_digest`` groups ``among`` by decoded-pixel digest; a scored pair is a copy at ``threshold`` or above.
     """
-    digest = pixel_key(features, sha)
+    digest = pixels[sha]
     same = [(o, "same pixels") for o in by_digest.get(digest, ()) if o != sha]
     return same + [(o, f"copy score {v:.4f}") for o, v in scores.partners(sha).items()
-                   if v >= threshold and o in among and pixel_key(features, o) != digest]
+                   if v >= threshold and o in among and pixels[o] != digest]
 
 
 def _strongest(sha: str, copies: list[tuple[str, str]], scores: CopyScores, rank: Mapping[str, int]) -> tuple[str, str]:
@@ -45,16 +42,16 @@ class RecordedMembers:
     its own partners, never the component's size.
     """
 
-    def __init__(self, recorded: list[str], features: Features) -> None:
+    def __init__(self, recorded: list[str], pixels: Mapping[str, str]) -> None:
         self.rank = {r: i for i, r in enumerate(recorded)}
-        self.by_digest = group_by_pixels(recorded, features)
+        self.by_digest = group_by_pixels(recorded, pixels)
 
 
-def recorded_original(sha: str, recorded: RecordedMembers, features: Features, by_sha: dict[str, dict[str, Any]],
+def recorded_original(sha: str, recorded: RecordedMembers, pixels: Mapping[str, str], by_sha: dict[str, dict[str, Any]],
                       scores: CopyScores, threshold: float) -> tuple[str, str, str] | None:
     """(reason, recorded image, how) when a new image is a copy of a recorded image with its label, else None."""
     label = by_sha[sha]["label"]
-    copies = [(o, how) for o, how in _copies_of(sha, recorded.rank, recorded.by_digest, features, scores, threshold)
+    copies = [(o, how) for o, how in _copies_of(sha, recorded.rank, recorded.by_digest, pixels, scores, threshold)
               if by_sha[o]["label"] == label]
     if not copies:
         return None
@@ -64,7 +61,7 @@ def recorded_original(sha: str, recorded: RecordedMembers, features: Features, b
     return "near_duplicate", original, how
 
 
-def dedupe_component(order: list[str], features: Features, labels: dict[str, str], scores: CopyScores,
+def dedupe_component(order: list[str], pixels: Mapping[str, str], labels: dict[str, str], scores: CopyScores,
                      threshold: float, abstain: Collection[str] = (),
                      possible: list[tuple[str, str, float]] | None = None,
                      ) -> tuple[list[str], list[tuple[str, str, str | None, str]]]:
@@ -90,12 +87,12 @@ def dedupe_component(order: list[str], features: Features, labels: dict[str, str
     if len(order) == 1:
         return list(order), []
     index = {s: i for i, s in enumerate(order)}
-    by_digest = group_by_pixels(order, features)
+    by_digest = group_by_pixels(order, pixels)
     label = [labels[s] for s in order]
 
     def known_copies(i: int) -> list[tuple[int, str]]:
         """Members that are copies of member i by what is known now (same pixels, or a scored pair)."""
-        return [(index[o], how) for o, how in _copies_of(order[i], index, by_digest, features, scores, threshold)]
+        return [(index[o], how) for o, how in _copies_of(order[i], index, by_digest, pixels, scores, threshold)]
 
     copies = [known_copies(i) for i in range(len(order))]  # the scores do not change during the walk
     clash: dict[int, tuple[int, str]] = {}  # member -> a known copy of it with another label

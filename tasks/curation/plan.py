@@ -44,7 +44,7 @@ from tasks.curation.curation_features import (
     store_features,
     stored_vectors,
 )
-from tasks.curation.dedupe import dedupe_component, pixel_key
+from tasks.curation.dedupe import dedupe_component
 from tasks.curation.fastdup_optional import require_embedding
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
 from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
@@ -96,17 +96,21 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     record, record_version = read_assignments(settings)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
-    views = _views(settings, eligible, features)
-    features = features.facts()  # the vectors are read from the views' files from here on: not held
-    graph = _group(settings, eligible, record, features, images, views)
+    constant = {s for s in by_sha if is_constant(features.by_sha[s])}  # outside the class budget
+    pixels = features.pixel_keys()  # all that is read of the facts from here on: they go before the index is built
+    vectors = features.vectors()
+    del features
+    views = _views(settings, eligible, vectors)
+    del vectors  # read from the views' files from here on: not held
+    graph = _group(settings, eligible, record, pixels, images, views)
     assignments, groups, renamed, new_images, bridges = assign(
-        graph.components(), record, features, by_sha, graph.scores, cfg, raw_version, run_id)
+        graph.components(), record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
-                          lambda s: by_sha[s]["label"], lambda s: pixel_key(features, s), graph.scores)
+                          lambda s: by_sha[s]["label"], pixels.__getitem__, graph.scores)
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
-    kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, features, by_sha, graph, nearest, dropped,
-                                              reuse)
+    kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest,
+                                              dropped, reuse)
     dropped.extend(bridge_rows(bridges, by_sha, record, decisions["abstain"]))
     decisions = _decisions(decisions, kept_bad, by_sha)
 
@@ -255,12 +259,12 @@ class _Graph:
         return list(members.values())
 
 
-def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment], features: Features,
+def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment], pixels: dict[str, str],
            images: RawImages, views: list[RowView]) -> _Graph:
     """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies (the
     neighbours from ``views``: the embedding's views of ``eligible``, by position)."""
     cfg = settings.curation
-    sets, pending = _known_sets(eligible, record, features)
+    sets, pending = _known_sets(eligible, record, pixels)
     neighbours = _neighbours(settings, eligible, views, pending)
     for a, b in _rows(neighbours.similar):
         sets.union(a, b)
@@ -278,7 +282,7 @@ def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment
                   len(candidates), copy_edges, search)
 
 
-def _known_sets(eligible: list[str], record: dict[str, Assignment], features: Features
+def _known_sets(eligible: list[str], record: dict[str, Assignment], pixels: dict[str, str]
                 ) -> tuple[UnionFind, np.ndarray]:
     """(the recorded components as they are, each new image joined to the first eligible image of its pixels; the
     new images' positions). Its maps (a component's, a pixel key's first image) are gone before the search."""
@@ -290,9 +294,9 @@ def _known_sets(eligible: list[str], record: dict[str, Assignment], features: Fe
     pending = np.fromiter((i for i, sha in enumerate(eligible) if sha not in record), dtype=np.int64)
     first_of_pixels: dict[str, int] = {}
     for i, sha in enumerate(eligible):
-        first_of_pixels.setdefault(pixel_key(features, sha), i)
+        first_of_pixels.setdefault(pixels[sha], i)
     for i in pending.tolist():
-        sets.union(i, first_of_pixels[pixel_key(features, eligible[i])])
+        sets.union(i, first_of_pixels[pixels[eligible[i]]])
     return sets, pending
 
 
@@ -329,7 +333,8 @@ def _neighbours(settings: Settings, eligible: list[str], views: list[RowView], p
 
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],
-                       features: Features, by_sha: dict[str, dict[str, Any]], graph: "_Graph", nearest: NearestMap,
+                       pixels: dict[str, str], constant: set[str], by_sha: dict[str, dict[str, Any]], graph: "_Graph",
+                       nearest: NearestMap,
                        dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None
                        ) -> tuple[list[KeptRow], dict[str, Any]]:
     """Kept rows, with drops added to ``dropped``, after the class tests: separation first, then the class guard.
@@ -343,8 +348,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
     seps = separation_by_class({by_sha[s]["label"] for s in graph.eligible}, nearest.by_label(), cfg.copy_similarity,
                                cfg.copy_min_separation, cfg.copy_min_class_images)
     abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
-    constant = {s for s in by_sha if is_constant(features.by_sha[s])}
-    walk = functools.partial(_dedupe, groups=groups, assignments=assignments, features=features, by_sha=by_sha,
+    walk = functools.partial(_dedupe, groups=groups, assignments=assignments, pixels=pixels, by_sha=by_sha,
                              scores=graph.scores, threshold=cfg.copy_similarity, abstain=abstain)
     if reuse is None:
         prior, keys = None, sorted(groups)
@@ -420,7 +424,7 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict
 
 
 def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[str, Assignment],
-            features: Features, by_sha: dict[str, dict[str, Any]], scores: CopyScores, threshold: float,
+            pixels: dict[str, str], by_sha: dict[str, dict[str, Any]], scores: CopyScores, threshold: float,
             abstain: Collection[str] = ()
             ) -> tuple[list[KeptRow], list[dict[str, Any]], list[tuple[str, str, float]]]:
     """(kept rows, drop rows, possible copies) of the components ``keys``, each walked first assigned first."""
@@ -430,7 +434,7 @@ def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[
     scores.want(s for key in keys for s in groups[key])  # the walked members' stored pairs, in one scan
     for key in keys:
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
-        kept, removed = dedupe_component(order, features, {s: by_sha[s]["label"] for s in order}, scores, threshold,
+        kept, removed = dedupe_component(order, pixels, {s: by_sha[s]["label"] for s in order}, scores, threshold,
                                          abstain, possible)
         dropped.extend(drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
         kept_rows.extend(_kept_row(by_sha[sha], assignments[sha], key) for sha in kept)
