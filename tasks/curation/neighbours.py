@@ -43,6 +43,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from tasks.curation.sha_list import ShaList, keys
+
 log = logging.getLogger(__name__)
 
 SEARCH_BLOCK = 1024  # query rows per exact matrix product: bounds memory at BLOCK x N floats
@@ -193,18 +195,13 @@ def _indexed(matrix: Any, eligible: Sequence[str], q: np.ndarray, k: int, folder
     """Top ``k`` eligible neighbours of each query from the stored index, extended first with unindexed rows;
     searched and ranked a block of queries at a time (bounded hits)."""
     index = ShaIndex.open(folder, version, matrix.shape[1])
-    index.extend(eligible, matrix)
-    at = _eligible_positions(index.shas, eligible)
+    asked = keys(eligible)
+    index.extend(eligible, matrix, asked)
+    at = index.shas.located(asked).astype(np.int32)  # each indexed row's eligible position, -1: not eligible now
     for start in range(0, len(q), RANK_BLOCK):
         rows = q[start:start + RANK_BLOCK]
         ids, sims = index.search(matrix[rows], k + 1 + SEARCH_SLACK)
         yield rows, _ranked(at, rows, ids, sims, k)[0]
-
-
-def _eligible_positions(indexed: Sequence[str], eligible: Sequence[str]) -> np.ndarray:
-    """Each indexed row's position among the eligible images, or -1 (indexed once, not eligible now)."""
-    pos = {sha: i for i, sha in enumerate(eligible)}
-    return np.fromiter((pos.get(sha, -1) for sha in indexed), dtype=np.int32, count=len(indexed))
 
 
 def _ranked(at: np.ndarray, q: np.ndarray, ids: np.ndarray, sims: np.ndarray, k: int
@@ -226,9 +223,8 @@ def _ranked(at: np.ndarray, q: np.ndarray, ids: np.ndarray, sims: np.ndarray, k:
 class ShaIndex:
     """A faiss HNSW inner-product index whose ids are positions in a stored list of sha256s."""
 
-    def __init__(self, path: Path, index, shas: list[str]) -> None:
+    def __init__(self, path: Path, index, shas: ShaList) -> None:
         self.path, self.index, self.shas = path, index, shas
-        self._known = set(shas)
 
     @classmethod
     def open(cls, folder: Path, version: str, dim: int) -> ShaIndex:
@@ -239,22 +235,21 @@ class ShaIndex:
         shas_path = path.with_suffix(".shas")
         if path.exists() and shas_path.exists():
             index = faiss.read_index(str(path))
-            shas = shas_path.read_text().split()
+            shas = ShaList.read(shas_path)
             if index.ntotal == len(shas) and index.d == dim:
                 return cls(path, index, shas)
             log.warning("curate: neighbour index %s does not match its sha list: rebuilt", path.name)
         index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-        return cls(path, index, [])
+        return cls(path, index, ShaList.of([]))
 
-    def sha(self, i: int) -> str:
-        return self.shas[i]
-
-    def extend(self, shas: Sequence[str], matrix: Any) -> int:
-        """Add the rows of ``shas`` not indexed yet (sha256 order, one thread) and store the index; how many."""
+    def extend(self, shas: Sequence[str], matrix: Any, asked: np.ndarray | None = None) -> int:
+        """Add the rows of ``shas`` (``asked``: their ``sha_list.keys``) not indexed yet (sha256 order, one thread)
+        and store the index; how many."""
         import faiss
 
-        new = [r for r, s in enumerate(shas) if s not in self._known]  # positions, in sha256 order: no tuples
+        rows = self.shas.rows_of(keys(shas) if asked is None else asked)
+        new = np.flatnonzero(rows < 0).tolist()  # positions, in sha256 order: no tuples
         new.sort(key=shas.__getitem__)
         if not new:
             return 0
@@ -265,8 +260,7 @@ class ShaIndex:
             self.index.add(rows)
         finally:
             faiss.omp_set_num_threads(threads)
-        self.shas.extend(shas[r] for r in new)
-        self._known.update(shas[r] for r in new)
+        self.shas = self.shas.extended([shas[r] for r in new])
         self._store()
         return len(new)
 
@@ -284,7 +278,7 @@ class ShaIndex:
         faiss.write_index(self.index, str(tmp))
         os.replace(tmp, self.path)
         tmp_shas = self.path.with_suffix(f".shas.{os.getpid()}.tmp")
-        tmp_shas.write_text("\n".join(self.shas) + "\n")
+        self.shas.write(tmp_shas)
         os.replace(tmp_shas, self.path.with_suffix(".shas"))
 
 

@@ -5,7 +5,7 @@ holding every vector of the table in memory grows with the table (and the blurre
 intermediate with it). So each view's unit rows live in ``<name>.vectors.npy`` next to the faiss
 index (``curation_index/``), opened with ``np.load(mmap_mode="r")``: the search touches the pages of
 the rows it reads (the queries and their neighbours), not the table. Row ``r`` is the image on line
-``r`` of ``<name>.vectors.shas``.
+``r`` of ``<name>.vectors.shas`` (held as one byte array: ``tasks.curation.sha_list``).
 
 * Extended with each batch's new images, in sha256 order, as the index is: the new rows (the batch's
   fresh features, already in memory) are written after the old ones into a new file, copied in
@@ -36,6 +36,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from tasks.curation.sha_list import ShaList, keys
+
 log = logging.getLogger(__name__)
 
 COPY_ROWS = 65_536  # rows per block when a file is extended: bounds the copy's memory
@@ -44,9 +46,8 @@ COPY_ROWS = 65_536  # rows per block when a file is extended: bounds the copy's 
 class VectorFile:
     """Unit rows of one embedding version and view, memory-mapped read-only, row ``r`` = ``shas[r]``."""
 
-    def __init__(self, path: Path, shas: list[str], array: np.ndarray | None) -> None:
+    def __init__(self, path: Path, shas: ShaList, array: np.ndarray | None) -> None:
         self.path, self.shas, self.array = path, shas, array
-        self.row_of = {s: r for r, s in enumerate(shas)}
 
     @classmethod
     def open(cls, folder: Path, key: str) -> VectorFile:
@@ -55,15 +56,15 @@ class VectorFile:
         shas_path = path.with_suffix(".shas")
         if path.exists() and shas_path.exists():
             array = np.load(path, mmap_mode="r")
-            shas = shas_path.read_text().split()
+            shas = ShaList.read(shas_path)
             if array.dtype == np.float32 and array.ndim == 2 and array.shape[0] == len(shas):
                 return cls(path, shas, array)
             log.warning("curate: vector file %s does not match its sha list: rebuilt", path.name)
-        return cls(path, [], None)
+        return cls(path, ShaList.of([]), None)
 
-    def missing(self, shas: Sequence[str]) -> list[str]:
-        """Those of ``shas`` not in the file, sorted."""
-        return sorted(s for s in shas if s not in self.row_of)
+    def rows(self, shas: np.ndarray) -> np.ndarray:
+        """The row of each of ``shas`` (``sha_list.keys``), -1 where it has none."""
+        return self.shas.rows_of(shas)
 
     def append(self, shas: Sequence[str], blocks: Iterable[np.ndarray]) -> None:
         """Add the rows of ``blocks`` (in order, one per sha of ``shas``, none already in the file) after the stored
@@ -80,10 +81,10 @@ class VectorFile:
             raise
         os.replace(tmp, self.path)  # rows first, then the list: a crash between leaves a mismatch (rebuilt)
         shas_tmp = self.path.with_name(f"{self.path.with_suffix('.shas').name}.{os.getpid()}.tmp")
-        shas_tmp.write_text("".join(f"{s}\n" for s in [*self.shas, *shas]))
+        listed = self.shas.extended(shas)
+        listed.write(shas_tmp)
         os.replace(shas_tmp, self.path.with_suffix(".shas"))
-        self.row_of.update((s, len(self.shas) + i) for i, s in enumerate(shas))
-        self.shas = [*self.shas, *shas]
+        self.shas = listed
         self.array = np.load(self.path, mmap_mode="r")
 
     def _write(self, out: BinaryIO, new: int, blocks: Iterator[np.ndarray]) -> None:
@@ -155,10 +156,12 @@ def stored_views(folder: Path, version: str, eligible: Sequence[str],
     """
     views: list[RowView] = []
     fetched: dict[tuple[str, ...], np.ndarray] = {}
+    asked = keys(eligible)
     for i, derive in enumerate([None, *derived]):
         with _extending(folder, f"{version};view={i}"):  # another curation's extension waits: rows and list agree
             store = VectorFile.open(folder, f"{version};view={i}")
-            missing = store.missing(eligible)
+            rows = store.rows(asked)
+            missing = sorted(eligible[p] for p in np.flatnonzero(rows < 0).tolist())
             if missing:
                 key = tuple(missing)
                 if key not in fetched:
@@ -167,6 +170,8 @@ def stored_views(folder: Path, version: str, eligible: Sequence[str],
                 store.append(missing, (base[start:start + COPY_ROWS] if derive is None  # a block at a time: bounded
                                        else derive(base[start:start + COPY_ROWS])
                                        for start in range(0, len(base), COPY_ROWS)))
-        rows = np.fromiter((store.row_of[s] for s in eligible), dtype=np.int64, count=len(eligible))
+                rows = store.rows(asked)
+        if len(rows) and int(rows.min()) < 0:
+            raise ValueError(f"{store.path.name}: {int((rows < 0).sum())} eligible images have no row")
         views.append(RowView(store.array if store.array is not None else np.zeros((0, 1), np.float32), rows))
     return views

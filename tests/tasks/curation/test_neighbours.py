@@ -81,7 +81,7 @@ def test_index_is_stored_once_per_version_and_extended(tmp_path: Path) -> None:
     assert ShaIndex.open(tmp_path, "v1;view=0", 64).index.ntotal == 200
     neighbour_graph([m], shas, [250], 4, exact_below=0, folder=tmp_path, version="v1")
     reopened = ShaIndex.open(tmp_path, "v1;view=0", 64)
-    assert reopened.index.ntotal == 300 and reopened.shas == sorted(shas)
+    assert reopened.index.ntotal == 300 and reopened.shas.tolist() == sorted(shas)
     assert ShaIndex.open(tmp_path, "v2;view=0", 64).index.ntotal == 0  # another embedding version: its own index
 
 
@@ -93,12 +93,13 @@ def test_a_local_lake_keeps_the_index_next_to_its_tables(tmp_path: Path) -> None
 def test_hits_are_ranked_in_numpy_as_one_by_one_nearest_first_ties_by_position_without_self_or_ineligible() -> None:
     """The index's hits become each query's k eligible neighbours in blocks of arrays; the same as ranking them
     one query at a time (cosines rounded so ties are common, missing hits (-1), rows no longer eligible)."""
-    from tasks.curation.neighbours import _eligible_positions, _ranked
+    from tasks.curation.neighbours import _ranked
+    from tasks.curation.sha_list import ShaList, keys
 
     rng = np.random.default_rng(7)
     indexed = _shas(300)
     eligible = [s for i, s in enumerate(indexed) if i % 7]  # every seventh indexed row is not eligible now
-    at = _eligible_positions(indexed, eligible)
+    at = ShaList.of(indexed).located(keys(eligible)).astype(np.int32)
     q = rng.choice(len(eligible), size=200, replace=False).astype(np.int64)
     ids = np.stack([rng.choice(len(indexed), size=12, replace=False) for _ in q])
     ids[:20, 0] = [indexed.index(eligible[p]) for p in q[:20]]  # some queries find themselves

@@ -1,0 +1,98 @@
+"""A stored list of sha256s (beside the vector files and the neighbour index) held as one byte array.
+
+Row ``r`` of a view's vector file and id ``r`` of its faiss index are the image on line ``r`` of a ``.shas``
+file (one sha256 a line). Read as Python strings, a list of a million is about 116 MB (a 113-byte ``str`` an
+image and the list), and the dict or set that looks them up about as much again, for each of the two views' files
+and indexes: about 0.8 GB of a 1% batch at a million images, where every string is read from the file. Here the
+list is one fixed-width ``S`` array (64 bytes a sha256: 64 MB at a million) and a lookup is a binary search of
+each listed image among the eligible ones, which are sorted (``located``); the file's bytes are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+WRITE_ROWS = 65_536  # lines joined at a time when a list is written
+_LINE = 65  # a sha256's 64 hex digits and a newline: the fast read
+
+
+def keys(shas: Sequence[str] | np.ndarray) -> np.ndarray:
+    """``shas`` as a fixed-width byte array (ASCII: a sha256 is hex)."""
+    if isinstance(shas, np.ndarray) and shas.dtype.kind == "S":
+        return shas
+    shas = shas if isinstance(shas, list) else list(shas)
+    if not shas:
+        return np.zeros(0, dtype="S64")
+    if all(len(s) == 64 for s in shas):  # sha256s: one joined buffer (a list made into ``S`` dtype: 14x slower)
+        return np.frombuffer("".join(shas).encode("ascii"), dtype="S64")
+    return np.array(shas, dtype="S")
+
+
+def _common(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    width = f"S{max(a.dtype.itemsize, b.dtype.itemsize)}"
+    return a.astype(width, copy=False), b.astype(width, copy=False)
+
+
+class ShaList:
+    """sha256s in a stored order (row ``r`` is ``self[r]``), as one byte array."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    @classmethod
+    def of(cls, shas: Sequence[str] | np.ndarray) -> ShaList:
+        return cls(keys(shas))
+
+    @classmethod
+    def read(cls, path: Path) -> ShaList:
+        """The list in ``path`` (one sha256 a line). Lines of 64 characters are read as one buffer, no object a line."""
+        data = path.read_bytes()
+        if data and len(data) % _LINE == 0:
+            lines = np.frombuffer(data, dtype=np.uint8).reshape(-1, _LINE)
+            if bool((lines[:, -1] == ord("\n")).all()) and not bool((lines[:, :-1] <= ord(" ")).any()):
+                return cls(np.ascontiguousarray(lines[:, :-1]).view("S64").ravel())
+        return cls(keys([s.decode("ascii") for s in data.split()]))
+
+    def write(self, path: Path) -> None:
+        """One sha256 a line, written a block of lines at a time."""
+        with open(path, "wb") as out:
+            for start in range(0, len(self.array), WRITE_ROWS):
+                out.write(b"".join(k + b"\n" for k in self.array[start:start + WRITE_ROWS].tolist()))
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, row: int) -> str:
+        return self.array[row].decode("ascii")
+
+    def tolist(self) -> list[str]:
+        return [k.decode("ascii") for k in self.array.tolist()]
+
+    def extended(self, shas: Sequence[str]) -> ShaList:
+        """This list with ``shas`` after it."""
+        if not len(shas):
+            return self
+        old, new = _common(self.array, keys(shas))
+        return ShaList(np.concatenate([old, new]))
+
+    def located(self, among: np.ndarray) -> np.ndarray:
+        """Each row's position in ``among`` (``keys``; sorted, as the eligible images are: one binary search a
+        row, no sort; else sorted first), or -1: the int64 positions of this list's images among them."""
+        array, among = _common(self.array, among)
+        if not len(array) or not len(among):
+            return np.full(len(array), -1, dtype=np.int64)
+        order = None if bool((among[1:] >= among[:-1]).all()) else np.argsort(among, kind="stable")
+        at = np.minimum(np.searchsorted(among, array, sorter=order), len(among) - 1)
+        at = at if order is None else order[at]
+        return np.where(among[at] == array, at, -1).astype(np.int64, copy=False)
+
+    def rows_of(self, among: np.ndarray) -> np.ndarray:
+        """The row of each of ``among`` (``keys``) in this list, or -1."""
+        at = self.located(among)
+        rows = np.full(len(among), -1, dtype=np.int64)
+        listed = np.flatnonzero(at >= 0)
+        rows[at[listed]] = listed
+        return rows

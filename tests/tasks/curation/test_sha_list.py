@@ -1,0 +1,55 @@
+"""The sha256 lists beside the vector files and the index, held as one byte array: the same file, the same rows."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import numpy as np
+
+from tasks.curation.sha_list import ShaList, keys
+
+
+def _shas(n: int, seed: int) -> list[str]:
+    return [hashlib.sha256(f"{seed}:{i}".encode()).hexdigest() for i in range(n)]
+
+
+def test_a_list_is_written_and_read_as_the_text_file_it_was(tmp_path):
+    shas = _shas(1000, 1)  # stored order: not sorted
+    path = tmp_path / "x.shas"
+    ShaList.of(shas).write(path)
+    assert path.read_text() == "".join(f"{s}\n" for s in shas)  # the file as the string list wrote it
+    back = ShaList.read(path)
+    assert back.array.dtype == np.dtype("S64") and back.tolist() == shas and back[17] == shas[17] and len(back) == 1000
+
+
+def test_lines_that_are_not_sha256s_are_read_one_by_one(tmp_path):
+    path = tmp_path / "x.shas"
+    path.write_text("a\nbb\nccc\n")
+    assert ShaList.read(path).tolist() == ["a", "bb", "ccc"]
+    path.write_text("")
+    assert ShaList.read(path).tolist() == []
+
+
+def test_each_listed_row_is_located_among_the_eligible_images_and_each_eligible_image_s_row_found():
+    listed = _shas(500, 2)
+    random.Random(0).shuffle(listed)  # a stored list: batches appended, not sorted
+    rows = ShaList.of(listed)
+    other = _shas(50, 3)
+    eligible = sorted(listed[::7] + other)
+    located = rows.located(keys(eligible))
+    assert located.tolist() == [eligible.index(s) if s in eligible else -1 for s in listed]
+    assert rows.rows_of(keys(eligible)).tolist() == [listed.index(s) if s in listed else -1 for s in eligible]
+    unsorted = eligible[::-1]  # the eligible images not sorted: the same answer, sorted first
+    assert rows.located(keys(unsorted)).tolist() == [unsorted.index(s) if s in unsorted else -1 for s in listed]
+    assert rows.rows_of(keys(unsorted)).tolist() == [listed.index(s) if s in listed else -1 for s in unsorted]
+    assert ShaList.of([]).rows_of(keys(eligible)).tolist() == [-1] * len(eligible)
+    assert rows.located(keys([])).tolist() == [-1] * len(listed) and rows.rows_of(keys([])).tolist() == []
+
+
+def test_a_list_extended_keeps_its_rows_and_adds_after_them_whatever_the_widths():
+    short = ShaList.of(["a", "c"])
+    longer = short.extended(_shas(2, 4))
+    assert longer.tolist() == ["a", "c", *_shas(2, 4)] and short.tolist() == ["a", "c"]
+    assert longer.rows_of(keys(["b", "c", _shas(2, 4)[1]])).tolist() == [-1, 1, 3]
+    assert longer.extended([]) is longer
