@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.curation import copy_score
-from tasks.curation.pair_store import StoredPairs, StoredScores
+from tasks.curation.pair_store import StoredPairs, StoredScores, both_keys
 from tasks.data import lake
 
 log = logging.getLogger(__name__)
@@ -379,8 +379,7 @@ class _Scorer:
 
 def _coded_pairs(block: pa.Table, wanted: pa.Array) -> tuple[pa.Array, pa.Array]:
     """Positions in ``wanted`` of each row's two images (null: not wanted), from ONE set lookup of both columns."""
-    both = pa.chunked_array([*block.column("sha256_a").chunks, *block.column("sha256_b").chunks], pa.string())
-    codes = pc.index_in(both, value_set=wanted).combine_chunks()
+    codes = pc.index_in(both_keys(block), value_set=wanted).combine_chunks()
     return codes.slice(0, block.num_rows), codes.slice(block.num_rows)
 
 

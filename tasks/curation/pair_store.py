@@ -141,7 +141,7 @@ class StoredScores:
                                       lake.LOOKUP_BLOCK_ROWS):
             keep = pc.equal(block.column("config"), self._config)
             if narrow is not None:
-                found = pc.is_in(_both(block), value_set=narrow).combine_chunks()
+                found = pc.is_in(both_keys(block), value_set=narrow).combine_chunks()
                 keep = pc.and_(keep, pc.or_(found.slice(0, block.num_rows), found.slice(block.num_rows)))
             pending.append(block.select(["sha256_a", "sha256_b", "score"]).filter(keep))
             if sum(t.num_rows for t in pending) >= lake.LOOKUP_BLOCK_ROWS:
@@ -152,7 +152,7 @@ class StoredScores:
 
     def _code_rows(self, rows: pa.Table, eligible: pa.Array, is_new: np.ndarray) -> None:
         """Hold the pairs of ``rows`` with both images eligible, one of them new and neither read before."""
-        codes = pc.fill_null(pc.index_in(_both(rows), value_set=eligible), -1)
+        codes = pc.fill_null(pc.index_in(both_keys(rows), value_set=eligible), -1)
         codes = codes.to_numpy(zero_copy_only=False).astype(np.int64)
         a, b = codes[:rows.num_rows], codes[rows.num_rows:]
         ok = (a >= 0) & (b >= 0)
@@ -183,6 +183,7 @@ class StoredScores:
         return self._index.partners_of(code)
 
 
-def _both(rows: pa.Table) -> pa.ChunkedArray:
-    """The two key columns end to end: one set lookup codes both (the first ``num_rows`` values are sha256_a's)."""
+def both_keys(rows: pa.Table) -> pa.ChunkedArray:
+    """The two key columns of pair rows end to end: one set lookup codes both (the first ``num_rows`` values are
+    sha256_a's)."""
     return pa.chunked_array([*rows.column("sha256_a").chunks, *rows.column("sha256_b").chunks], pa.string())
