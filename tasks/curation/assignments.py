@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.dedupe import RecordedMembers, recorded_original
-from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, drop_row
+from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, RawFacts, drop_row
 from tasks.data import lake
 from tasks.settings import Settings
 
@@ -86,7 +86,7 @@ class Bridge:
     copy_of: tuple[str, str, str] | None  # (reason, recorded image, how): a copy of one with its label
 
 
-def bridge_rows(bridges: list[Bridge], by_sha: dict[str, dict[str, Any]], record: dict[str, Assignment],
+def bridge_rows(bridges: list[Bridge], by_sha: dict[str, RawFacts], record: dict[str, Assignment],
                 abstain: Collection[str]) -> list[dict[str, Any]]:
     """Drop rows of the bridges, named once the classes' tests are known.
 
@@ -103,10 +103,10 @@ def bridge_rows(bridges: list[Bridge], by_sha: dict[str, dict[str, Any]], record
             rows.append(drop_row(row, "split_bridge", b.component, None, b.detail))
             continue
         reason, original, how = b.copy_of
-        if reason == "near_duplicate" and row["label"] in abstain:
+        if reason == "near_duplicate" and row.label in abstain:
             rows.append(drop_row(row, "split_bridge", b.component, original,
                                  f"{b.detail}; possibly a copy of the recorded image ({how}), but copies of class "
-                                 f"{row['label']} do not stand out from its bulk"))
+                                 f"{row.label} do not stand out from its bulk"))
         else:  # a copy needs no split: named as such, never kept across splits
             rows.append(drop_row(row, reason, record[original].component, original,
                                  f"{how} to the recorded image (it also {b.detail})"))
@@ -114,7 +114,7 @@ def bridge_rows(bridges: list[Bridge], by_sha: dict[str, dict[str, Any]], record
 
 
 def assign(
-    components: list[list[str]], record: dict[str, Assignment], pixels: Mapping[str, str], by_sha: dict[str, dict[str, Any]],
+    components: list[list[str]], record: dict[str, Assignment], pixels: Mapping[str, str], by_sha: dict[str, RawFacts],
     scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
 ) -> tuple[dict[str, Assignment], dict[str, list[str]], dict[str, str], int, list[Bridge]]:
     """Keys and splits for this curation's components (the rules in the module doc).

@@ -32,6 +32,7 @@ from collections.abc import Collection
 from typing import Any
 
 from tasks.curation.outliers import is_constant
+from tasks.curation.tables import RawFacts
 
 BAD_IMAGE_REASONS = ("too_small", "too_dark", "too_bright", "blurry", "flat")
 
@@ -41,11 +42,11 @@ def budget(images: int, share: float) -> int:
     return int(math.floor(share * images + 1e-9))
 
 
-def class_sizes(by_sha: dict[str, dict[str, Any]]) -> dict[str, int]:
-    return dict(Counter(r["label"] for r in by_sha.values()))
+def class_sizes(by_sha: dict[str, RawFacts]) -> dict[str, int]:
+    return dict(Counter(r.label for r in by_sha.values()))
 
 
-def guard_outliers(by_sha: dict[str, dict[str, Any]], eligible: list[str], dropped: list[dict[str, Any]],
+def guard_outliers(by_sha: dict[str, RawFacts], eligible: list[str], dropped: list[dict[str, Any]],
                    outliers: list[tuple[str, str, str, Any]], share: float
                    ) -> tuple[list[str], list[dict[str, Any]], list[tuple[str, str, str, Any]], list[dict[str, Any]]]:
     """(eligible, dropped, outliers, decisions) with the bad images of classes over budget kept and listed.
@@ -57,7 +58,7 @@ def guard_outliers(by_sha: dict[str, dict[str, Any]], eligible: list[str], dropp
     for o in outliers:
         if is_constant(o[3]):
             continue
-        per_class.setdefault(by_sha[o[0]]["label"], []).append(o)
+        per_class.setdefault(by_sha[o[0]].label, []).append(o)
     keep: set[str] = set()
     decisions = []
     for label, flagged in sorted(per_class.items()):
@@ -77,7 +78,7 @@ def guard_outliers(by_sha: dict[str, dict[str, Any]], eligible: list[str], dropp
             [o for o in outliers if o[0] not in keep], decisions)
 
 
-def over_budget(by_sha: dict[str, dict[str, Any]], dropped: list[dict[str, Any]], share: float,
+def over_budget(by_sha: dict[str, RawFacts], dropped: list[dict[str, Any]], share: float,
                 exempt: Collection[str] = ()) -> dict[str, str]:
     """label -> why, for each class whose near-duplicate plus bad-image drops (but ``exempt``) exceed its budget."""
     sizes = class_sizes(by_sha)

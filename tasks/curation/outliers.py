@@ -25,7 +25,7 @@ import numpy as np
 from tasks.curation.assignments import Assignment
 from tasks.curation.bulk_limits import RULES, Verdict, judge
 from tasks.curation.curation_features import Features, ImageFeatures
-from tasks.curation.tables import drop_row
+from tasks.curation.tables import RawFacts, drop_row
 from tasks.errors import DataError
 from tasks.settings import OutlierSettings
 
@@ -118,7 +118,7 @@ def _detail(verdict: Verdict, family: str, value: float, sigmas: float) -> str:
             f"of this version's {family} images; flagged beyond the gap at {bulk.cut:.4g})")
 
 
-def screen(by_sha: dict[str, dict[str, Any]], features: Features, record: dict[str, Assignment],
+def screen(by_sha: dict[str, RawFacts], features: Features, record: dict[str, Assignment],
            limits: OutlierSettings) -> tuple[list[str], list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]],
                                              list[dict[str, str]]]:
     """(eligible shas in order, drop rows, outliers, abstentions): images without features and bad images are set aside."""
@@ -133,14 +133,14 @@ def screen(by_sha: dict[str, dict[str, Any]], features: Features, record: dict[s
             reason = "undecodable" if f.error.startswith("undecodable") else "fastdup_invalid"
             dropped.append(drop_row(r, reason, home, None, f.error))
             continue
-        m = measured(int(r["width"]), int(r["height"]), f)
+        m = measured(r.width, r.height, f)
         bad = outlier_reason(m, limits)
         if bad is None:
             bulk[sha] = m
         else:
             decided[sha] = bad
     _check_override_share(decided, features, len(by_sha), limits)
-    relative, abstained = relative_screen(bulk, {s: str(by_sha[s]["label"]) for s in bulk}, limits)
+    relative, abstained = relative_screen(bulk, {s: str(by_sha[s].label) for s in bulk}, limits)
     decided.update(relative)
     for family, rule in sorted({(a["family"], a["rule"]) for a in abstained}):
         log.warning("curate: the %s rule abstains for %s images: %s", rule, family,

@@ -53,7 +53,7 @@ from tasks.curation.pair_store import StoredScores
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.separation import separation_by_class
-from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, drop_row
+from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, RawFacts, drop_row, raw_facts
 from tasks.curation.vectors import RowView, stored_views
 from tasks.data import lake
 from tasks.settings import Settings
@@ -91,7 +91,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     """
     cfg = settings.curation
     images = RawImages(settings.raw_table, raw_version)
-    by_sha = _raw_rows(raw)
+    by_sha = raw_facts(raw)
     features, embedded, stored_before = _features(settings, list(by_sha), images, run_id, work, cache_meta)
     record, record_version = read_assignments(settings)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
@@ -106,7 +106,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
-                          lambda s: by_sha[s]["label"], pixels.__getitem__, graph.scores)
+                          lambda s: by_sha[s].label, pixels.__getitem__, graph.scores)
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
     kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest,
@@ -150,15 +150,6 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         info=info,
         nearest=nearest,
     )
-
-
-def _raw_rows(raw: pa.Table) -> dict[str, dict[str, Any]]:
-    """The raw version's facts by sha256, in sha256 order; the sha256 and the label interned (``lake.interned``): the
-    features and the record hold the same key objects, and a label is one object however many images carry it."""
-    rows = raw.to_pylist()
-    for row, sha, label in zip(rows, lake.interned(raw.column("sha256")), lake.interned(raw.column("label"))):
-        row["sha256"], row["label"] = sha, label
-    return {r["sha256"]: r for r in sorted(rows, key=lambda r: r["sha256"])}
 
 
 FEATURE_CHUNK = 20_000  # images decoded per call: their bytes and row dicts are held one chunk at a time
@@ -333,7 +324,7 @@ def _neighbours(settings: Settings, eligible: list[str], views: list[RowView], p
 
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],
-                       pixels: dict[str, str], constant: set[str], by_sha: dict[str, dict[str, Any]], graph: "_Graph",
+                       pixels: dict[str, str], constant: set[str], by_sha: dict[str, RawFacts], graph: "_Graph",
                        nearest: NearestMap,
                        dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None
                        ) -> tuple[list[KeptRow], dict[str, Any]]:
@@ -345,7 +336,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
     With the previous curation's walk (``reuse``: it and the components touched since), a component
     nothing touched keeps its decisions (``tasks.curation.prior_walk``); the rest are walked.
     """
-    seps = separation_by_class({by_sha[s]["label"] for s in graph.eligible}, nearest.by_label(), cfg.copy_similarity,
+    seps = separation_by_class({by_sha[s].label for s in graph.eligible}, nearest.by_label(), cfg.copy_similarity,
                                cfg.copy_min_separation, cfg.copy_min_class_images)
     abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
     walk = functools.partial(_dedupe, groups=groups, assignments=assignments, pixels=pixels, by_sha=by_sha,
@@ -354,7 +345,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
         prior, keys = None, sorted(groups)
     else:
         prior, touched = reuse
-        keys = prior.to_walk(groups, touched, abstain, lambda s: by_sha[s]["label"])
+        keys = prior.to_walk(groups, touched, abstain, lambda s: by_sha[s].label)
     kept_rows, removed, possible = walk(keys)
     walked_now = set(keys)
     if prior is not None:
@@ -367,7 +358,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
             break
         abstain.update(over)
         # Only components with a member of a newly abstaining class can decide otherwise: they are walked again.
-        again = {k for k, members in groups.items() if any(by_sha[s]["label"] in over for s in members)}
+        again = {k for k, members in groups.items() if any(by_sha[s].label in over for s in members)}
         rewalked = {s for k in again for s in groups[k]}
         kept_again, removed_again, possible_again = walk(sorted(again))
         walked_now |= again
@@ -383,7 +374,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
 
 
 def _add_prior_outcomes(prior: PriorWalk, keys: list[str], groups: dict[str, list[str]],
-                        assignments: dict[str, Assignment], by_sha: dict[str, dict[str, Any]],
+                        assignments: dict[str, Assignment], by_sha: dict[str, RawFacts],
                         kept_rows: list[KeptRow], removed: list[dict[str, Any]]) -> None:
     """The kept rows and drops of the components ``keys``, as the previous curation decided them."""
     for key in keys:
@@ -392,14 +383,14 @@ def _add_prior_outcomes(prior: PriorWalk, keys: list[str], groups: dict[str, lis
         kept_rows.extend(_kept_row(by_sha[sha], assignments[sha], key) for sha in kept)
 
 
-def _kept_row(row: dict[str, Any], assigned: Assignment, key: str) -> KeptRow:
-    return KeptRow(row["sha256"], row["label"], assigned.split, int(row["width"]), int(row["height"]), key)
+def _kept_row(row: RawFacts, assigned: Assignment, key: str) -> KeptRow:
+    return KeptRow(row.sha256, row.label, assigned.split, row.width, row.height, key)
 
 
-def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict[str, dict[str, Any]]
+def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict[str, RawFacts]
                ) -> dict[str, Any]:
     """The report's ``decisions``: where the rules abstained and why, and what was kept because of it."""
-    possible = [{"sha256": s, "partner": p, "score": round(v, 6), "label": by_sha[s]["label"]}
+    possible = [{"sha256": s, "partner": p, "score": round(v, 6), "label": by_sha[s].label}
                 for s, p, v in sorted(dup["possible"])]
     count: dict[str, int] = {}
     for p in possible:
@@ -424,7 +415,7 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict
 
 
 def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[str, Assignment],
-            pixels: dict[str, str], by_sha: dict[str, dict[str, Any]], scores: CopyScores, threshold: float,
+            pixels: dict[str, str], by_sha: dict[str, RawFacts], scores: CopyScores, threshold: float,
             abstain: Collection[str] = ()
             ) -> tuple[list[KeptRow], list[dict[str, Any]], list[tuple[str, str, float]]]:
     """(kept rows, drop rows, possible copies) of the components ``keys``, each walked first assigned first."""
@@ -434,7 +425,7 @@ def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[
     scores.want(s for key in keys for s in groups[key])  # the walked members' stored pairs, in one scan
     for key in keys:
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
-        kept, removed = dedupe_component(order, pixels, {s: by_sha[s]["label"] for s in order}, scores, threshold,
+        kept, removed = dedupe_component(order, pixels, {s: by_sha[s].label for s in order}, scores, threshold,
                                          abstain, possible)
         dropped.extend(drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
         kept_rows.extend(_kept_row(by_sha[sha], assignments[sha], key) for sha in kept)

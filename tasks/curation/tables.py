@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -60,9 +60,31 @@ class CurationError(DataError, RuntimeError):
     """Curation cannot produce a snapshot; the message says which input and why."""
 
 
-def drop_row(row: dict[str, Any], reason: str, component: str, kept: str | None, detail: str | None) -> dict[str, Any]:
-    return {"sha256": row["sha256"], "reason": reason, "component": component, "kept_sha256": kept,
-            "label": row["label"], "detail": detail}
+class RawFacts(NamedTuple):
+    """One image of the raw version, without its bytes: what the rules read of it (``read_raw``'s columns).
+
+    A named tuple, not a dict: one is held for every image of the raw version through the whole curation (72 bytes
+    against 184 a dict: about 105 MiB less at a million images).
+    """
+
+    sha256: str
+    label: str
+    width: int
+    height: int
+
+
+def raw_facts(raw: pa.Table) -> dict[str, RawFacts]:
+    """``read_raw``'s rows by sha256, in sha256 order; the sha256 and the label interned (``lake.interned``): the
+    features and the record hold the same key objects, and a label is one object however many images carry it."""
+    rows = [RawFacts(sha, label, int(w), int(h)) for sha, label, w, h in
+            zip(lake.interned(raw.column("sha256")), lake.interned(raw.column("label")),
+                raw.column("width").to_pylist(), raw.column("height").to_pylist())]
+    return {r.sha256: r for r in sorted(rows)}
+
+
+def drop_row(row: RawFacts, reason: str, component: str, kept: str | None, detail: str | None) -> dict[str, Any]:
+    return {"sha256": row.sha256, "reason": reason, "component": component, "kept_sha256": kept,
+            "label": row.label, "detail": detail}
 
 
 def read_raw(settings: Settings, raw_version: int) -> pa.Table:
