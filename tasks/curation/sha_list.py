@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 WRITE_ROWS = 65_536  # lines joined at a time when a list is written
 _LINE = 65  # a sha256's 64 hex digits and a newline: the fast read
@@ -30,33 +29,6 @@ def keys(shas: Sequence[str] | np.ndarray) -> np.ndarray:
     if all(len(s) == 64 for s in shas):  # sha256s: one joined buffer (a list made into ``S`` dtype: 14x slower)
         return np.frombuffer("".join(shas).encode("ascii"), dtype="S64")
     return np.array(shas, dtype="S")
-
-
-def column_keys(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A string column of sha256s as ``keys``: its bytes viewed in place when every value is 64 characters (no
-    object a value), else value by value. Nulls are not keys."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if array.null_count:
-        raise ValueError("sha256 keys: a null value")
-    if not len(array):
-        return np.zeros(0, dtype="S64")
-    if array.type in (pa.string(), pa.large_string(), pa.binary(), pa.large_binary()):
-        wide = array.type in (pa.large_string(), pa.large_binary())
-        offsets = np.frombuffer(array.buffers()[1], dtype=np.int64 if wide else np.int32)
-        offsets = offsets[array.offset:array.offset + len(array) + 1]
-        if bool((np.diff(offsets) == 64).all()):
-            data = np.frombuffer(array.buffers()[2], dtype=np.uint8)[int(offsets[0]):int(offsets[-1])]
-            return data.view("S64")
-    return keys([str(v) for v in array.to_pylist()])
-
-
-def sorted_positions(among: np.ndarray, asked: np.ndarray) -> np.ndarray:
-    """Each of ``asked``'s position in ``among`` (``keys``, sorted and distinct), or -1: one binary search each."""
-    among, asked = _common(among, asked)
-    if not len(among):
-        return np.full(len(asked), -1, dtype=np.int64)
-    at = np.minimum(np.searchsorted(among, asked), len(among) - 1)
-    return np.where(among[at] == asked, at, -1).astype(np.int64, copy=False)
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

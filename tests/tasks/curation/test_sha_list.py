@@ -6,7 +6,6 @@ import hashlib
 import random
 
 import numpy as np
-import pytest
 
 from tasks.curation.sha_list import ShaList, keys
 
@@ -54,24 +53,3 @@ def test_a_list_extended_keeps_its_rows_and_adds_after_them_whatever_the_widths(
     assert longer.tolist() == ["a", "c", *_shas(2, 4)] and short.tolist() == ["a", "c"]
     assert longer.rows_of(keys(["b", "c", _shas(2, 4)[1]])).tolist() == [-1, 1, 3]
     assert longer.extended([]) is longer
-
-
-def test_a_string_column_of_sha256s_is_read_in_place_as_keys_and_found_among_sorted_images():
-    import pyarrow as pa
-
-    from tasks.curation.sha_list import column_keys, sorted_positions
-
-    shas = _shas(40, 5)
-    column = pa.chunked_array([pa.array(shas[:25]), pa.array(shas[25:])])
-    for values, want in ((column, shas), (pa.array(shas).slice(7, 20), shas[7:27]),
-                         (pa.array(shas, pa.large_string()), shas), (pa.array(["ab", "c"]), ["ab", "c"]),
-                         (pa.array([], pa.string()), [])):
-        got = column_keys(values)
-        assert [k.decode() for k in got.tolist()] == want
-    assert column_keys(pa.array(shas)).base is not None  # a view of the column's bytes, not a copy a value
-    eligible = sorted(shas[::2])
-    asked = column_keys(pa.array(shas))
-    assert sorted_positions(keys(eligible), asked).tolist() == [eligible.index(s) if s in eligible else -1 for s in shas]
-    assert sorted_positions(keys([]), asked).tolist() == [-1] * len(shas)
-    with pytest.raises(ValueError, match="null"):
-        column_keys(pa.array([shas[0], None]))
