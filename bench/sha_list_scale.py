@@ -71,9 +71,9 @@ def _arrays(folder: Path, eligible: list[str]) -> tuple:
     """This code: ``ShaList`` read as one buffer, lookups by binary search among the sorted eligible images."""
     import numpy as np
 
-    from tasks.curation.sha_list import ShaList, keys
+    from tasks.curation.sha_list import Keys, ShaList
 
-    asked = keys(eligible)
+    asked = Keys.of(eligible)
     listed = ShaList.read(folder / "file.shas")
     rows = listed.rows_of(asked)
     missing = sorted(eligible[p] for p in np.flatnonzero(rows < 0).tolist())

@@ -43,7 +43,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from tasks.curation.sha_list import ShaList, keys
+from tasks.curation.sha_list import Keys, ShaList
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +75,19 @@ def index_dir(lake_uri: str, reports_path: Path) -> Path:
 
 
 def neighbour_graph(views: Sequence[Any], eligible: Sequence[str], queries: Sequence[int], k: int,
-                    exact_below: int, folder: Path, version: str) -> NeighbourGraph:
+                    exact_below: int, folder: Path, version: str, asked: Keys | None = None) -> NeighbourGraph:
     """The ``k`` nearest eligible images of each query in every view (unit rows, one per eligible image), whole.
 
     A view is an array or a ``tasks.curation.vectors.RowView`` (rows gathered by position from a
-    memory-mapped file): the index search reads only the rows it adds, queries and compares.
+    memory-mapped file): the index search reads only the rows it adds, queries and compares. ``asked``: the
+    eligible images' ``Keys`` when the caller has them (else built here).
     """
     q, kk = np.asarray(queries, dtype=np.int64), _width(len(eligible), k)
     if not len(q) or kk <= 0:
         empty = np.zeros((len(q), 0), dtype=np.int32)
         return NeighbourGraph(q, [empty for _ in views], [empty.astype(np.float32) for _ in views], "none")
-    ids = [np.concatenate([found for _, found in _searched(v, i, eligible, q, kk, exact_below, folder, version)])
-           for i, v in enumerate(views)]
+    where = _Where(eligible, asked, exact_below, folder, version)
+    ids = [np.concatenate([found for _, found in _searched(v, i, q, kk, where)]) for i, v in enumerate(views)]
     return NeighbourGraph(q, ids, [_cosines(v, q, i) for v, i in zip(views, ids)],
                           _search_name(len(eligible), exact_below))
 
@@ -114,20 +115,22 @@ class NeighbourPairs:
 
 
 def neighbour_pairs(views: Sequence[Any], eligible: Sequence[str], queries: Sequence[int], similar_k: int,
-                    copy_k: int, threshold: float, exact_below: int, folder: Path, version: str) -> NeighbourPairs:
+                    copy_k: int, threshold: float, exact_below: int, folder: Path, version: str,
+                    asked: Keys | None = None) -> NeighbourPairs:
     """``similar_pairs(graph, similar_k, threshold)`` and ``candidate_pairs(graph, copy_k)`` of the graph of
     ``k = max(similar_k, copy_k)`` neighbours, the same pairs in the same order, found a block of queries at a time.
 
     The graph is never whole (at a million images, its ids and cosines in two views held 0.5 GB), and only the
-    first view's cosines are computed (the only ones a decision reads).
+    first view's cosines are computed (the only ones a decision reads). ``asked`` as in ``neighbour_graph``.
     """
     q, kk = np.asarray(queries, dtype=np.int64), _width(len(eligible), max(similar_k, copy_k))
     if not len(q) or kk <= 0:
         none = np.zeros((0, 2), dtype=np.int64)
         return NeighbourPairs(none, np.zeros(0, dtype=np.float32), none, "none")
     edges, codes = [], []
+    where = _Where(eligible, asked, exact_below, folder, version)
     for i, view in enumerate(views):
-        for rows, ids in _searched(view, i, eligible, q, kk, exact_below, folder, version):
+        for rows, ids in _searched(view, i, q, kk, where):
             if i == 0:
                 edges.append(_similar_edges(rows, ids, _cosines(view, rows, ids), similar_k, threshold))
             codes.append(_candidate_codes(rows, ids, copy_k, len(eligible)))
@@ -150,17 +153,32 @@ def _search_name(n: int, exact_below: int) -> str:
             f"{n} eligible images >= exact_search_below {exact_below}")
 
 
-def _searched(view: Any, i: int, eligible: Sequence[str], q: np.ndarray, k: int, exact_below: int, folder: Path,
-              version: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+class _Where:
+    """Where a search looks: the eligible images (their ``Keys`` built once, on the first index search), the exact
+    search's bound, the index folder and the embedding version."""
+
+    def __init__(self, eligible: Sequence[str], asked: Keys | None, exact_below: int, folder: Path, version: str
+                 ) -> None:
+        self.eligible, self._asked, self.exact_below = eligible, asked, exact_below
+        self.folder, self.version = folder, version
+
+    @property
+    def asked(self) -> Keys:
+        if self._asked is None:
+            self._asked = Keys.of(self.eligible)
+        return self._asked
+
+
+def _searched(view: Any, i: int, q: np.ndarray, k: int, where: _Where) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(queries, their ``k`` nearest eligible positions: int32, -1 where none) a block of ``RANK_BLOCK`` queries at a
     time, in one view: exact below ``exact_below`` eligible images (every row, few), else from the stored index."""
-    if len(eligible) < exact_below:
+    if len(where.eligible) < where.exact_below:
         matrix = np.asarray(view)
         for start in range(0, len(q), RANK_BLOCK):
             rows = q[start:start + RANK_BLOCK]
             yield rows, _exact(matrix, rows, k)[0]
         return
-    yield from _indexed(view, eligible, q, k, folder, f"{version};view={i}")
+    yield from _indexed(view, where.eligible, where.asked, q, k, where.folder, f"{where.version};view={i}")
 
 
 def _cosines(matrix: Any, q: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -190,12 +208,11 @@ def _exact(matrix: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
     return ids, sims
 
 
-def _indexed(matrix: Any, eligible: Sequence[str], q: np.ndarray, k: int, folder: Path, version: str
+def _indexed(matrix: Any, eligible: Sequence[str], asked: Keys, q: np.ndarray, k: int, folder: Path, version: str
              ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Top ``k`` eligible neighbours of each query from the stored index, extended first with unindexed rows;
     searched and ranked a block of queries at a time (bounded hits)."""
     index = ShaIndex.open(folder, version, matrix.shape[1])
-    asked = keys(eligible)
     index.extend(eligible, matrix, asked)
     at = index.shas.located(asked).astype(np.int32)  # each indexed row's eligible position, -1: not eligible now
     for start in range(0, len(q), RANK_BLOCK):
@@ -243,21 +260,20 @@ class ShaIndex:
         index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
         return cls(path, index, ShaList.of([]))
 
-    def extend(self, shas: Sequence[str], matrix: Any, asked: np.ndarray | None = None) -> int:
-        """Add the rows of ``shas`` (``asked``: their ``sha_list.keys``) not indexed yet (sha256 order, one thread)
-        and store the index; how many."""
+    def extend(self, shas: Sequence[str], matrix: Any, asked: Keys) -> int:
+        """Add the rows of ``shas`` (``asked``: their ``Keys``) not indexed yet (sha256 order, one thread) and
+        store the index; how many."""
         import faiss
 
-        rows = self.shas.rows_of(keys(shas) if asked is None else asked)
-        new = np.flatnonzero(rows < 0).tolist()  # positions, in sha256 order: no tuples
+        new = np.flatnonzero(self.shas.rows_of(asked) < 0).tolist()  # positions, in sha256 order: no tuples
         new.sort(key=shas.__getitem__)
         if not new:
             return 0
-        rows = np.ascontiguousarray(matrix[np.asarray(new, dtype=np.int64)], dtype=np.float32)
+        vectors = np.ascontiguousarray(matrix[np.asarray(new, dtype=np.int64)], dtype=np.float32)
         threads = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1)  # HNSW insertion in parallel depends on thread timing
         try:
-            self.index.add(rows)
+            self.index.add(vectors)
         finally:
             faiss.omp_set_num_threads(threads)
         self.shas = self.shas.extended([shas[r] for r in new])

@@ -53,6 +53,7 @@ from tasks.curation.pair_store import StoredScores
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.separation import separation_by_class
+from tasks.curation.sha_list import Keys
 from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, RawFacts, drop_row, raw_facts
 from tasks.curation.vectors import RowView, stored_views
 from tasks.data import lake
@@ -100,9 +101,10 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     pixels = features.pixel_keys()  # all that is read of the facts from here on: they go before the index is built
     vectors = features.vectors()
     del features
-    views = _views(settings, eligible, vectors)
+    asked = Keys.of(eligible)  # how the stored lists look them up: built once
+    views = _views(settings, eligible, asked, vectors)
     del vectors  # read from the views' files from here on: not held
-    graph = _group(settings, eligible, record, pixels, images, views)
+    graph = _group(settings, eligible, asked, record, pixels, images, views)
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
@@ -250,13 +252,13 @@ class _Graph:
         return list(members.values())
 
 
-def _group(settings: Settings, eligible: list[str], record: dict[str, Assignment], pixels: dict[str, str],
+def _group(settings: Settings, eligible: list[str], asked: Keys, record: dict[str, Assignment], pixels: dict[str, str],
            images: RawImages, views: list[RowView]) -> _Graph:
     """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies (the
     neighbours from ``views``: the embedding's views of ``eligible``, by position)."""
     cfg = settings.curation
     sets, pending = _known_sets(eligible, record, pixels)
-    neighbours = _neighbours(settings, eligible, views, pending)
+    neighbours = _neighbours(settings, eligible, asked, views, pending)
     for a, b in _rows(neighbours.similar):
         sets.union(a, b)
     best = neighbours.most_similar(GALLERY_IMAGES)
@@ -291,7 +293,7 @@ def _known_sets(eligible: list[str], record: dict[str, Assignment], pixels: dict
     return sets, pending
 
 
-def _views(settings: Settings, eligible: list[str], features: Features) -> list[RowView]:
+def _views(settings: Settings, eligible: list[str], asked: Keys, features: Features) -> list[RowView]:
     """The embedding (and, for pixels, the blurred embedding) of the eligible images, by position.
 
     Read from their memory-mapped files (``tasks.curation.vectors``), extended first with the images they lack:
@@ -310,17 +312,17 @@ def _views(settings: Settings, eligible: list[str], features: Features) -> list[
 
     derived = [lambda m: blurred(m, cfg.feature_size)] if cfg.embedding == "pixels" and eligible else []
     return stored_views(index_dir(settings.storage.lake_uri, settings.reports_path), config, eligible, vectors_of,
-                        derived)
+                        derived, asked)
 
 
-def _neighbours(settings: Settings, eligible: list[str], views: list[RowView], pending: np.ndarray
+def _neighbours(settings: Settings, eligible: list[str], asked: Keys, views: list[RowView], pending: np.ndarray
                 ) -> NeighbourPairs:
     """The new images' similar pairs and copy candidates from their nearest eligible images in every view (the
     faiss index beside the views' files), found a block of queries at a time."""
     cfg = settings.curation
     return neighbour_pairs(views, eligible, pending, cfg.similar_neighbours, cfg.copy_candidates,
                            cfg.near_duplicate_threshold, cfg.exact_search_below,
-                           index_dir(settings.storage.lake_uri, settings.reports_path), feature_config(cfg))
+                           index_dir(settings.storage.lake_uri, settings.reports_path), feature_config(cfg), asked)
 
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],

@@ -5,12 +5,14 @@ file (one sha256 a line). Read as Python strings, a list of a million is about 1
 image and the list), and the dict or set that looks them up about as much again, for each of the two views' files
 and indexes: about 0.8 GB of a 1% batch at a million images, where every string is read from the file. Here the
 list is one fixed-width ``S`` array (64 bytes a sha256: 64 MB at a million) and a lookup is a binary search of
-each listed image among the eligible ones, which are sorted (``located``); the file's bytes are the same.
+each listed image among the eligible ones (``Keys``: sorted, or with the order that sorts them, found once a
+curation), so no string, dict or set is made an image; the file's bytes are the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,23 @@ def keys(shas: Sequence[str] | np.ndarray) -> np.ndarray:
     if all(len(s) == 64 for s in shas):  # sha256s: one joined buffer (a list made into ``S`` dtype: 14x slower)
         return np.frombuffer("".join(shas).encode("ascii"), dtype="S64")
     return np.array(shas, dtype="S")
+
+
+@dataclass(frozen=True)
+class Keys:
+    """sha256s looked up among (a curation's eligible images): their byte array and the order that sorts it
+    (``None``: sorted already, as the eligible images are), checked once where they are built, not a lookup."""
+
+    array: np.ndarray
+    order: np.ndarray | None
+
+    @classmethod
+    def of(cls, shas: Sequence[str] | np.ndarray) -> Keys:
+        array = keys(shas)
+        return cls(array, None if bool((array[1:] >= array[:-1]).all()) else np.argsort(array, kind="stable"))
+
+    def __len__(self) -> int:
+        return len(self.array)
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -65,12 +84,6 @@ class ShaList:
     def __len__(self) -> int:
         return len(self.array)
 
-    def __getitem__(self, row: int) -> str:
-        return self.array[row].decode("ascii")
-
-    def tolist(self) -> list[str]:
-        return [k.decode("ascii") for k in self.array.tolist()]
-
     def extended(self, shas: Sequence[str]) -> ShaList:
         """This list with ``shas`` after it."""
         if not len(shas):
@@ -78,19 +91,19 @@ class ShaList:
         old, new = _common(self.array, keys(shas))
         return ShaList(np.concatenate([old, new]))
 
-    def located(self, among: np.ndarray) -> np.ndarray:
-        """Each row's position in ``among`` (``keys``; sorted, as the eligible images are: one binary search a
-        row, no sort; else sorted first), or -1: the int64 positions of this list's images among them."""
-        array, among = _common(self.array, among)
-        if not len(array) or not len(among):
+    def located(self, among: Keys) -> np.ndarray:
+        """Each row's position in ``among`` (one binary search a row), or -1: the int64 positions of this list's
+        images among them."""
+        array, wanted = _common(self.array, among.array)
+        if not len(array) or not len(wanted):
             return np.full(len(array), -1, dtype=np.int64)
-        order = None if bool((among[1:] >= among[:-1]).all()) else np.argsort(among, kind="stable")
-        at = np.minimum(np.searchsorted(among, array, sorter=order), len(among) - 1)
+        order = among.order
+        at = np.minimum(np.searchsorted(wanted, array, sorter=order), len(wanted) - 1)
         at = at if order is None else order[at]
-        return np.where(among[at] == array, at, -1).astype(np.int64, copy=False)
+        return np.where(wanted[at] == array, at, -1).astype(np.int64, copy=False)
 
-    def rows_of(self, among: np.ndarray) -> np.ndarray:
-        """The row of each of ``among`` (``keys``) in this list, or -1."""
+    def rows_of(self, among: Keys) -> np.ndarray:
+        """The row of each of ``among`` in this list, or -1."""
         at = self.located(among)
         rows = np.full(len(among), -1, dtype=np.int64)
         listed = np.flatnonzero(at >= 0)

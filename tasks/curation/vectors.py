@@ -36,7 +36,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from tasks.curation.sha_list import ShaList, keys
+from tasks.curation.sha_list import Keys, ShaList
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ class VectorFile:
             log.warning("curate: vector file %s does not match its sha list: rebuilt", path.name)
         return cls(path, ShaList.of([]), None)
 
-    def rows(self, shas: np.ndarray) -> np.ndarray:
-        """The row of each of ``shas`` (``sha_list.keys``), -1 where it has none."""
+    def rows(self, shas: Keys) -> np.ndarray:
+        """The row of each of ``shas``, -1 where it has none."""
         return self.shas.rows_of(shas)
 
     def append(self, shas: Sequence[str], blocks: Iterable[np.ndarray]) -> None:
@@ -147,16 +147,18 @@ def _extending(folder: Path, key: str) -> Iterator[None]:
 
 def stored_views(folder: Path, version: str, eligible: Sequence[str],
                  vectors_of: Callable[[list[str]], np.ndarray],
-                 derived: Sequence[Callable[[np.ndarray], np.ndarray]] = ()) -> list[RowView]:
+                 derived: Sequence[Callable[[np.ndarray], np.ndarray]] = (), asked: Keys | None = None
+                 ) -> list[RowView]:
     """Each view of the eligible images, positions as in ``eligible``: view 0 the unit embedding, then ``derived``.
 
     The files are extended first with the images they lack (``vectors_of(shas)``: their unit rows,
     in that order; a derived view is computed from those rows only, a block of rows at a time: the
     blurred view's float64 scratch is a block's, not the batch's, and a row's value does not depend on it).
+    ``asked``: the eligible images' ``Keys``, when the caller has them (a curation builds them once).
     """
     views: list[RowView] = []
     fetched: dict[tuple[str, ...], np.ndarray] = {}
-    asked = keys(eligible)
+    asked = Keys.of(eligible) if asked is None else asked
     for i, derive in enumerate([None, *derived]):
         with _extending(folder, f"{version};view={i}"):  # another curation's extension waits: rows and list agree
             store = VectorFile.open(folder, f"{version};view={i}")

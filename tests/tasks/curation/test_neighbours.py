@@ -81,7 +81,7 @@ def test_index_is_stored_once_per_version_and_extended(tmp_path: Path) -> None:
     assert ShaIndex.open(tmp_path, "v1;view=0", 64).index.ntotal == 200
     neighbour_graph([m], shas, [250], 4, exact_below=0, folder=tmp_path, version="v1")
     reopened = ShaIndex.open(tmp_path, "v1;view=0", 64)
-    assert reopened.index.ntotal == 300 and reopened.shas.tolist() == sorted(shas)
+    assert reopened.index.ntotal == 300 and reopened.shas.array.tolist() == [s.encode() for s in sorted(shas)]
     assert ShaIndex.open(tmp_path, "v2;view=0", 64).index.ntotal == 0  # another embedding version: its own index
 
 
@@ -94,12 +94,12 @@ def test_hits_are_ranked_in_numpy_as_one_by_one_nearest_first_ties_by_position_w
     """The index's hits become each query's k eligible neighbours in blocks of arrays; the same as ranking them
     one query at a time (cosines rounded so ties are common, missing hits (-1), rows no longer eligible)."""
     from tasks.curation.neighbours import _ranked
-    from tasks.curation.sha_list import ShaList, keys
+    from tasks.curation.sha_list import Keys, ShaList
 
     rng = np.random.default_rng(7)
     indexed = _shas(300)
     eligible = [s for i, s in enumerate(indexed) if i % 7]  # every seventh indexed row is not eligible now
-    at = ShaList.of(indexed).located(keys(eligible)).astype(np.int32)
+    at = ShaList.of(indexed).located(Keys.of(eligible)).astype(np.int32)
     q = rng.choice(len(eligible), size=200, replace=False).astype(np.int64)
     ids = np.stack([rng.choice(len(indexed), size=12, replace=False) for _ in q])
     ids[:20, 0] = [indexed.index(eligible[p]) for p in q[:20]]  # some queries find themselves

@@ -7,11 +7,15 @@ import random
 
 import numpy as np
 
-from tasks.curation.sha_list import ShaList, keys
+from tasks.curation.sha_list import Keys, ShaList
 
 
 def _shas(n: int, seed: int) -> list[str]:
     return [hashlib.sha256(f"{seed}:{i}".encode()).hexdigest() for i in range(n)]
+
+
+def _strings(listed: ShaList) -> list[str]:
+    return [k.decode("ascii") for k in listed.array.tolist()]
 
 
 def test_a_list_is_written_and_read_as_the_text_file_it_was(tmp_path):
@@ -20,15 +24,15 @@ def test_a_list_is_written_and_read_as_the_text_file_it_was(tmp_path):
     ShaList.of(shas).write(path)
     assert path.read_text() == "".join(f"{s}\n" for s in shas)  # the file as the string list wrote it
     back = ShaList.read(path)
-    assert back.array.dtype == np.dtype("S64") and back.tolist() == shas and back[17] == shas[17] and len(back) == 1000
+    assert back.array.dtype == np.dtype("S64") and _strings(back) == shas and len(back) == 1000
 
 
 def test_lines_that_are_not_sha256s_are_read_one_by_one(tmp_path):
     path = tmp_path / "x.shas"
     path.write_text("a\nbb\nccc\n")
-    assert ShaList.read(path).tolist() == ["a", "bb", "ccc"]
+    assert _strings(ShaList.read(path)) == ["a", "bb", "ccc"]
     path.write_text("")
-    assert ShaList.read(path).tolist() == []
+    assert _strings(ShaList.read(path)) == []
 
 
 def test_each_listed_row_is_located_among_the_eligible_images_and_each_eligible_image_s_row_found():
@@ -37,19 +41,21 @@ def test_each_listed_row_is_located_among_the_eligible_images_and_each_eligible_
     rows = ShaList.of(listed)
     other = _shas(50, 3)
     eligible = sorted(listed[::7] + other)
-    located = rows.located(keys(eligible))
+    located = rows.located(Keys.of(eligible))
     assert located.tolist() == [eligible.index(s) if s in eligible else -1 for s in listed]
-    assert rows.rows_of(keys(eligible)).tolist() == [listed.index(s) if s in listed else -1 for s in eligible]
-    unsorted = eligible[::-1]  # the eligible images not sorted: the same answer, sorted first
-    assert rows.located(keys(unsorted)).tolist() == [unsorted.index(s) if s in unsorted else -1 for s in listed]
-    assert rows.rows_of(keys(unsorted)).tolist() == [listed.index(s) if s in listed else -1 for s in unsorted]
-    assert ShaList.of([]).rows_of(keys(eligible)).tolist() == [-1] * len(eligible)
-    assert rows.located(keys([])).tolist() == [-1] * len(listed) and rows.rows_of(keys([])).tolist() == []
+    assert rows.rows_of(Keys.of(eligible)).tolist() == [listed.index(s) if s in listed else -1 for s in eligible]
+    assert Keys.of(eligible).order is None  # sorted, as the eligible images are: searched as they are
+    unsorted = eligible[::-1]  # the eligible images not sorted: the same answer, by the order that sorts them
+    assert Keys.of(unsorted).order.tolist() == list(range(len(unsorted)))[::-1]
+    assert rows.located(Keys.of(unsorted)).tolist() == [unsorted.index(s) if s in unsorted else -1 for s in listed]
+    assert rows.rows_of(Keys.of(unsorted)).tolist() == [listed.index(s) if s in listed else -1 for s in unsorted]
+    assert ShaList.of([]).rows_of(Keys.of(eligible)).tolist() == [-1] * len(eligible)
+    assert rows.located(Keys.of([])).tolist() == [-1] * len(listed) and rows.rows_of(Keys.of([])).tolist() == []
 
 
 def test_a_list_extended_keeps_its_rows_and_adds_after_them_whatever_the_widths():
     short = ShaList.of(["a", "c"])
     longer = short.extended(_shas(2, 4))
-    assert longer.tolist() == ["a", "c", *_shas(2, 4)] and short.tolist() == ["a", "c"]
-    assert longer.rows_of(keys(["b", "c", _shas(2, 4)[1]])).tolist() == [-1, 1, 3]
+    assert _strings(longer) == ["a", "c", *_shas(2, 4)] and _strings(short) == ["a", "c"]
+    assert longer.rows_of(Keys.of(["b", "c", _shas(2, 4)[1]])).tolist() == [-1, 1, 3]
     assert longer.extended([]) is longer
