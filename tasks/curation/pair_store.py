@@ -44,10 +44,10 @@ class StoredPairs:
         self.shas = shas
         self.count = len(a)
         codes = np.int32 if len(shas) < 2**31 else np.int64  # half the memory: 123 MB at the million's pairs
-        first = np.stack([a, b], axis=1).ravel().astype(codes)  # row by row: a's side, then b's
+        first = np.stack([a, b], axis=1).ravel().astype(codes, copy=False)  # row by row: a's side, then b's
         order = np.argsort(first, kind="stable")
         self._first = first[order]
-        self._second = np.stack([b, a], axis=1).ravel().astype(codes)[order]
+        self._second = np.stack([b, a], axis=1).ravel().astype(codes, copy=False)[order]
         self._scores = np.repeat(np.asarray(scores, dtype=np.float64), 2)[order]
         self._code = code
 

@@ -137,6 +137,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     }
     # Rules that could not show they separate on this data: they dropped nothing, and say why.
     info.setdefault("decisions", {}).setdefault("abstained", []).extend(abstained)
+    graph.scores.fresh.seal()  # the walk asked its last question: what is kept of the pairs is what is stored
     return Plan(
         pairs=graph.scores.fresh,
         curated=_kept_facts(kept_rows),

@@ -112,6 +112,12 @@ def _rows(block: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(block, dtype=np.float32).reshape(len(block), -1)
 
 
+def _consecutive(rows: np.ndarray) -> bool:
+    """``rows`` are the file's rows ``rows[0], rows[0] + 1, ...`` (more than one)."""
+    return (isinstance(rows, np.ndarray) and rows.ndim == 1 and len(rows) > 1
+            and int(rows[-1]) - int(rows[0]) == len(rows) - 1 and bool((np.diff(rows) == 1).all()))
+
+
 class RowView:
     """The rows of ``eligible`` (by position) in a memory-mapped file: gathers only the rows asked for."""
 
@@ -123,7 +129,14 @@ class RowView:
         return len(self._rows)
 
     def __getitem__(self, positions) -> np.ndarray:
-        return np.asarray(self._array[self._rows[positions]])
+        """The rows at ``positions``; read-only. Consecutive rows of the file (a first curation's eligible images,
+        in order: the whole index build at a million, 256 MB) are a view of the file, not a copy."""
+        rows = self._rows[positions]
+        if _consecutive(rows):
+            return np.asarray(self._array[int(rows[0]):int(rows[-1]) + 1])
+        out = np.asarray(self._array[rows])
+        out.flags.writeable = False  # as the view's: a caller that writes fails on either
+        return out
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:  # the exact search: every row, small by definition
         out = np.asarray(self._array[self._rows])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
 from tasks.curation.copy_pairs import PAIRS_SCHEMA, CopyScores, FreshPairs
 
 
@@ -39,6 +41,12 @@ def test_partners_and_rows_match_the_dicts_they_replace() -> None:
     assert rows.column("score").to_pylist() == [dict(fresh)[p] for p in sorted(dict(fresh))]
     assert set(rows.column("run_id").to_pylist()) == {"run-1"}
     assert [(a, b, v) for a, b, v in scores.fresh.items()] == [(a, b, v) for (a, b), v in fresh]
+    scores.fresh.seal()  # the plan is done: the index and the code map go, the rows to store stay the same
+    assert scores.fresh_rows("run-1").equals(rows) and scores.fresh._index is None
+    with pytest.raises(RuntimeError, match="sealed"):
+        scores.fresh.partners(shas[0])
+    with pytest.raises(RuntimeError, match="sealed"):
+        scores.fresh.add([("x", "y")], [0.5])
 
 
 def _scored_noise(count: int, pairs: int, seed: int) -> tuple[dict[str, bytes], list[str], Any, CopyScores]:

@@ -81,6 +81,22 @@ def test_row_view_gathers_by_position() -> None:
     np.testing.assert_array_equal(np.asarray(view), m[[9, 2, 5]])
 
 
+def test_consecutive_rows_are_a_view_of_the_file_and_every_answer_is_read_only(tmp_path: Path) -> None:
+    shas = _shas(50)
+    m = np.arange(50 * 4, dtype=np.float32).reshape(50, 4)
+    store = VectorFile.open(tmp_path, "v;view=0")
+    store.append(shas, iter([m]))
+    array = VectorFile.open(tmp_path, "v;view=0").array
+    view = RowView(array, np.arange(10, 50))  # a first curation's eligible images: the file's rows in order
+    whole = view[np.arange(40)]
+    assert np.shares_memory(whole, array) and np.array_equal(whole, m[10:50])  # no copy of the rows
+    gathered = RowView(array, np.arange(50)[::-1])[np.arange(5)]
+    assert not np.shares_memory(gathered, array) and np.array_equal(gathered, m[[49, 48, 47, 46, 45]])
+    for rows in (whole, gathered, view[np.array([3])]):
+        with pytest.raises(ValueError):
+            rows[0, 0] = 1.0
+
+
 def test_rows_are_appended_block_by_block_and_a_short_or_wrong_append_leaves_the_file_as_it_was(tmp_path: Path) -> None:
     m = _unit_rows(50, dim=8, seed=2)
     shas = _shas(50)
