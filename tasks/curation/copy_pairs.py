@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.curation import copy_score
-from tasks.curation.pair_store import StoredPairs, StoredScores, both_keys
+from tasks.curation.pair_store import StoredPairs, StoredScores, both_keys, joined
 from tasks.data import lake
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,8 @@ class FreshPairs:
         """Rows (a, b, score) with a < b."""
         if not pairs:
             return
+        if self._code is None:
+            raise RuntimeError("FreshPairs: sealed (the plan is done), no row is added")
         codes = np.fromiter((self._coded(s) for pair in pairs for s in pair), dtype=np.int64, count=2 * len(pairs))
         codes = codes.astype(np.int32) if len(self.shas) < 2**31 else codes  # half the memory of the codes
         self._parts.append((codes[0::2].copy(), codes[1::2].copy(), np.asarray(scores, dtype=np.float64)))
@@ -137,9 +139,7 @@ class FreshPairs:
         self._index, self._code = None, None
 
     def _coded(self, sha: str) -> int:
-        if self._code is None:
-            raise RuntimeError("FreshPairs: sealed (the plan is done), no row is added")
-        code = self._code.get(sha)
+        code = self._code.get(sha)  # type: ignore[union-attr]  # not sealed: ``add`` checked
         if code is None:
             code = self._code[sha] = len(self.shas)
             self.shas.append(sha)
@@ -149,9 +149,7 @@ class FreshPairs:
         """The rows as added: codes a, b and scores (joined once: a later call does not copy them again)."""
         if not self._parts:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
-        if len(self._parts) > 1:
-            self._parts = [tuple(np.concatenate([p[i] for p in self._parts]) for i in range(3))]  # type: ignore[list-item]
-        return self._parts[0]
+        return joined(self._parts)
 
     def partners(self, sha: str) -> dict[str, float]:
         if self._code is None:

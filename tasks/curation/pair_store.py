@@ -177,10 +177,17 @@ class StoredScores:
         if not self._parts:
             return {}
         if self._index is None:
-            arrays = [np.concatenate([p[i] for p in self._parts]) for i in range(3)]
-            self._parts = [(arrays[0], arrays[1], arrays[2])]
-            self._index = StoredPairs(self.eligible, *arrays)
+            self._index = StoredPairs(self.eligible, *joined(self._parts))
         return self._index.partners_of(code)
+
+
+def joined(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of ``parts`` (codes a, b and scores, added a block at a time; at least one) as one part, left in
+    ``parts`` in place of the blocks: a later call copies nothing."""
+    if len(parts) > 1:
+        parts[:] = [(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                     np.concatenate([p[2] for p in parts]))]
+    return parts[0]
 
 
 def both_keys(rows: pa.Table) -> pa.ChunkedArray:
