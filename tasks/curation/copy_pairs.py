@@ -128,9 +128,10 @@ class FreshPairs:
             return
         if self._code is None:
             raise RuntimeError("FreshPairs: sealed (the plan is done), no row is added")
-        codes = np.fromiter((self._coded(s) for pair in pairs for s in pair), dtype=np.int64, count=2 * len(pairs))
-        codes = codes.astype(np.int32) if len(self.shas) < 2**31 else codes  # half the memory of the codes
-        self._parts.append((codes[0::2].copy(), codes[1::2].copy(), np.asarray(scores, dtype=np.float64)))
+        codes = np.fromiter((self._coded(s) for pair in pairs for s in pair), dtype=np.int64,
+                            count=2 * len(pairs)).reshape(-1, 2)
+        kind = np.int32 if len(self.shas) < 2**31 else np.int64  # int32: half the memory of the codes
+        self._parts.append((codes[:, 0].astype(kind), codes[:, 1].astype(kind), np.asarray(scores, dtype=np.float64)))
         self.count += len(pairs)
         self._index = None
 

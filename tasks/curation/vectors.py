@@ -133,9 +133,10 @@ class RowView:
         in order: the whole index build at a million, 256 MB) are a view of the file, not a copy."""
         rows = self._rows[positions]
         if _consecutive(rows):
-            return np.asarray(self._array[int(rows[0]):int(rows[-1]) + 1])
-        out = np.asarray(self._array[rows])
-        out.flags.writeable = False  # as the view's: a caller that writes fails on either
+            out = np.asarray(self._array[int(rows[0]):int(rows[-1]) + 1]).view()
+        else:
+            out = np.asarray(self._array[rows])
+        out.flags.writeable = False  # a view of a writable array, or a copy: a caller that writes fails on either
         return out
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:  # the exact search: every row, small by definition

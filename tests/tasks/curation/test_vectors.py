@@ -92,7 +92,10 @@ def test_consecutive_rows_are_a_view_of_the_file_and_every_answer_is_read_only(t
     assert np.shares_memory(whole, array) and np.array_equal(whole, m[10:50])  # no copy of the rows
     gathered = RowView(array, np.arange(50)[::-1])[np.arange(5)]
     assert not np.shares_memory(gathered, array) and np.array_equal(gathered, m[[49, 48, 47, 46, 45]])
-    for rows in (whole, gathered, view[np.array([3])]):
+    writable = np.array(m)  # a view over a writable array (not the product's mapped file) is read-only too
+    over_writable = RowView(writable, np.arange(50))[np.arange(10)]
+    assert np.shares_memory(over_writable, writable) and writable.flags.writeable
+    for rows in (whole, gathered, view[np.array([3])], over_writable):
         with pytest.raises(ValueError):
             rows[0, 0] = 1.0
 
