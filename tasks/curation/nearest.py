@@ -85,12 +85,32 @@ class _Best:
                     best = (v, other)
         return (label, pixels, None, None) if best is None else (label, pixels, best[0], best[1])
 
-    def raise_to(self, rows: dict[str, Row], sha: str, other: str, v: float) -> None:
-        """Raise ``sha``'s nearest to the pair (sha, other) when it counts and is higher."""
-        label, pixels, current, _ = rows[sha]
+    def raised(self, row: Row, other: str, v: float) -> Row | None:
+        """``row`` raised to the pair (its image, other) when the pair counts and is higher, else None."""
+        label, pixels, current, _ = row
         if (other in self.eligible and self.label_of(other) == label and self.pixels_of(other) != pixels
                 and (current is None or v > current)):
-            rows[sha] = (label, pixels, v, other)
+            return (label, pixels, v, other)
+        return None
+
+
+class _Changes:
+    """The rows, updated in place, and what each changed row was before (``None``: a row added now)."""
+
+    def __init__(self, rows: dict[str, Row]) -> None:
+        self.rows, self._before = rows, {}
+
+    def set(self, sha: str, row: Row) -> None:
+        self._before.setdefault(sha, self.rows.get(sha))
+        self.rows[sha] = row
+
+    def raise_to(self, best: _Best, sha: str, other: str, v: float) -> None:
+        row = best.raised(self.rows[sha], other, v)
+        if row is not None:
+            self.set(sha, row)
+
+    def changed(self) -> set[str]:
+        return {s for s, before in self._before.items() if before != self.rows[s]}
 
 
 def full_nearest(eligible: Sequence[str], label_of: Callable[[str], str], pixels_of: Callable[[str], str],
@@ -107,32 +127,34 @@ def update_nearest(prior: dict[str, Row], eligible: Sequence[str], label_of: Cal
                    ) -> tuple[dict[str, Row], set[str], set[str], set[str]] | None:
     """(rows, changed, added, gone) from the stored rows, the newly eligible images and the pairs scored now.
 
-    None when a known image's label or pixels changed: the caller computes in full.
+    ``prior`` is updated in place and returned as ``rows`` (a copy was a second map of the table's images, about
+    0.1 GB at a million). None when a known image's label or pixels changed: the caller computes in full (from
+    ``prior`` as it was: it is changed only after that check).
     """
     now = set(eligible)
     best = _Best(now, label_of, pixels_of, scores)
-    kept = [s for s in eligible if s in prior]
-    if any(prior[s][0] != label_of(s) or prior[s][1] != pixels_of(s) for s in kept):
+    if any(prior[s][0] != label_of(s) or prior[s][1] != pixels_of(s) for s in eligible if s in prior):
         return None
     gone = {s for s in prior if s not in now}
-    rows = {s: prior[s] for s in kept}
-    orphans = [s for s, row in rows.items() if row[3] in gone] if gone else []
+    for s in gone:
+        del prior[s]
+    rows = _Changes(prior)
+    orphans = [s for s, row in prior.items() if row[3] in gone] if gone else []
     added = [s for s in eligible if s not in prior]
     scores.want([*orphans, *added])  # their stored partners, in one scan
     for s in orphans:  # nearest partners that left: recompute those images from their own partners
-        rows[s] = best.row(s)
+        rows.set(s, best.row(s))
     for s in added:
-        rows[s] = best.row(s)
+        rows.set(s, best.row(s))
     for s in added:
         for other, v in scores.partners(s).items():
-            if other in rows:
-                best.raise_to(rows, other, s, v)
+            if other in prior:
+                rows.raise_to(best, other, s, v)
     for a, b, v in scores.fresh.items():
-        if a in rows and b in rows:
-            best.raise_to(rows, a, b, v)
-            best.raise_to(rows, b, a, v)
-    changed = {s for s, row in rows.items() if prior.get(s) != row}
-    return rows, changed, set(added), gone
+        if a in prior and b in prior:
+            rows.raise_to(best, a, b, v)
+            rows.raise_to(best, b, a, v)
+    return prior, rows.changed(), set(added), gone
 
 
 def nearest_map(uri: str, pairs_uri: str, eligible: Sequence[str], label_of: Callable[[str], str],

@@ -55,13 +55,17 @@ def test_updated_nearest_equals_the_full_scan() -> None:
                          _scores({p: v for p, v in stored.items() if p[0] in before and p[1] in before}, {})).rows
     scores_now = _scores({p: v for p, v in stored.items() if p[0] in now and p[1] in now},
                          {p: v for p, v in fresh.items() if p[0] in now and p[1] in now})
-    rows, changed, added, gone = update_nearest(prior, now, label.__getitem__, pixels.__getitem__, scores_now)
+    given = dict(prior)
+    rows, changed, added, gone = update_nearest(given, now, label.__getitem__, pixels.__getitem__, scores_now)
+    assert rows is given  # updated in place: no second map of the table
     full = full_nearest(now, label.__getitem__, pixels.__getitem__, scores_now).rows
     assert gone == {"0012", "0044"} and added == set(now) - set(before)
     assert {s: r[:3] for s, r in rows.items()} == {s: r[:3] for s, r in full.items()}
     assert changed == {s for s in now if prior.get(s) != rows[s]}
     relabelled = {**label, before[0]: "other"}
-    assert update_nearest(prior, now, relabelled.__getitem__, pixels.__getitem__, scores_now) is None
+    given = dict(prior)
+    assert update_nearest(given, now, relabelled.__getitem__, pixels.__getitem__, scores_now) is None
+    assert given == prior  # untouched when the caller must compute in full
 
 
 @pytest.fixture
