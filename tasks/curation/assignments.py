@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -66,7 +66,7 @@ def read_assignments(settings: Settings) -> tuple[dict[str, Assignment], int | N
     }, version
 
 
-def record_table(assignments: dict[str, Assignment]) -> pa.Table:
+def record_table(assignments: Mapping[str, Assignment]) -> pa.Table:
     shas = sorted(assignments)
     rows = [assignments[s] for s in shas]
     return pa.table(
@@ -113,17 +113,40 @@ def bridge_rows(bridges: list[Bridge], by_sha: dict[str, RawFacts], record: dict
     return rows
 
 
+class RecordAfter(Mapping[str, Assignment]):
+    """The record after a curation: the record read, with the rows this curation added or renamed (``changes``) laid
+    over it. Not a copy of the record: that was a second map of every recorded image on every batch."""
+
+    def __init__(self, record: dict[str, Assignment], changes: dict[str, Assignment]) -> None:
+        self.record, self.changes = record, changes
+
+    def __getitem__(self, sha: str) -> Assignment:
+        got = self.changes.get(sha)
+        return self.record[sha] if got is None else got
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.record
+        yield from (s for s in self.changes if s not in self.record)
+
+    def __len__(self) -> int:
+        return len(self.record) + sum(1 for s in self.changes if s not in self.record)
+
+    def changed(self) -> set[str]:
+        """The rows that differ from the record read (added, or renamed by a merge)."""
+        return {s for s, a in self.changes.items() if self.record.get(s) != a}
+
+
 def assign(
     components: list[list[str]], record: dict[str, Assignment], pixels: Mapping[str, str], by_sha: dict[str, RawFacts],
     scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
-) -> tuple[dict[str, Assignment], dict[str, list[str]], dict[str, str], int, list[Bridge]]:
+) -> tuple[RecordAfter, dict[str, list[str]], dict[str, str], int, list[Bridge]]:
     """Keys and splits for this curation's components (the rules in the module doc).
 
     Returns (the whole record after it, final component key -> eligible members, merged key -> key,
     images assigned now, new images that would bridge splits: named by ``bridge_rows``).
     """
     bridges: list[Bridge] = []
-    assignments = dict(record)
+    changes: dict[str, Assignment] = {}  # rows added or renamed now, laid over the record (``RecordAfter``)
     renamed: dict[str, str] = {}
     groups: dict[str, list[str]] = {}  # final component key -> eligible members
     new_images = 0
@@ -148,11 +171,12 @@ def assign(
         for other in recorded[1:]:
             renamed[other] = key
         for s in newcomers:
-            assignments[s] = Assignment(key, split, raw_version, run_id)
+            changes[s] = Assignment(key, split, raw_version, run_id)
             new_images += 1
         groups[key] = group
     if renamed:  # a merge relabels every recorded member, also those outside this raw version
-        assignments = {s: a._replace(component=renamed[a.component]) if a.component in renamed else a
-                       for s, a in assignments.items()}
-
-    return assignments, groups, renamed, new_images, bridges
+        for source in (record, dict(changes)):
+            for s, a in source.items():
+                if a.component in renamed:
+                    changes[s] = a._replace(component=renamed[a.component])
+    return RecordAfter(record, changes), groups, renamed, new_images, bridges

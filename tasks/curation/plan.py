@@ -12,15 +12,15 @@ from __future__ import annotations
 import functools
 import logging
 import tempfile
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from tasks.curation.assignments import Assignment, assign, bridge_rows, read_assignments
+from tasks.curation.assignments import Assignment, RecordAfter, assign, bridge_rows, read_assignments
 from tasks.curation.class_guard import guard_outliers, over_budget
 from tasks.curation.copy_pairs import (
     PAIRS_TABLE,
@@ -69,7 +69,7 @@ class Plan:
     curated: pa.Table  # the kept rows without their image bytes: ``snapshot_batches`` adds them a block at a time
     images: RawImages  # the raw version's images (those of the scored pairs held): the snapshot's bytes
     dropped: list[dict[str, Any]]
-    assignments: dict[str, Assignment]  # the whole record after this curation
+    assignments: RecordAfter  # the whole record after this curation (the record read, this curation's rows over it)
     record_changed: bool
     record_changes: set[str] | None  # record rows added or renamed now; None: the record is written whole
     new_images: int
@@ -111,12 +111,11 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
                           lambda s: by_sha[s].label, pixels.__getitem__, graph.scores)
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
-    kept_rows, decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest,
-                                              dropped, reuse)
+    decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, dropped, reuse)
     dropped.extend(bridge_rows(bridges, by_sha, record, decisions["abstain"]))
     decisions = _decisions(decisions, kept_bad, by_sha)
+    curated = _kept_facts(graph.eligible, {d["sha256"] for d in dropped}, by_sha, assignments)
 
-    kept_rows.sort()  # by sha256: a kept image is in one component
     dropped.sort(key=lambda d: (d["component"], d["sha256"]))
     outliers.sort(key=lambda o: (o[1], (o[3].blur if o[1] == "blurry" else o[3].mean) or 0.0, o[0]))
     info = {
@@ -140,12 +139,12 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     graph.scores.fresh.seal()  # the walk asked its last question: what is kept of the pairs is what is stored
     return Plan(
         pairs=graph.scores.fresh,
-        curated=_kept_facts(kept_rows),
+        curated=curated,
         images=images,
         dropped=dropped,
         assignments=assignments,
         record_changed=new_images > 0 or bool(renamed),
-        record_changes={s for s, a in assignments.items() if record.get(s) != a} if record else None,
+        record_changes=assignments.changed() if record else None,
         new_images=new_images,
         embedded=embedded,
         duplicates=graph.duplicates,
@@ -162,25 +161,17 @@ ROW_BLOCK = 65_536  # rows a block: the snapshot's batches, candidate pairs read
 KEPT_FACTS_SCHEMA = CURATED_SCHEMA.remove(CURATED_SCHEMA.get_field_index("image"))
 
 
-class KeptRow(NamedTuple):
-    """A kept image: its row of the snapshot without the image bytes, and its component.
-
-    A named tuple, not a dict: one is held for every kept image from the walk to the snapshot (88 bytes against
-    272 a dict: about 175 MiB less at a million images).
-    """
-
-    sha256: str
-    label: str
-    split: str
-    width: int
-    height: int
-    component: str
-
-
-def _kept_facts(kept_rows: list[KeptRow]) -> pa.Table:
-    """The curated snapshot's rows without their image bytes (the snapshot's columns but ``image``)."""
-    columns = dict(zip(KeptRow._fields, zip(*kept_rows))) if kept_rows else {f: () for f in KeptRow._fields}
-    return pa.table({name: columns[name] for name in KEPT_FACTS_SCHEMA.names}, schema=KEPT_FACTS_SCHEMA)
+def _kept_facts(eligible: list[str], dropped: Collection[str], by_sha: dict[str, RawFacts],
+                assignments: Mapping[str, Assignment]) -> pa.Table:
+    """The curated snapshot's rows without their image bytes (the snapshot's columns but ``image``), in sha256 order:
+    every eligible image (sorted) that was not ``dropped`` (the walk's drops and the split bridges). Built a column at
+    a time from the plan's maps: no row is held for each kept image through the walk (a named tuple each was about
+    100 bytes an image at a batch's peak)."""
+    kept = [s for s in eligible if s not in dropped]
+    columns = [pa.array(kept, pa.string()), pa.array([by_sha[s].label for s in kept], pa.string()),
+               pa.array([assignments[s].split for s in kept], pa.string())]
+    columns += [pa.array([getattr(by_sha[s], side) for s in kept], pa.int32()) for side in ("width", "height")]
+    return pa.Table.from_arrays(columns, schema=KEPT_FACTS_SCHEMA)
 
 
 def snapshot_batches(facts: pa.Table, images: RawImages) -> Iterator[pa.RecordBatch]:
@@ -326,12 +317,13 @@ def _neighbours(settings: Settings, eligible: list[str], asked: Keys, views: lis
                            index_dir(settings.storage.lake_uri, settings.reports_path), feature_config(cfg), asked)
 
 
-def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict[str, Assignment],
+def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: Mapping[str, Assignment],
                        pixels: dict[str, str], constant: set[str], by_sha: dict[str, RawFacts], graph: "_Graph",
                        nearest: NearestMap,
                        dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None
-                       ) -> tuple[list[KeptRow], dict[str, Any]]:
-    """Kept rows, with drops added to ``dropped``, after the class tests: separation first, then the class guard.
+                       ) -> dict[str, Any]:
+    """The decisions, with the walk's drops added to ``dropped`` (every member not dropped is kept), after the class
+    tests: separation first, then the class guard.
 
     A class whose copies do not stand out from its bulk (``tasks.curation.separation``) abstains;
     a class that would still lose more than its share (``tasks.curation.class_guard``) abstains
@@ -349,11 +341,12 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
     else:
         prior, touched = reuse
         keys = prior.to_walk(groups, touched, abstain, lambda s: by_sha[s].label)
-    kept_rows, removed, possible = walk(keys)
+    removed, possible = walk(keys)
     walked_now = set(keys)
     if prior is not None:
-        _add_prior_outcomes(prior, [k for k in groups if k not in walked_now], groups, assignments, by_sha,
-                            kept_rows, removed)
+        for key in groups:
+            if key not in walked_now:  # its drops as the previous curation decided them; the other members are kept
+                removed.extend(prior.outcome(key))
     while True:
         over = {k: v for k, v in over_budget(by_sha, dropped + removed, cfg.max_class_drop_share, constant).items()
                 if k not in abstain}
@@ -363,31 +356,16 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: dict
         # Only components with a member of a newly abstaining class can decide otherwise: they are walked again.
         again = {k for k, members in groups.items() if any(by_sha[s].label in over for s in members)}
         rewalked = {s for k in again for s in groups[k]}
-        kept_again, removed_again, possible_again = walk(sorted(again))
+        removed_again, possible_again = walk(sorted(again))
         walked_now |= again
-        kept_rows = [r for r in kept_rows if r.component not in again] + kept_again
         removed = [d for d in removed if d["component"] not in again] + removed_again
         possible = [p for p in possible if p[0] not in rewalked] + possible_again
     dropped.extend(removed)
     walked = {"walked": len(walked_now), "reused": len(groups) - len(walked_now),
               "reused_from_curated_version": prior.curated_version if prior is not None else None}
-    return kept_rows, {"abstain": abstain, "possible": possible,
-                       "separation": {label: sep.to_dict() for label, sep in seps.items()},
-                       "max_class_drop_share": cfg.max_class_drop_share, "components": walked}
-
-
-def _add_prior_outcomes(prior: PriorWalk, keys: list[str], groups: dict[str, list[str]],
-                        assignments: dict[str, Assignment], by_sha: dict[str, RawFacts],
-                        kept_rows: list[KeptRow], removed: list[dict[str, Any]]) -> None:
-    """The kept rows and drops of the components ``keys``, as the previous curation decided them."""
-    for key in keys:
-        kept, rows = prior.outcome(key, groups[key])
-        removed.extend(rows)
-        kept_rows.extend(_kept_row(by_sha[sha], assignments[sha], key) for sha in kept)
-
-
-def _kept_row(row: RawFacts, assigned: Assignment, key: str) -> KeptRow:
-    return KeptRow(row.sha256, row.label, assigned.split, row.width, row.height, key)
+    return {"abstain": abstain, "possible": possible,
+            "separation": {label: sep.to_dict() for label, sep in seps.items()},
+            "max_class_drop_share": cfg.max_class_drop_share, "components": walked}
 
 
 def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict[str, RawFacts]
@@ -417,22 +395,21 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict
             "components": dup["components"]}
 
 
-def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: dict[str, Assignment],
+def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: Mapping[str, Assignment],
             pixels: dict[str, str], by_sha: dict[str, RawFacts], scores: CopyScores, threshold: float,
             abstain: Collection[str] = ()
-            ) -> tuple[list[KeptRow], list[dict[str, Any]], list[tuple[str, str, float]]]:
-    """(kept rows, drop rows, possible copies) of the components ``keys``, each walked first assigned first."""
-    kept_rows: list[KeptRow] = []
+            ) -> tuple[list[dict[str, Any]], list[tuple[str, str, float]]]:
+    """(drop rows, possible copies) of the components ``keys``, each walked first assigned first (every member
+    not dropped is kept)."""
     dropped: list[dict[str, Any]] = []
     possible: list[tuple[str, str, float]] = []
     scores.want(s for key in keys for s in groups[key])  # the walked members' stored pairs, in one scan
     for key in keys:
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
-        kept, removed = dedupe_component(order, pixels, {s: by_sha[s].label for s in order}, scores, threshold,
+        _, removed = dedupe_component(order, pixels, {s: by_sha[s].label for s in order}, scores, threshold,
                                          abstain, possible)
         dropped.extend(drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
-        kept_rows.extend(_kept_row(by_sha[sha], assignments[sha], key) for sha in kept)
-    return kept_rows, dropped, possible
+    return dropped, possible
 
 
 def _link_copies(cfg: Any, eligible: list[str], candidates: np.ndarray, scores: CopyScores, sets: UnionFind) -> int:

@@ -54,11 +54,9 @@ class PriorWalk:
             touched = touched | {k for k, members in groups.items() if any(label_of(s) in changed for s in members)}
         return sorted(touched)
 
-    def outcome(self, key: str, members: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
-        """(kept members, drop rows) of an untouched component, as the previous curation decided."""
-        rows = [dict(r) for r in self.drops.get(key, ())]
-        gone = {r["sha256"] for r in rows}
-        return [s for s in members if s not in gone], rows
+    def outcome(self, key: str) -> list[dict[str, Any]]:
+        """The drop rows of an untouched component, as the previous curation decided (its other members are kept)."""
+        return [dict(r) for r in self.drops.get(key, ())]
 
 
 def prior_walk(settings: Settings, record: dict[str, Assignment], record_version: int | None,

@@ -83,4 +83,4 @@ def test_a_class_whose_abstention_changed_walks_all_its_components() -> None:
     assert prior.to_walk(groups, {"c"}, {"2"}, label) == ["c"]
     assert prior.to_walk(groups, {"c"}, set(), label) == ["b", "c"]  # class 2 no longer abstains
     assert prior.to_walk(groups, set(), {"1", "2"}, label) == ["a"]  # class 1 starts abstaining
-    assert prior.outcome("a", ["a1", "a2"]) == (["a1"], [{"sha256": "a2", "reason": "near_duplicate"}])
+    assert prior.outcome("a") == [{"sha256": "a2", "reason": "near_duplicate"}]
