@@ -379,6 +379,9 @@ class _Scorer:
             return [v for part in self._pool.map(fn, chunks) for v in part]
         except BrokenProcessPool as exc:  # same results, one core
             log.warning("curate: copy-score workers failed (%s): scoring %d pairs in this process", exc, self.left)
+            # The failed futures keep the exception, and its traceback every frame up the stack (the whole plan's
+            # maps): without this they stayed until Python's next full garbage collection, past the plan's end.
+            exc.__traceback__ = None
             self._close()
             return fn(items)
 

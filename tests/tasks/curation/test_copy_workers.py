@@ -1,4 +1,5 @@
-"""Copy scores in worker processes: a caller without a ``__main__`` guard gets every score in-process, never a hang."""
+"""Copy scores in worker processes: a caller without a ``__main__`` guard gets every score in-process, never a hang,
+and what its frames hold is freed when the call returns."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 
 SCRIPT = textwrap.dedent('''
+    import gc
     import itertools
+    import weakref
 
     from tasks.curation import copy_pairs
     from tasks.curation.copy_pairs import CopyScores
@@ -20,9 +23,23 @@ SCRIPT = textwrap.dedent('''
     images = {f"{i:064d}": data for i, data in enumerate(noise_pngs(96, 8))}
     pairs = list(itertools.combinations(sorted(images), 2))
     assert len(pairs) >= copy_pairs.PARALLEL_FROM
-    scores = CopyScores(images.__getitem__, workers=2)
-    scores.score_many(pairs)
-    print("scored", scores.fresh.count)
+
+
+    class Held:  # what the caller's frame holds while it scores (a plan's maps)
+        pass
+
+
+    def plan():
+        held = Held()
+        scores = CopyScores(images.__getitem__, workers=2)
+        scores.score_many(pairs)
+        return scores.fresh.count, weakref.ref(held)
+
+
+    gc.disable()  # freed when the call returns, not at a later garbage collection
+    count, held = plan()
+    print("caller's frame held after the call:", held() is not None)
+    print("scored", count)
 ''')
 
 
@@ -34,4 +51,6 @@ def test_a_script_without_a_main_guard_is_scored_in_process(tmp_path: Path) -> N
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "scored 4560" in done.stdout.splitlines()[-1]
+    # The failed workers' exception kept every frame up the stack (a whole plan) until a full garbage collection.
+    assert "caller's frame held after the call: False" in done.stdout
     assert "scoring 4560 pairs in this process" in done.stderr
