@@ -5,7 +5,7 @@ class, a near copy only in a class whose copies stand out. In an abstaining clas
 is named in the detail of a ``split_bridge`` (the image is set aside either way: no split can take it).
 """
 
-from tasks.curation.assignments import Assignment, Bridge, bridge_rows
+from tasks.curation.assignments import Assignment, Bridge, RecordAfter, bridge_rows, record_table
 from tasks.curation.tables import RawFacts
 
 RECORD = {"r_train": Assignment("k_train", "train", 1, "c1"), "r_test": Assignment("k_test", "test", 1, "c1")}
@@ -43,3 +43,19 @@ def test_in_an_abstaining_class_a_near_copy_bridge_is_a_split_bridge_that_names_
     assert rows["n_same"]["reason"] == "exact_duplicate"
     assert rows["n_plain"]["reason"] == "split_bridge"
 
+
+
+def test_the_record_after_a_curation_lays_its_rows_over_the_record_read_without_copying_it() -> None:
+    record = {"a": Assignment("a", "train", 0, "r0"), "b": Assignment("b", "val", 0, "r0"),
+              "c": Assignment("a", "train", 0, "r0")}
+    changes = {"d": Assignment("a", "train", 1, "r1"),  # a new image
+               "b": Assignment("a", "val", 0, "r0"),  # renamed by a merge
+               "c": Assignment("a", "train", 0, "r0")}  # laid over, equal to the record's: not a change
+    after = RecordAfter(record, changes)
+    assert list(after) == ["a", "b", "c", "d"] and len(after) == 4
+    assert after["a"] is record["a"] and after["b"] == changes["b"] and after["d"] == changes["d"]
+    assert after.changed() == {"b", "d"}
+    assert "x" not in after and after.get("x") is None
+    assert record_table(after).column("component").to_pylist() == ["a", "a", "a", "a"]
+    assert record == {"a": Assignment("a", "train", 0, "r0"), "b": Assignment("b", "val", 0, "r0"),
+                      "c": Assignment("a", "train", 0, "r0")}  # the record read is left as it was
