@@ -262,7 +262,7 @@ def _galleries(settings: Settings, raw: pa.Table, plan: Plan, raw_version: int, 
     shas = sorted(gallery_shas(plan))
     images = plan.images.held_bytes(shas)
     shown = raw.filter(pc.is_in(raw.column("sha256"), value_set=pa.array(shas, pa.string())))
-    # The pictured images' labels only: a map of every raw row's was about 0.3 GB at a million images, at the end of
+    # The pictured images' labels only: a map of every raw row's was about 0.15 GB at a million images, at the end of
     # every batch, for the few dozen images a gallery shows.
     labels = dict(zip(shown.column("sha256").to_pylist(), shown.column("label").to_pylist()))
     return write_galleries(run_dir(settings, raw_version, config_hash) / "galleries", plan.duplicates,
