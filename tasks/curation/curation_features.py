@@ -46,7 +46,7 @@ import warnings
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +54,7 @@ import pyarrow.compute as pc
 from PIL import Image, ImageOps
 
 from tasks.curation.fastdup_optional import fastdup_installed, import_fastdup
+from tasks.curation.feature_facts import FACT_COLUMNS, FeatureFacts, ImageFeatures
 from tasks.curation.image_stats import NORM_MAX_SIDE, NORM_SIDE, ImageStats, image_stats
 from tasks.data import lake
 from tasks.settings import CurationSettings
@@ -84,28 +85,11 @@ FEATURES_SCHEMA = pa.schema(
 )
 
 
-class ImageFeatures(NamedTuple):
-    """One image's stored features (the embedding lives in ``Features.matrix``).
-
-    A named tuple, not a frozen dataclass: the facts of every image of a raw version are built on every batch
-    (a million: about half the seconds, and 40 bytes less an image).
-    """
-
-    pixel_digest: str | None
-    blur: float | None
-    mean: float | None
-    min: float | None
-    max: float | None
-    error: str | None
-    contrast: float | None = None  # grey standard deviation
-    family: str | None = None  # "grey" | "colour" (tasks.curation.image_stats)
-
-
 @dataclass(frozen=True)
 class Features:
     """Features of a set of images: facts by sha256 and unit-length embeddings, one row each."""
 
-    by_sha: dict[str, ImageFeatures]
+    by_sha: FeatureFacts  # sha256 -> its facts (columns by position: ``tasks.curation.feature_facts``)
     row_of: dict[str, int]  # sha256 -> row of ``matrix``; images with an error have no row
     matrix: np.ndarray  # float32, L2-normalised rows
 
@@ -113,11 +97,12 @@ class Features:
         """sha256 -> its pixel key: the decoded pixels' digest, or the sha256 of an image without one. All the
         grouping and the walk read of the facts once the bad images are set aside (the digest objects are shared:
         the named tuples and their numbers, about 240 bytes an image, can go)."""
-        return {sha: f.pixel_digest or sha for sha, f in self.by_sha.items()}
+        digests = self.by_sha.strings["pixel_digest"]
+        return {sha: digests[i] or sha for sha, i in self.by_sha.at.items()}
 
     def vectors(self) -> Features:
         """The embedding's rows alone, the facts let go (``pixel_keys`` keeps what is read of them)."""
-        return Features({}, self.row_of, self.matrix)
+        return Features(FeatureFacts.empty(), self.row_of, self.matrix)
 
 
 STATS_CONFIG = f"stats=v2,norm_side={NORM_SIDE},norm_max_side={NORM_MAX_SIDE}"  # tasks.curation.image_stats
@@ -304,9 +289,6 @@ def _run_fastdup(files: list[str], work_dir: Path) -> tuple[dict[str, np.ndarray
     return vectors, invalid
 
 
-FACT_COLUMNS = ("pixel_digest", "blur", "mean", "min", "max", "error", "contrast", "family")
-
-
 def load_features(uri: str, config: str, shas: set[str], vectors: bool = True) -> Features:
     """The stored features of ``shas`` under ``config`` (missing ones are simply absent).
 
@@ -316,7 +298,7 @@ def load_features(uri: str, config: str, shas: set[str], vectors: bool = True) -
     """
     version = lake.current_version(uri)
     if version is None or not shas:
-        return Features({}, {}, np.zeros((0, 1), dtype=np.float32))
+        return Features(FeatureFacts.empty(), {}, np.zeros((0, 1), dtype=np.float32))
     stored = set(pa.schema(lake.open_table(uri, version).schema().to_arrow()).names)  # older tables lack some
     columns = ["sha256", *(c for c in FACT_COLUMNS if c in stored), *(["embedding"] if vectors else [])]
     wanted = pa.array(sorted(shas), pa.string())
@@ -340,20 +322,16 @@ def stored_vectors(uri: str, config: str, shas: list[str]) -> np.ndarray:
 
 
 def _as_features(table: pa.Table) -> Features:
-    shas = lake.interned(table.column("sha256"))  # the raw rows' and the record's keys: one object each
-    names = FACT_COLUMNS
-    # A table written before the columns were added has no such column: None (its rows are another config).
-    cols = {c: _column(table, c) if c in table.column_names else [None] * len(shas) for c in names}
-    by_sha = {sha: ImageFeatures(*(cols[c][i] for c in names)) for i, sha in enumerate(shas)}
+    facts = FeatureFacts.of_table(table)  # the raw rows' and the record's keys: one object each (interned)
     if "embedding" not in table.column_names:  # facts only: the vectors are read from their file
-        return Features(by_sha, {}, np.zeros((0, 1), dtype=np.float32))
+        return Features(facts, {}, np.zeros((0, 1), dtype=np.float32))
     emb = table.column("embedding")
-    ok = emb.is_valid().to_numpy(zero_copy_only=False) & np.fromiter(
-        (by_sha[sha].error is None for sha in shas), dtype=bool, count=len(shas))
+    ok = emb.is_valid().to_numpy(zero_copy_only=False) & ~facts.failed()
     valid = np.flatnonzero(ok)
     if not len(valid):
-        return Features(by_sha, {}, np.zeros((0, 1), dtype=np.float32))
-    return Features(by_sha, {shas[i]: r for r, i in enumerate(valid.tolist())}, _unit_rows(emb, ok, len(valid)))
+        return Features(facts, {}, np.zeros((0, 1), dtype=np.float32))
+    shas = facts.shas
+    return Features(facts, {shas[i]: r for r, i in enumerate(valid.tolist())}, _unit_rows(emb, ok, len(valid)))
 
 
 def _unit_rows(emb: pa.ChunkedArray, ok: np.ndarray, rows: int) -> np.ndarray:
@@ -376,17 +354,10 @@ def _unit_rows(emb: pa.ChunkedArray, ok: np.ndarray, rows: int) -> np.ndarray:
     return matrix
 
 
-def _column(table: pa.Table, name: str) -> list[Any]:
-    """A fact column as Python values, its strings interned: a family or an error is one object over many rows,
-    and an image's pixel digest the same object as its pixel key in the nearest summary."""
-    column = table.column(name)
-    return lake.interned(column) if pa.types.is_string(column.type) else column.to_pylist()
-
-
 def merge_features(stored: Features, new_rows: pa.Table) -> Features:
     """``stored`` plus freshly computed rows, without reading the table back."""
     fresh = _as_features(new_rows)
-    by_sha = {**stored.by_sha, **fresh.by_sha}
+    by_sha = stored.by_sha.merged(fresh.by_sha)
     if not fresh.row_of:
         return Features(by_sha, stored.row_of, stored.matrix)
     if not stored.row_of:

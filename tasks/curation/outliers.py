@@ -17,6 +17,7 @@ An absolute override that would drop a large share of the data stops the curatio
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,8 @@ import numpy as np
 
 from tasks.curation.assignments import Assignment
 from tasks.curation.bulk_limits import RULES, Verdict, judge
-from tasks.curation.curation_features import Features, ImageFeatures
+from tasks.curation.curation_features import Features
+from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
 from tasks.curation.tables import RawFacts, drop_row
 from tasks.errors import DataError
 from tasks.settings import OutlierSettings
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 CONSTANT_STD = 1.0  # grey levels: below, an image is one colour up to encoding noise
 DARK_CONSTANT, BRIGHT_CONSTANT = 85.0, 170.0  # a constant image below / above is too_dark / too_bright, else flat
 _OVERRIDE = {"too_dark": "min_mean", "too_bright": "max_mean", "blurry": "min_blur"}
+STATISTICS = ("side", "mean", "contrast", "blur")  # what the relative rules read (``side``: the shorter side)
 
 
 class OutlierRuleError(DataError, ValueError):
@@ -50,11 +53,6 @@ class Measured:
     mean: float
     contrast: float
     blur: float
-
-
-def measured(width: int, height: int, f: ImageFeatures) -> Measured:
-    return Measured(f.family or "unknown", width, height, float(f.mean or 0.0), float(f.contrast or 0.0),
-                    float(f.blur or 0.0))
 
 
 def is_constant(f: ImageFeatures | None) -> bool:
@@ -81,33 +79,38 @@ def outlier_reason(m: Measured, limits: OutlierSettings) -> tuple[str, str] | No
 def relative_screen(images: dict[str, Measured], labels: dict[str, str], limits: OutlierSettings
                     ) -> tuple[dict[str, tuple[str, str]], list[dict[str, str]]]:
     """(id -> (reason, detail) of each image a relative rule flags, abstentions) over ``images`` per mode family."""
+    ids = sorted(images)
+    measured = [images[i] for i in ids]
+    values = {stat: np.array([float(min(m.width, m.height)) if stat == "side" else getattr(m, stat) for m in measured],
+                             dtype=np.float64) for stat in STATISTICS}
+    return relative_columns(ids, [m.family for m in measured], values, [labels[i] for i in ids], limits)
+
+
+def relative_columns(ids: list[str], families: list[str], values: dict[str, np.ndarray], labels: list[str],
+                     limits: OutlierSettings) -> tuple[dict[str, tuple[str, str]], list[dict[str, str]]]:
+    """``relative_screen`` over columns: ``ids``, ``families``, ``labels`` and each statistic in ``values``
+    (``STATISTICS``) in one order, ``ids`` ascending (a family's images are judged in that order)."""
     flagged: dict[str, tuple[str, str]] = {}
     abstained: list[dict[str, str]] = []
-    by_family: dict[str, list[str]] = {}
-    for i in sorted(images):
-        by_family.setdefault(images[i].family, []).append(i)
-    for family, ids in sorted(by_family.items()):
-        family_labels = [labels[i] for i in ids]
-        values = _statistics([images[i] for i in ids])  # once a family, not once a rule
+    by_family: dict[str, list[int]] = {}
+    for k, family in enumerate(families):
+        by_family.setdefault(family, []).append(k)
+    for family, members in sorted(by_family.items()):
+        at = np.asarray(members, dtype=np.int64)
+        family_labels = [labels[k] for k in members]
+        family_values = {stat: values[stat][at] for stat in STATISTICS}  # once a family, not once a rule
         for rule in RULES:
             if _OVERRIDE.get(rule.reason) and getattr(limits, _OVERRIDE[rule.reason]) is not None:
                 continue  # the person's absolute limit replaces this rule
-            verdict = judge(rule, values[rule.statistic], family_labels,
+            verdict = judge(rule, family_values[rule.statistic], family_labels,
                             sigmas=limits.relative_sigmas, gap=limits.relative_gap,
                             min_images=limits.relative_min_images, max_share=limits.max_share)
             for k in verdict.flagged:
-                flagged.setdefault(ids[k], (rule.reason, _detail(verdict, family, float(values[rule.statistic][k]),
-                                                                 limits.relative_sigmas)))
+                flagged.setdefault(ids[members[k]], (rule.reason, _detail(
+                    verdict, family, float(family_values[rule.statistic][k]), limits.relative_sigmas)))
             abstained.extend({"rule": rule.reason, "label": label, "why": f"{family} images: {why}", "family": family}
                              for label, why in verdict.abstained)
     return flagged, abstained
-
-
-def _statistics(measured: list[Measured]) -> dict[str, np.ndarray]:
-    """Each statistic a rule reads, one float64 per image in that order (``side``: the shorter side)."""
-    return {"side": np.array([float(min(m.width, m.height)) for m in measured], dtype=np.float64),
-            **{stat: np.array([getattr(m, stat) for m in measured], dtype=np.float64)
-               for stat in ("mean", "contrast", "blur")}}
 
 
 def _detail(verdict: Verdict, family: str, value: float, sigmas: float) -> str:
@@ -118,53 +121,117 @@ def _detail(verdict: Verdict, family: str, value: float, sigmas: float) -> str:
             f"of this version's {family} images; flagged beyond the gap at {bulk.cut:.4g})")
 
 
-def screen(by_sha: dict[str, RawFacts], features: Features, record: dict[str, Assignment],
+@dataclass(frozen=True)
+class _Columns:
+    """What the rules read of a raw version's images, a column each in the raw rows' order (no object an image)."""
+
+    failed: np.ndarray  # bool: the image has no features (an error)
+    errors: list[str | None]
+    families: list[str]
+    labels: list[str]
+    width: np.ndarray  # int64
+    height: np.ndarray
+    values: dict[str, np.ndarray]  # STATISTICS: float64, a missing number read as 0
+
+    @classmethod
+    def of(cls, shas: list[str], by_sha: dict[str, RawFacts], facts: FeatureFacts) -> _Columns:
+        at = facts.positions(shas).tolist()
+        errors = [facts.strings["error"][i] for i in at]
+        width = np.fromiter((by_sha[s].width for s in shas), dtype=np.int64, count=len(shas))
+        height = np.fromiter((by_sha[s].height for s in shas), dtype=np.int64, count=len(shas))
+        values = {stat: np.nan_to_num(facts.numbers[stat][at], nan=0.0) for stat in ("mean", "contrast", "blur")}
+        values["side"] = np.minimum(width, height).astype(np.float64)
+        return cls(np.fromiter((e is not None for e in errors), dtype=bool, count=len(shas)), errors,
+                   [facts.strings["family"][i] or "unknown" for i in at], [by_sha[s].label for s in shas],
+                   width, height, values)
+
+    def measured(self, k: int) -> Measured:
+        return Measured(self.families[k], int(self.width[k]), int(self.height[k]), float(self.values["mean"][k]),
+                        float(self.values["contrast"][k]), float(self.values["blur"][k]))
+
+
+def screen(by_sha: dict[str, RawFacts], features: Features, record: Mapping[str, Assignment],
            limits: OutlierSettings) -> tuple[list[str], list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]],
                                              list[dict[str, str]]]:
-    """(eligible shas in order, drop rows, outliers, abstentions): images without features and bad images are set aside."""
-    dropped: list[dict[str, Any]] = []
-    outliers: list[tuple[str, str, str, ImageFeatures]] = []
-    decided: dict[str, tuple[str, str]] = {}
-    bulk: dict[str, Measured] = {}
-    for sha, r in by_sha.items():
-        f = features.by_sha[sha]
-        home = record[sha].component if sha in record else sha  # bad images are not grouped
-        if f.error is not None:
-            reason = "undecodable" if f.error.startswith("undecodable") else "fastdup_invalid"
-            dropped.append(drop_row(r, reason, home, None, f.error))
-            continue
-        m = measured(r.width, r.height, f)
-        bad = outlier_reason(m, limits)
-        if bad is None:
-            bulk[sha] = m
-        else:
-            decided[sha] = bad
-    _check_override_share(decided, features, len(by_sha), limits)
-    relative, abstained = relative_screen(bulk, {s: str(by_sha[s].label) for s in bulk}, limits)
+    """(eligible shas in order, drop rows, outliers, abstentions): images without features and bad images are set aside.
+
+    ``by_sha`` in sha256 order (``tables.raw_facts``). Phases: the facts as columns, the absolute rules, the
+    relative rules over the rest, then the rows (the images without features first, then the bad ones).
+    """
+    shas = list(by_sha)
+    columns = _Columns.of(shas, by_sha, features.by_sha)
+    decided = _absolute(shas, columns, limits)
+    _check_override_share(decided, features.by_sha, len(by_sha), limits)
+    bulk = np.flatnonzero(~columns.failed & ~_marked(shas, decided)).tolist()
+    relative, abstained = relative_columns([shas[k] for k in bulk], [columns.families[k] for k in bulk],
+                                           {stat: v[bulk] for stat, v in columns.values.items()},
+                                           [columns.labels[k] for k in bulk], limits)
     decided.update(relative)
     for family, rule in sorted({(a["family"], a["rule"]) for a in abstained}):
         log.warning("curate: the %s rule abstains for %s images: %s", rule, family,
                     "; ".join(a["why"] for a in abstained if (a["family"], a["rule"]) == (family, rule)))
-    eligible: list[str] = []
-    for sha, r in by_sha.items():
-        if sha in decided:
-            home = record[sha].component if sha in record else sha
-            dropped.append(drop_row(r, decided[sha][0], home, None, decided[sha][1]))
-            outliers.append((sha, decided[sha][0], decided[sha][1], features.by_sha[sha]))
-        elif features.by_sha[sha].error is None:
-            eligible.append(sha)
+    dropped, outliers = _rows(shas, by_sha, columns, decided, features.by_sha, record)
+    eligible = [shas[k] for k in np.flatnonzero(~columns.failed & ~_marked(shas, decided)).tolist()]
     return eligible, dropped, outliers, abstained
+
+
+def _absolute(shas: list[str], columns: _Columns, limits: OutlierSettings) -> dict[str, tuple[str, str]]:
+    """sha256 -> (reason, detail) of each image an absolute rule flags (``outlier_reason``, which picks the first)."""
+    v = columns.values
+    hit = (v["side"] < limits.min_training_side) | (v["contrast"] < CONSTANT_STD)
+    for stat, setting, low_is_bad in (("mean", "min_mean", True), ("mean", "max_mean", False),
+                                      ("blur", "min_blur", True)):
+        limit = getattr(limits, setting)
+        if limit is not None:
+            hit |= v[stat] < limit if low_is_bad else v[stat] > limit
+    decided = {}
+    for k in np.flatnonzero(hit & ~columns.failed).tolist():
+        bad = outlier_reason(columns.measured(k), limits)
+        assert bad is not None, "the columns' test and outlier_reason disagree"
+        decided[shas[k]] = bad
+    return decided
+
+
+def _marked(shas: list[str], decided: dict[str, tuple[str, str]]) -> np.ndarray:
+    return np.fromiter((s in decided for s in shas), dtype=bool, count=len(shas))
+
+
+def _rows(shas: list[str], by_sha: dict[str, RawFacts], columns: _Columns, decided: dict[str, tuple[str, str]],
+          facts: FeatureFacts, record: Mapping[str, Assignment]
+          ) -> tuple[list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]]]:
+    """The drop rows (the images without features, then the bad images, each in sha256 order) and the outliers."""
+    def home(sha: str) -> str:
+        return record[sha].component if sha in record else sha  # bad images are not grouped
+
+    dropped: list[dict[str, Any]] = []
+    for k in np.flatnonzero(columns.failed).tolist():
+        error = columns.errors[k]
+        reason = "undecodable" if error.startswith("undecodable") else "fastdup_invalid"
+        dropped.append(drop_row(by_sha[shas[k]], reason, home(shas[k]), None, error))
+    outliers: list[tuple[str, str, str, ImageFeatures]] = []
+    for sha in (s for s in shas if s in decided):
+        reason, detail = decided[sha]
+        dropped.append(drop_row(by_sha[sha], reason, home(sha), None, detail))
+        outliers.append((sha, reason, detail, facts[sha]))
+    return dropped, outliers
+
+
+def constant_images(shas: list[str], facts: FeatureFacts) -> set[str]:
+    """The images of ``shas`` that are one colour (``is_constant``), read from the columns."""
+    at = facts.positions(shas)
+    one_colour = facts.numbers["contrast"][at] < CONSTANT_STD  # a missing contrast (NaN) is not
+    return {shas[k] for k in np.flatnonzero(one_colour & ~facts.failed()[at]).tolist()}
 
 
 _STATISTIC = {"blurry": ("blur", "min_blur"), "too_dark": ("mean", "min_mean"), "too_bright": ("mean", "max_mean")}
 
 
-def _check_override_share(decided: dict[str, tuple[str, str]], features: Features, total: int,
+def _check_override_share(decided: dict[str, tuple[str, str]], facts: FeatureFacts, total: int,
                           limits: OutlierSettings) -> None:
     """Stop before dropping when an absolute limit flags a large share: the threshold does not fit this data."""
     counts: dict[str, int] = {}
     for sha, (reason, _) in decided.items():
-        if not is_constant(features.by_sha[sha]):  # a constant image is bad in any amount
+        if not is_constant(facts[sha]):  # a constant image is bad in any amount
             counts[reason] = counts.get(reason, 0) + 1
     for reason, n in sorted(counts.items()):
         if n < 10 or n / max(total, 1) <= limits.max_share:
@@ -172,9 +239,9 @@ def _check_override_share(decided: dict[str, tuple[str, str]], features: Feature
         detail = ""
         if reason in _STATISTIC:
             stat, setting = _STATISTIC[reason]
-            values = [getattr(f, stat) for f in features.by_sha.values() if getattr(f, stat) is not None]
+            values = facts.numbers[stat][~np.isnan(facts.numbers[stat])]
             detail = (f" ({setting} {getattr(limits, setting):g}; this data's median {stat} "
-                      f"{float(np.median(values)):.4g})" if values else f" ({setting} {getattr(limits, setting):g})")
+                      f"{float(np.median(values)):.4g})" if len(values) else f" ({setting} {getattr(limits, setting):g})")
         raise OutlierRuleError(
             f"curation.outliers: {reason} would drop {n} of {total} images ({n / total:.1%}, more than max_share "
             f"{limits.max_share:g}){detail}: the limit does not fit this dataset. Look at some of them, then set "

@@ -48,7 +48,7 @@ from tasks.curation.dedupe import dedupe_component
 from tasks.curation.fastdup_optional import require_embedding
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
 from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
-from tasks.curation.outliers import is_constant, screen
+from tasks.curation.outliers import constant_images, screen
 from tasks.curation.pair_store import StoredScores
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
@@ -97,7 +97,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     record, record_version = read_assignments(settings)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
-    constant = {s for s in by_sha if is_constant(features.by_sha[s])}  # outside the class budget
+    constant = constant_images(list(by_sha), features.by_sha)  # outside the class budget
     pixels = features.pixel_keys()  # all that is read of the facts from here on: they go before the index is built
     vectors = features.vectors()
     del features

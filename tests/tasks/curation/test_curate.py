@@ -268,11 +268,12 @@ def test_a_chain_drops_only_copies_of_kept_images_and_conflicts_only_between_cop
     from tasks.curation.copy_pairs import CopyScores
     from tasks.curation.curation_features import Features
     from tasks.curation.dedupe import dedupe_component
+    from tasks.curation.feature_facts import FeatureFacts
 
     # A, B, C on a line: A~B and B~C are copies (score 0.999), A and C are not (0.99).
     # D is another label, a copy of nobody but in the same component (grouped generously).
     shas = ["a", "b", "c", "d"]
-    features = Features(by_sha={s: ImageFeatures(s, 1.0, 1.0, 0, 1, None) for s in shas},
+    features = Features(by_sha=FeatureFacts.of({s: ImageFeatures(s, 1.0, 1.0, 0, 1, None) for s in shas}),
                         row_of={s: i for i, s in enumerate(shas)}, matrix=np.eye(4, dtype=np.float32))
     known = {("a", "b"): 0.999, ("b", "c"): 0.999, ("a", "c"): 0.99, ("a", "d"): 0.4, ("b", "d"): 0.4,
              ("c", "d"): 0.4}

@@ -1,0 +1,98 @@
+"""The stored facts of a raw version's images, a column each (``curation_embeddings``' columns but the embedding).
+
+Every batch reads the facts of every image of its raw version: the bad-image screen's relative rules compare an image
+with its version's bulk, and the grouping reads every pixel key. Held as one named tuple an image with its numbers as
+Python floats, they were about 300 bytes an image (at a million images the batch's largest Python structure, in the
+bad-image screen: run 21). Here they are columns by position: the statistics as float64 arrays (``NaN`` where the row
+has none), the strings (pixel digest, error, mode family) as lists of interned strings, and one map from sha256 to
+position. ``FeatureFacts`` is still a read-only mapping sha256 -> ``ImageFeatures``: a lookup builds that one
+image's tuple (the tests, the few bad images listed), while the screen reads the columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.data.lake import interned
+
+
+class ImageFeatures(NamedTuple):
+    """One image's stored features (the embedding lives in ``Features.matrix``)."""
+
+    pixel_digest: str | None
+    blur: float | None
+    mean: float | None
+    min: float | None
+    max: float | None
+    error: str | None
+    contrast: float | None = None  # grey standard deviation
+    family: str | None = None  # "grey" | "colour" (tasks.curation.image_stats)
+
+
+FACT_COLUMNS = ImageFeatures._fields
+STRINGS = ("pixel_digest", "error", "family")
+NUMBERS = ("blur", "mean", "min", "max", "contrast")
+
+
+class FeatureFacts(Mapping[str, ImageFeatures]):
+    """sha256 -> its stored facts, kept as columns by position (see the module's docstring)."""
+
+    def __init__(self, shas: list[str], strings: dict[str, list[Any]], numbers: dict[str, np.ndarray]) -> None:
+        self.shas = shas  # each position's sha256
+        self.at = {sha: i for i, sha in enumerate(shas)}  # sha256 -> its position (a key twice: the later row)
+        self.strings = strings  # STRINGS: interned, None where the row has none
+        self.numbers = numbers  # NUMBERS: float64, NaN where the row has none
+
+    @classmethod
+    def empty(cls) -> FeatureFacts:
+        return cls([], {c: [] for c in STRINGS}, {c: np.zeros(0) for c in NUMBERS})
+
+    @classmethod
+    def of_table(cls, table: pa.Table) -> FeatureFacts:
+        """From ``curation_embeddings`` rows (``sha256`` and the fact columns it has: an older table lacks some)."""
+        rows = table.num_rows
+        strings = {c: interned(table.column(c)) if c in table.column_names else [None] * rows for c in STRINGS}
+        numbers = {c: np.asarray(table.column(c).to_numpy(), dtype=np.float64) if c in table.column_names
+                   else np.full(rows, np.nan) for c in NUMBERS}
+        return cls(interned(table.column("sha256")), strings, numbers)
+
+    @classmethod
+    def of(cls, rows: Mapping[str, ImageFeatures]) -> FeatureFacts:
+        """From tuples (tests, small sets)."""
+        values = list(rows.values())
+        strings = {c: [getattr(f, c) for f in values] for c in STRINGS}
+        numbers = {c: np.array([np.nan if getattr(f, c) is None else getattr(f, c) for f in values], dtype=np.float64)
+                   for c in NUMBERS}
+        return cls(list(rows), strings, numbers)
+
+    def merged(self, fresh: FeatureFacts) -> FeatureFacts:
+        """These facts and ``fresh``'s (``fresh`` wins for an image in both)."""
+        return FeatureFacts(self.shas + fresh.shas, {c: self.strings[c] + fresh.strings[c] for c in STRINGS},
+                            {c: np.concatenate([self.numbers[c], fresh.numbers[c]]) for c in NUMBERS})
+
+    def positions(self, shas: list[str]) -> np.ndarray:
+        """The columns' positions of ``shas``, in that order (``KeyError`` for an image without facts)."""
+        return np.fromiter((self.at[s] for s in shas), dtype=np.int64, count=len(shas))
+
+    def failed(self) -> np.ndarray:
+        """By position: True where the image has an error (it did not decode, or fastdup refused it)."""
+        errors = self.strings["error"]
+        return np.fromiter((e is not None for e in errors), dtype=bool, count=len(errors))
+
+    def __getitem__(self, sha: str) -> ImageFeatures:
+        i = self.at[sha]
+        number = {c: None if np.isnan(self.numbers[c][i]) else float(self.numbers[c][i]) for c in NUMBERS}
+        return ImageFeatures(**{c: self.strings[c][i] for c in STRINGS}, **number)
+
+    def __contains__(self, sha: object) -> bool:
+        return sha in self.at
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.at)
+
+    def __len__(self) -> int:
+        return len(self.at)

@@ -1,0 +1,73 @@
+"""The features' facts held as columns read back as the tuples they were, and the screen reads them as before."""
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.curation.curation_features import Features
+from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
+from tasks.curation.outliers import CONSTANT_STD, Measured, constant_images, is_constant, outlier_reason, screen
+from tasks.curation.tables import RawFacts
+from tasks.settings import OutlierSettings
+
+GOOD = ImageFeatures("d1", 240.0, 78.0, 0.0, 255.0, None, 30.0, "grey")
+BLACK = ImageFeatures("d2", 0.0, 0.0, 0.0, 0.0, None, 0.0, "grey")
+BROKEN = ImageFeatures(None, None, None, None, None, "undecodable: truncated", None, None)
+OLD = ImageFeatures("d3", 12.0, 128.0, 0.0, 255.0, None, None, None)  # stored before contrast and family
+
+
+def test_a_table_read_as_columns_gives_back_each_images_tuple_nulls_as_none():
+    rows = {"a": GOOD, "b": BLACK, "c": BROKEN, "d": OLD}
+    table = pa.Table.from_pylist([{"sha256": s, **f._asdict()} for s, f in rows.items()])
+    facts = FeatureFacts.of_table(table)
+    assert dict(facts) == rows and list(facts) == list(rows) and len(facts) == 4
+    assert "c" in facts and "z" not in facts
+    assert facts.failed().tolist() == [False, False, True, False]
+    assert dict(FeatureFacts.of(rows)) == rows
+
+
+def test_a_table_without_the_newer_columns_reads_them_as_missing():
+    table = pa.Table.from_pylist([{"sha256": "a", "pixel_digest": "d", "blur": 1.0, "mean": 2.0, "min": 0.0,
+                                   "max": 9.0, "error": None}])
+    assert FeatureFacts.of_table(table)["a"] == ImageFeatures("d", 1.0, 2.0, 0.0, 9.0, None, None, None)
+
+
+def test_merged_facts_keep_the_order_of_a_dict_merge_and_the_later_row_wins():
+    stored = FeatureFacts.of({"a": GOOD, "b": BLACK})
+    fresh = FeatureFacts.of({"c": OLD, "a": BROKEN})
+    merged = stored.merged(fresh)
+    assert dict(merged) == {"a": BROKEN, "b": BLACK, "c": OLD}
+    assert list(merged) == list({**dict(stored), **dict(fresh)})
+    assert merged.positions(["c", "b", "a"]).tolist() == [2, 1, 3]
+
+
+def test_constant_images_are_those_is_constant_names():
+    rows = {"a": GOOD, "b": BLACK, "c": BROKEN, "d": OLD, "e": GOOD._replace(contrast=CONSTANT_STD / 2)}
+    facts = FeatureFacts.of(rows)
+    assert constant_images(list(rows), facts) == {s for s, f in rows.items() if is_constant(f)} == {"b", "e"}
+
+
+def test_the_screen_on_columns_flags_what_the_rules_flag_image_by_image():
+    """Random statistics, a few images of each absolute kind: the columns' screen drops exactly the images
+    ``outlier_reason`` names (the relative rules abstain on noise without a gap), with its reasons and details."""
+    rng = np.random.default_rng(7)
+    rows, raw = {}, {}
+    for i in range(400):
+        sha = f"{i:064x}"
+        side = 4 if i % 97 == 3 else 32
+        f = ImageFeatures(f"p{i}", float(rng.uniform(50, 400)), float(rng.uniform(60, 200)), 0.0, 255.0, None,
+                          0.2 if i % 89 == 5 else float(rng.uniform(10, 80)), "grey" if i % 3 else "colour")
+        rows[sha] = BROKEN if i % 101 == 7 else f
+        raw[sha] = RawFacts(sha, str(i % 4), side, side)
+    limits = OutlierSettings(min_blur=60.0)
+    eligible, dropped, outliers, _ = screen(raw, Features(FeatureFacts.of(rows), {}, np.zeros((0, 1))), {}, limits)
+
+    expected = {}
+    for sha, f in rows.items():
+        if f.error is None:
+            bad = outlier_reason(Measured(f.family, raw[sha].width, raw[sha].height, f.mean, f.contrast, f.blur), limits)
+            if bad is not None:
+                expected[sha] = bad
+    assert {o[0]: (o[1], o[2]) for o in outliers} == expected
+    assert {d["sha256"] for d in dropped} == set(expected) | {s for s, f in rows.items() if f.error}
+    assert {"too_small", "flat", "blurry"} <= {r for r, _ in expected.values()}
+    assert eligible == [s for s in raw if s not in expected and rows[s].error is None]
