@@ -17,7 +17,7 @@ An absolute override that would drop a large share of the data stops the curatio
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,22 +83,25 @@ def relative_screen(images: dict[str, Measured], labels: dict[str, str], limits:
     measured = [images[i] for i in ids]
     values = {stat: np.array([float(min(m.width, m.height)) if stat == "side" else getattr(m, stat) for m in measured],
                              dtype=np.float64) for stat in STATISTICS}
-    return relative_columns(ids, [m.family for m in measured], values, [labels[i] for i in ids], limits)
+    codes: dict[str, int] = {}
+    family = np.array([codes.setdefault(m.family, len(codes)) for m in measured], dtype=np.int32)
+    return relative_columns(ids, np.arange(len(ids)), family, list(codes), values, labels.__getitem__, limits)
 
 
-def relative_columns(ids: list[str], families: list[str], values: dict[str, np.ndarray], labels: list[str],
-                     limits: OutlierSettings) -> tuple[dict[str, tuple[str, str]], list[dict[str, str]]]:
-    """``relative_screen`` over columns: ``ids``, ``families``, ``labels`` and each statistic in ``values``
-    (``STATISTICS``) in one order, ``ids`` ascending (a family's images are judged in that order)."""
+def relative_columns(ids: list[str], rows: np.ndarray, family: np.ndarray, names: list[str],
+                     values: dict[str, np.ndarray], label: Callable[[str], str], limits: OutlierSettings
+                     ) -> tuple[dict[str, tuple[str, str]], list[dict[str, str]]]:
+    """``relative_screen`` over columns: the images ``ids[rows]`` (ascending: a family's images are judged in that
+    order), by position in ``ids`` their mode family (a code into ``names``) and each statistic (``STATISTICS``)."""
     flagged: dict[str, tuple[str, str]] = {}
     abstained: list[dict[str, str]] = []
-    by_family: dict[str, list[int]] = {}
-    for k, family in enumerate(families):
-        by_family.setdefault(family, []).append(k)
-    for family, members in sorted(by_family.items()):
-        at = np.asarray(members, dtype=np.int64)
-        family_labels = [labels[k] for k in members]
-        family_values = {stat: values[stat][at] for stat in STATISTICS}  # once a family, not once a rule
+    for code in sorted(range(len(names)), key=names.__getitem__):
+        members = rows[family[rows] == code]
+        if not len(members):
+            continue
+        name = names[code]
+        family_labels = [label(ids[k]) for k in members]
+        family_values = {stat: values[stat][members] for stat in STATISTICS}  # once a family, not once a rule
         for rule in RULES:
             if _OVERRIDE.get(rule.reason) and getattr(limits, _OVERRIDE[rule.reason]) is not None:
                 continue  # the person's absolute limit replaces this rule
@@ -107,8 +110,8 @@ def relative_columns(ids: list[str], families: list[str], values: dict[str, np.n
                             min_images=limits.relative_min_images, max_share=limits.max_share)
             for k in verdict.flagged:
                 flagged.setdefault(ids[members[k]], (rule.reason, _detail(
-                    verdict, family, float(family_values[rule.statistic][k]), limits.relative_sigmas)))
-            abstained.extend({"rule": rule.reason, "label": label, "why": f"{family} images: {why}", "family": family}
+                    verdict, name, float(family_values[rule.statistic][k]), limits.relative_sigmas)))
+            abstained.extend({"rule": rule.reason, "label": label, "why": f"{name} images: {why}", "family": name}
                              for label, why in verdict.abstained)
     return flagged, abstained
 
@@ -123,31 +126,33 @@ def _detail(verdict: Verdict, family: str, value: float, sigmas: float) -> str:
 
 @dataclass(frozen=True)
 class _Columns:
-    """What the rules read of a raw version's images, a column each in the raw rows' order (no object an image)."""
+    """What the rules read of a raw version's images, a column each in the raw rows' order: arrays, no object an
+    image (a named tuple, five floats and a ``Measured`` each were about 300 bytes an image at the screen's high)."""
 
+    at: np.ndarray  # each image's position among the facts
     failed: np.ndarray  # bool: the image has no features (an error)
-    errors: list[str | None]
-    families: list[str]
-    labels: list[str]
+    family: np.ndarray  # int32: a code into ``names``
+    names: list[str]  # the mode families ("unknown" for an image without one)
     width: np.ndarray  # int64
     height: np.ndarray
     values: dict[str, np.ndarray]  # STATISTICS: float64, a missing number read as 0
 
     @classmethod
     def of(cls, shas: list[str], by_sha: dict[str, RawFacts], facts: FeatureFacts) -> _Columns:
-        at = facts.positions(shas).tolist()
-        errors = [facts.strings["error"][i] for i in at]
+        at = facts.positions(shas)
         width = np.fromiter((by_sha[s].width for s in shas), dtype=np.int64, count=len(shas))
         height = np.fromiter((by_sha[s].height for s in shas), dtype=np.int64, count=len(shas))
         values = {stat: np.nan_to_num(facts.numbers[stat][at], nan=0.0) for stat in ("mean", "contrast", "blur")}
         values["side"] = np.minimum(width, height).astype(np.float64)
-        return cls(np.fromiter((e is not None for e in errors), dtype=bool, count=len(shas)), errors,
-                   [facts.strings["family"][i] or "unknown" for i in at], [by_sha[s].label for s in shas],
-                   width, height, values)
+        codes: dict[str, int] = {}
+        of_row = facts.strings["family"]
+        family = np.fromiter((codes.setdefault(of_row[i] or "unknown", len(codes)) for i in at), dtype=np.int32,
+                             count=len(at))
+        return cls(at, facts.failed()[at], family, list(codes), width, height, values)
 
     def measured(self, k: int) -> Measured:
-        return Measured(self.families[k], int(self.width[k]), int(self.height[k]), float(self.values["mean"][k]),
-                        float(self.values["contrast"][k]), float(self.values["blur"][k]))
+        return Measured(self.names[self.family[k]], int(self.width[k]), int(self.height[k]),
+                        float(self.values["mean"][k]), float(self.values["contrast"][k]), float(self.values["blur"][k]))
 
 
 def screen(by_sha: dict[str, RawFacts], features: Features, record: Mapping[str, Assignment],
@@ -162,16 +167,15 @@ def screen(by_sha: dict[str, RawFacts], features: Features, record: Mapping[str,
     columns = _Columns.of(shas, by_sha, features.by_sha)
     decided = _absolute(shas, columns, limits)
     _check_override_share(decided, features.by_sha, len(by_sha), limits)
-    bulk = np.flatnonzero(~columns.failed & ~_marked(shas, decided)).tolist()
-    relative, abstained = relative_columns([shas[k] for k in bulk], [columns.families[k] for k in bulk],
-                                           {stat: v[bulk] for stat, v in columns.values.items()},
-                                           [columns.labels[k] for k in bulk], limits)
+    relative, abstained = relative_columns(shas, np.flatnonzero(~columns.failed & ~_marked(shas, decided)),
+                                           columns.family, columns.names, columns.values,
+                                           lambda sha: by_sha[sha].label, limits)
     decided.update(relative)
     for family, rule in sorted({(a["family"], a["rule"]) for a in abstained}):
         log.warning("curate: the %s rule abstains for %s images: %s", rule, family,
                     "; ".join(a["why"] for a in abstained if (a["family"], a["rule"]) == (family, rule)))
     dropped, outliers = _rows(shas, by_sha, columns, decided, features.by_sha, record)
-    eligible = [shas[k] for k in np.flatnonzero(~columns.failed & ~_marked(shas, decided)).tolist()]
+    eligible = [shas[k] for k in np.flatnonzero(~columns.failed & ~_marked(shas, decided))]
     return eligible, dropped, outliers, abstained
 
 
@@ -204,8 +208,8 @@ def _rows(shas: list[str], by_sha: dict[str, RawFacts], columns: _Columns, decid
         return record[sha].component if sha in record else sha  # bad images are not grouped
 
     dropped: list[dict[str, Any]] = []
-    for k in np.flatnonzero(columns.failed).tolist():
-        error = columns.errors[k]
+    for k in np.flatnonzero(columns.failed):
+        error = facts.strings["error"][columns.at[k]]
         reason = "undecodable" if error.startswith("undecodable") else "fastdup_invalid"
         dropped.append(drop_row(by_sha[shas[k]], reason, home(shas[k]), None, error))
     outliers: list[tuple[str, str, str, ImageFeatures]] = []
