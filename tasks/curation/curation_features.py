@@ -96,7 +96,7 @@ class Features:
     def pixel_keys(self) -> dict[str, str]:
         """sha256 -> its pixel key: the decoded pixels' digest, or the sha256 of an image without one. All the
         grouping and the walk read of the facts once the bad images are set aside (the digest objects are shared:
-        the named tuples and their numbers, about 240 bytes an image, can go)."""
+        the other columns, about 90 bytes an image, can go)."""
         digests = self.by_sha.strings["pixel_digest"]
         return {sha: digests[i] or sha for sha, i in self.by_sha.at.items()}
 
