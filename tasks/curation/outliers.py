@@ -180,7 +180,8 @@ def screen(by_sha: dict[str, RawFacts], features: Features, record: Mapping[str,
 
 
 def _absolute(shas: list[str], columns: _Columns, limits: OutlierSettings) -> dict[str, tuple[str, str]]:
-    """sha256 -> (reason, detail) of each image an absolute rule flags (``outlier_reason``, which picks the first)."""
+    """sha256 -> (reason, detail) of each image an absolute rule flags: the masks find the candidates, and
+    ``outlier_reason`` (the rules in their order, the first that applies) names each one's reason."""
     v = columns.values
     hit = (v["side"] < limits.min_training_side) | (v["contrast"] < CONSTANT_STD)
     for stat, setting, low_is_bad in (("mean", "min_mean", True), ("mean", "max_mean", False),
@@ -190,9 +191,8 @@ def _absolute(shas: list[str], columns: _Columns, limits: OutlierSettings) -> di
             hit |= v[stat] < limit if low_is_bad else v[stat] > limit
     decided = {}
     for k in np.flatnonzero(hit & ~columns.failed).tolist():
-        bad = outlier_reason(columns.measured(k), limits)
-        assert bad is not None, "the columns' test and outlier_reason disagree"
-        decided[shas[k]] = bad
+        if (bad := outlier_reason(columns.measured(k), limits)) is not None:
+            decided[shas[k]] = bad
     return decided
 
 
