@@ -2,10 +2,11 @@
 
 Every batch reads the facts of every image of its raw version: the bad-image screen's relative rules compare an image
 with its version's bulk, and the grouping reads every pixel key. Held as one named tuple an image with its numbers as
-Python floats, they were about 300 bytes an image (at a million images the batch's largest Python structure, in the
-bad-image screen: run 21). Here they are columns by position: the statistics as float64 arrays (``NaN`` where the row
-has none), the strings (pixel digest, error, mode family) as lists of interned strings, and one map from sha256 to
-position. ``FeatureFacts`` is still a read-only mapping sha256 -> ``ImageFeatures``: a lookup builds that one
+Python floats, they took 431 bytes an image in a batch of a 100,000-image table, and the screen that read them set
+the Python high of a million-image batch (bench/README.md, runs 21 and 22). Here they are columns by position (296
+bytes an image, most of it the pixel digest strings and the map): the statistics as float64 arrays (``NaN`` where
+the row has none), the strings (pixel digest, error, mode family) as lists of interned strings, and one map from
+sha256 to position. ``FeatureFacts`` is still a read-only mapping sha256 -> ``ImageFeatures``: a lookup builds that one
 image's tuple (the tests, the few bad images listed), while the screen reads the columns.
 """
 
