@@ -220,11 +220,12 @@ def _rows(shas: list[str], by_sha: dict[str, RawFacts], columns: _Columns, decid
     return dropped, outliers
 
 
-def constant_images(shas: list[str], facts: FeatureFacts) -> set[str]:
-    """The images of ``shas`` that are one colour (``is_constant``), read from the columns."""
-    at = facts.positions(shas)
-    one_colour = facts.numbers["contrast"][at] < CONSTANT_STD  # a missing contrast (NaN) is not
-    return {shas[k] for k in np.flatnonzero(one_colour & ~facts.failed()[at]).tolist()}
+def constant_images(facts: FeatureFacts) -> set[str]:
+    """The images that are one colour (``is_constant``), read from the columns in their own order: no lookup by
+    sha256 (the screen already placed every image; a row a later one replaced is not counted)."""
+    one_colour = facts.numbers["contrast"] < CONSTANT_STD  # a missing contrast (NaN) is not
+    return {sha for i in np.flatnonzero(one_colour & ~facts.failed()).tolist()
+            if facts.at[sha := facts.shas[i]] == i}
 
 
 _STATISTIC = {"blurry": ("blur", "min_blur"), "too_dark": ("mean", "min_mean"), "too_bright": ("mean", "max_mean")}

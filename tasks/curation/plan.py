@@ -97,7 +97,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     record, record_version = read_assignments(settings)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
-    constant = constant_images(list(by_sha), features.by_sha)  # outside the class budget
+    constant = constant_images(features.by_sha)  # outside the class budget (the facts are the raw version's)
     pixels = features.pixel_keys()  # all that is read of the facts from here on: they go before the index is built
     vectors = features.vectors()
     del features

@@ -43,7 +43,10 @@ def test_merged_facts_keep_the_order_of_a_dict_merge_and_the_later_row_wins():
 def test_constant_images_are_those_is_constant_names():
     rows = {"a": GOOD, "b": BLACK, "c": BROKEN, "d": OLD, "e": GOOD._replace(contrast=CONSTANT_STD / 2)}
     facts = FeatureFacts.of(rows)
-    assert constant_images(list(rows), facts) == {s for s, f in rows.items() if is_constant(f)} == {"b", "e"}
+    assert constant_images(facts) == {s for s, f in rows.items() if is_constant(f)} == {"b", "e"}
+    # a row a later one replaced is not counted: "b" is no longer constant, "f" is
+    replaced = facts.merged(FeatureFacts.of({"b": GOOD, "f": BLACK}))
+    assert constant_images(replaced) == {"e", "f"}
 
 
 def test_the_screen_on_columns_flags_what_the_rules_flag_image_by_image():
