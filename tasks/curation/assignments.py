@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.dedupe import RecordedMembers, recorded_original
-from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, RawFacts, drop_row
+from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, RawRows, drop_row
 from tasks.data import lake
 from tasks.settings import Settings
 
@@ -86,7 +86,7 @@ class Bridge:
     copy_of: tuple[str, str, str] | None  # (reason, recorded image, how): a copy of one with its label
 
 
-def bridge_rows(bridges: list[Bridge], by_sha: dict[str, RawFacts], record: dict[str, Assignment],
+def bridge_rows(bridges: list[Bridge], by_sha: RawRows, record: dict[str, Assignment],
                 abstain: Collection[str]) -> list[dict[str, Any]]:
     """Drop rows of the bridges, named once the classes' tests are known.
 
@@ -137,7 +137,7 @@ class RecordAfter(Mapping[str, Assignment]):
 
 
 def assign(
-    components: list[list[str]], record: dict[str, Assignment], pixels: Mapping[str, str], by_sha: dict[str, RawFacts],
+    components: list[list[str]], record: dict[str, Assignment], pixels: Mapping[str, str], by_sha: RawRows,
     scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
 ) -> tuple[RecordAfter, dict[str, list[str]], dict[str, str], int, list[Bridge]]:
     """Keys and splits for this curation's components (the rules in the module doc).

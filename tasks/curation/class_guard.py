@@ -32,7 +32,7 @@ from collections.abc import Collection
 from typing import Any
 
 from tasks.curation.outliers import is_constant
-from tasks.curation.tables import RawFacts
+from tasks.curation.tables import RawRows
 
 BAD_IMAGE_REASONS = ("too_small", "too_dark", "too_bright", "blurry", "flat")
 
@@ -42,23 +42,19 @@ def budget(images: int, share: float) -> int:
     return int(math.floor(share * images + 1e-9))
 
 
-def class_sizes(by_sha: dict[str, RawFacts]) -> dict[str, int]:
-    return dict(Counter(r.label for r in by_sha.values()))
-
-
-def guard_outliers(by_sha: dict[str, RawFacts], eligible: list[str], dropped: list[dict[str, Any]],
+def guard_outliers(by_sha: RawRows, eligible: list[str], dropped: list[dict[str, Any]],
                    outliers: list[tuple[str, str, str, Any]], share: float
                    ) -> tuple[list[str], list[dict[str, Any]], list[tuple[str, str, str, Any]], list[dict[str, Any]]]:
     """(eligible, dropped, outliers, decisions) with the bad images of classes over budget kept and listed.
 
     A decision is {"rule": "bad_images", "label", "why", "kept": [{sha256, reason, detail}]}.
     """
-    sizes = class_sizes(by_sha)
+    sizes = by_sha.sizes()
     per_class: dict[str, list[tuple[str, str, str, Any]]] = {}
     for o in outliers:
         if is_constant(o[3]):
             continue
-        per_class.setdefault(by_sha[o[0]].label, []).append(o)
+        per_class.setdefault(by_sha.label(o[0]), []).append(o)
     keep: set[str] = set()
     decisions = []
     for label, flagged in sorted(per_class.items()):
@@ -78,10 +74,10 @@ def guard_outliers(by_sha: dict[str, RawFacts], eligible: list[str], dropped: li
             [o for o in outliers if o[0] not in keep], decisions)
 
 
-def over_budget(by_sha: dict[str, RawFacts], dropped: list[dict[str, Any]], share: float,
+def over_budget(by_sha: RawRows, dropped: list[dict[str, Any]], share: float,
                 exempt: Collection[str] = ()) -> dict[str, str]:
     """label -> why, for each class whose near-duplicate plus bad-image drops (but ``exempt``) exceed its budget."""
-    sizes = class_sizes(by_sha)
+    sizes = by_sha.sizes()
     near = Counter(d["label"] for d in dropped if d["reason"] == "near_duplicate")
     bad = Counter(d["label"] for d in dropped if d["reason"] in BAD_IMAGE_REASONS and d["sha256"] not in exempt)
     out = {}

@@ -56,6 +56,8 @@ from PIL import Image, ImageOps
 from tasks.curation.fastdup_optional import fastdup_installed, import_fastdup
 from tasks.curation.feature_facts import FACT_COLUMNS, FeatureFacts, ImageFeatures
 from tasks.curation.image_stats import NORM_MAX_SIDE, NORM_SIDE, ImageStats, image_stats
+from tasks.curation.pixel_keys import PixelKeys
+from tasks.curation.tables import RawRows
 from tasks.data import lake
 from tasks.settings import CurationSettings
 
@@ -93,12 +95,11 @@ class Features:
     row_of: dict[str, int]  # sha256 -> row of ``matrix``; images with an error have no row
     matrix: np.ndarray  # float32, L2-normalised rows
 
-    def pixel_keys(self) -> dict[str, str]:
-        """sha256 -> its pixel key: the decoded pixels' digest, or the sha256 of an image without one. All the
-        grouping and the walk read of the facts once the bad images are set aside (the digest objects are shared:
-        the other columns, about 90 bytes an image, can go)."""
-        digests = self.by_sha.strings["pixel_digest"]
-        return {sha: digests[i] or sha for sha, i in self.by_sha.at.items()}
+    def pixel_keys(self, rows: RawRows) -> PixelKeys:
+        """sha256 -> its pixel key (``tasks.curation.pixel_keys``) for every image of ``rows`` (each has its facts):
+        all the grouping and the walk read of the facts once the bad images are set aside."""
+        digests, at = self.by_sha.strings["pixel_digest"], self.by_sha.at
+        return PixelKeys.of(rows.at, (digests[at[s]] or s for s in rows.shas))
 
     def vectors(self) -> Features:
         """The embedding's rows alone, the facts let go (``pixel_keys`` keeps what is read of them)."""

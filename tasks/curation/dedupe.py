@@ -6,7 +6,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from tasks.curation.copy_pairs import CopyScores
-from tasks.curation.tables import RawFacts
+from tasks.curation.tables import RawRows
 
 # ``pixels`` below: each image's pixel key (``Features.pixel_keys``: its decoded pixels' digest, or its sha256).
 
@@ -48,12 +48,12 @@ class RecordedMembers:
         self.by_digest = group_by_pixels(recorded, pixels)
 
 
-def recorded_original(sha: str, recorded: RecordedMembers, pixels: Mapping[str, str], by_sha: dict[str, RawFacts],
+def recorded_original(sha: str, recorded: RecordedMembers, pixels: Mapping[str, str], by_sha: RawRows,
                       scores: CopyScores, threshold: float) -> tuple[str, str, str] | None:
     """(reason, recorded image, how) when a new image is a copy of a recorded image with its label, else None."""
-    label = by_sha[sha].label
+    label = by_sha.label(sha)
     copies = [(o, how) for o, how in _copies_of(sha, recorded.rank, recorded.by_digest, pixels, scores, threshold)
-              if by_sha[o].label == label]
+              if by_sha.label(o) == label]
     if not copies:
         return None
     original, how = _strongest(sha, copies, scores, recorded.rank)

@@ -27,7 +27,7 @@ from tasks.curation.assignments import Assignment
 from tasks.curation.bulk_limits import RULES, Verdict, judge
 from tasks.curation.curation_features import Features
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
-from tasks.curation.tables import RawFacts, drop_row
+from tasks.curation.tables import RawRows, drop_row
 from tasks.errors import DataError
 from tasks.settings import OutlierSettings
 
@@ -138,10 +138,9 @@ class _Columns:
     values: dict[str, np.ndarray]  # STATISTICS: float64, a missing number read as 0
 
     @classmethod
-    def of(cls, shas: list[str], by_sha: dict[str, RawFacts], facts: FeatureFacts) -> _Columns:
-        at = facts.positions(shas)
-        width = np.fromiter((by_sha[s].width for s in shas), dtype=np.int64, count=len(shas))
-        height = np.fromiter((by_sha[s].height for s in shas), dtype=np.int64, count=len(shas))
+    def of(cls, rows: RawRows, facts: FeatureFacts) -> _Columns:
+        at = facts.positions(rows.shas)
+        width, height = rows.width.astype(np.int64), rows.height.astype(np.int64)
         values = {stat: np.nan_to_num(facts.numbers[stat][at], nan=0.0) for stat in ("mean", "contrast", "blur")}
         values["side"] = np.minimum(width, height).astype(np.float64)
         codes: dict[str, int] = {}
@@ -155,7 +154,7 @@ class _Columns:
                         float(self.values["mean"][k]), float(self.values["contrast"][k]), float(self.values["blur"][k]))
 
 
-def screen(by_sha: dict[str, RawFacts], features: Features, record: Mapping[str, Assignment],
+def screen(by_sha: RawRows, features: Features, record: Mapping[str, Assignment],
            limits: OutlierSettings) -> tuple[list[str], list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]],
                                              list[dict[str, str]]]:
     """(eligible shas in order, drop rows, outliers, abstentions): images without features and bad images are set aside.
@@ -163,13 +162,13 @@ def screen(by_sha: dict[str, RawFacts], features: Features, record: Mapping[str,
     ``by_sha`` in sha256 order (``tables.raw_facts``). Phases: the facts as columns, the absolute rules, the
     relative rules over the rest, then the rows (the images without features first, then the bad ones).
     """
-    shas = list(by_sha)
-    columns = _Columns.of(shas, by_sha, features.by_sha)
+    shas = by_sha.shas
+    columns = _Columns.of(by_sha, features.by_sha)
     decided = _absolute(shas, columns, limits)
     _check_override_share(decided, features.by_sha, len(by_sha), limits)
     relative, abstained = relative_columns(shas, np.flatnonzero(~columns.failed & ~_marked(shas, decided)),
                                            columns.family, columns.names, columns.values,
-                                           lambda sha: by_sha[sha].label, limits)
+                                           by_sha.label, limits)
     decided.update(relative)
     for family, rule in sorted({(a["family"], a["rule"]) for a in abstained}):
         log.warning("curate: the %s rule abstains for %s images: %s", rule, family,
@@ -200,7 +199,7 @@ def _marked(shas: list[str], decided: dict[str, tuple[str, str]]) -> np.ndarray:
     return np.fromiter((s in decided for s in shas), dtype=bool, count=len(shas))
 
 
-def _rows(shas: list[str], by_sha: dict[str, RawFacts], columns: _Columns, decided: dict[str, tuple[str, str]],
+def _rows(shas: list[str], by_sha: RawRows, columns: _Columns, decided: dict[str, tuple[str, str]],
           facts: FeatureFacts, record: Mapping[str, Assignment]
           ) -> tuple[list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]]]:
     """The drop rows (the images without features, then the bad images, each in sha256 order) and the outliers."""

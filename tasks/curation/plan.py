@@ -50,11 +50,12 @@ from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store
 from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
 from tasks.curation.outliers import constant_images, screen
 from tasks.curation.pair_store import StoredScores
+from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.separation import separation_by_class
 from tasks.curation.sha_list import Keys
-from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, RawFacts, drop_row, raw_facts
+from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, RawRows, drop_row, raw_facts
 from tasks.curation.vectors import RowView, stored_views
 from tasks.data import lake
 from tasks.settings import Settings
@@ -98,7 +99,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
     constant = constant_images(features.by_sha)  # outside the class budget (the facts are the raw version's)
-    pixels = features.pixel_keys()  # all that is read of the facts from here on: they go before the index is built
+    pixels = features.pixel_keys(by_sha)  # all that is read of the facts from here on: they go before the index is built
     vectors = features.vectors()
     del features
     asked = Keys.of(eligible)  # how the stored lists look them up: built once
@@ -108,7 +109,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
-                          lambda s: by_sha[s].label, pixels.__getitem__, graph.scores)
+                          by_sha.label, pixels.__getitem__, graph.scores)
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
     decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, dropped, reuse)
@@ -161,16 +162,17 @@ ROW_BLOCK = 65_536  # rows a block: the snapshot's batches, candidate pairs read
 KEPT_FACTS_SCHEMA = CURATED_SCHEMA.remove(CURATED_SCHEMA.get_field_index("image"))
 
 
-def _kept_facts(eligible: list[str], dropped: Collection[str], by_sha: dict[str, RawFacts],
+def _kept_facts(eligible: list[str], dropped: Collection[str], by_sha: RawRows,
                 assignments: Mapping[str, Assignment]) -> pa.Table:
     """The curated snapshot's rows without their image bytes (the snapshot's columns but ``image``), in sha256 order:
     every eligible image (sorted) that was not ``dropped`` (the walk's drops and the split bridges). Built a column at
     a time from the plan's maps: no row is held for each kept image through the walk (a named tuple each was about
     100 bytes an image at a batch's peak)."""
     kept = [s for s in eligible if s not in dropped]
-    columns = [pa.array(kept, pa.string()), pa.array([by_sha[s].label for s in kept], pa.string()),
-               pa.array([assignments[s].split for s in kept], pa.string())]
-    columns += [pa.array([getattr(by_sha[s], side) for s in kept], pa.int32()) for side in ("width", "height")]
+    at = by_sha.positions(kept)
+    columns = [pa.array(kept, pa.string()), pa.array(by_sha.labels_at(at), pa.string()),
+               pa.array([assignments[s].split for s in kept], pa.string()),
+               pa.array(by_sha.width[at], pa.int32()), pa.array(by_sha.height[at], pa.int32())]
     return pa.Table.from_arrays(columns, schema=KEPT_FACTS_SCHEMA)
 
 
@@ -244,7 +246,7 @@ class _Graph:
         return list(members.values())
 
 
-def _group(settings: Settings, eligible: list[str], asked: Keys, record: dict[str, Assignment], pixels: dict[str, str],
+def _group(settings: Settings, eligible: list[str], asked: Keys, record: dict[str, Assignment], pixels: PixelKeys,
            images: RawImages, views: list[RowView]) -> _Graph:
     """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies (the
     neighbours from ``views``: the embedding's views of ``eligible``, by position)."""
@@ -267,21 +269,19 @@ def _group(settings: Settings, eligible: list[str], asked: Keys, record: dict[st
                   len(candidates), copy_edges, search)
 
 
-def _known_sets(eligible: list[str], record: dict[str, Assignment], pixels: dict[str, str]
+def _known_sets(eligible: list[str], record: dict[str, Assignment], pixels: PixelKeys
                 ) -> tuple[UnionFind, np.ndarray]:
     """(the recorded components as they are, each new image joined to the first eligible image of its pixels; the
-    new images' positions). Its maps (a component's, a pixel key's first image) are gone before the search."""
+    new images' positions). Its map (a component's first image) is gone before the search."""
     sets = UnionFind(len(eligible))
     first_of_component: dict[str, int] = {}
     for i, sha in enumerate(eligible):
         if sha in record:
             sets.union(i, first_of_component.setdefault(record[sha].component, i))
     pending = np.fromiter((i for i, sha in enumerate(eligible) if sha not in record), dtype=np.int64)
-    first_of_pixels: dict[str, int] = {}
-    for i, sha in enumerate(eligible):
-        first_of_pixels.setdefault(pixels[sha], i)
-    for i in pending.tolist():
-        sets.union(i, first_of_pixels[pixels[eligible[i]]])
+    first_alike = pixels.first_alike(np.fromiter((pixels.at[s] for s in eligible), dtype=np.int64, count=len(eligible)))
+    for i, first in zip(pending.tolist(), first_alike[pending].tolist()):
+        sets.union(i, first)
     return sets, pending
 
 
@@ -318,7 +318,7 @@ def _neighbours(settings: Settings, eligible: list[str], asked: Keys, views: lis
 
 
 def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: Mapping[str, Assignment],
-                       pixels: dict[str, str], constant: set[str], by_sha: dict[str, RawFacts], graph: "_Graph",
+                       pixels: PixelKeys, constant: set[str], by_sha: RawRows, graph: "_Graph",
                        nearest: NearestMap,
                        dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None
                        ) -> dict[str, Any]:
@@ -331,7 +331,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: Mapp
     With the previous curation's walk (``reuse``: it and the components touched since), a component
     nothing touched keeps its decisions (``tasks.curation.prior_walk``); the rest are walked.
     """
-    seps = separation_by_class({by_sha[s].label for s in graph.eligible}, nearest.by_label(), cfg.copy_similarity,
+    seps = separation_by_class({by_sha.label(s) for s in graph.eligible}, nearest.by_label(), cfg.copy_similarity,
                                cfg.copy_min_separation, cfg.copy_min_class_images)
     abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
     walk = functools.partial(_dedupe, groups=groups, assignments=assignments, pixels=pixels, by_sha=by_sha,
@@ -340,7 +340,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: Mapp
         prior, keys = None, sorted(groups)
     else:
         prior, touched = reuse
-        keys = prior.to_walk(groups, touched, abstain, lambda s: by_sha[s].label)
+        keys = prior.to_walk(groups, touched, abstain, by_sha.label)
     removed, possible = walk(keys)
     walked_now = set(keys)
     if prior is not None:
@@ -354,7 +354,7 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: Mapp
             break
         abstain.update(over)
         # Only components with a member of a newly abstaining class can decide otherwise: they are walked again.
-        again = {k for k, members in groups.items() if any(by_sha[s].label in over for s in members)}
+        again = {k for k, members in groups.items() if any(by_sha.label(s) in over for s in members)}
         rewalked = {s for k in again for s in groups[k]}
         removed_again, possible_again = walk(sorted(again))
         walked_now |= again
@@ -368,10 +368,10 @@ def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: Mapp
             "max_class_drop_share": cfg.max_class_drop_share, "components": walked}
 
 
-def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict[str, RawFacts]
+def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: RawRows
                ) -> dict[str, Any]:
     """The report's ``decisions``: where the rules abstained and why, and what was kept because of it."""
-    possible = [{"sha256": s, "partner": p, "score": round(v, 6), "label": by_sha[s].label}
+    possible = [{"sha256": s, "partner": p, "score": round(v, 6), "label": by_sha.label(s)}
                 for s, p, v in sorted(dup["possible"])]
     count: dict[str, int] = {}
     for p in possible:
@@ -396,7 +396,7 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: dict
 
 
 def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: Mapping[str, Assignment],
-            pixels: dict[str, str], by_sha: dict[str, RawFacts], scores: CopyScores, threshold: float,
+            pixels: PixelKeys, by_sha: RawRows, scores: CopyScores, threshold: float,
             abstain: Collection[str] = ()
             ) -> tuple[list[dict[str, Any]], list[tuple[str, str, float]]]:
     """(drop rows, possible copies) of the components ``keys``, each walked first assigned first (every member
@@ -406,7 +406,7 @@ def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: Mappi
     scores.want(s for key in keys for s in groups[key])  # the walked members' stored pairs, in one scan
     for key in keys:
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
-        _, removed = dedupe_component(order, pixels, {s: by_sha[s].label for s in order}, scores, threshold,
+        _, removed = dedupe_component(order, pixels, {s: by_sha.label(s) for s in order}, scores, threshold,
                                          abstain, possible)
         dropped.extend(drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
     return dropped, possible

@@ -16,7 +16,7 @@ from PIL import Image
 from tasks.curation.class_guard import budget, guard_outliers
 from tasks.curation.curate import curate
 from tasks.curation.separation import separation
-from tasks.curation.tables import RawFacts
+from tasks.curation.tables import RawFacts, RawRows
 from tasks.data.ingest import ingest_landing
 from tasks.data.sample_data import photo_sources
 from tests.factories.curation import IMAGES, encode, outcome, plant, sha
@@ -115,7 +115,7 @@ def test_a_class_budget_is_the_floor_of_its_share(images, expected):
 
 
 def test_bad_images_beyond_a_class_share_are_kept_and_listed():
-    by_sha = {f"{c}{i:02d}": RawFacts(f"{c}{i:02d}", c, 32, 32) for c in "ab" for i in range(60)}
+    by_sha = RawRows.of(RawFacts(f"{c}{i:02d}", c, 32, 32) for c in "ab" for i in range(60))
     flagged = ["a00", "b00", "b01"]  # class a: 1 of 60 (its budget); class b: 2 of 60 (over it)
     outliers = [(s, "blurry", "blur 1 < min_blur 50", None) for s in flagged]
     dropped = [{"sha256": s, "reason": "blurry", "label": by_sha[s].label} for s in flagged]

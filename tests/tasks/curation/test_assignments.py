@@ -6,11 +6,11 @@ is named in the detail of a ``split_bridge`` (the image is set aside either way:
 """
 
 from tasks.curation.assignments import Assignment, Bridge, RecordAfter, bridge_rows, record_table
-from tasks.curation.tables import RawFacts
+from tasks.curation.tables import RawFacts, RawRows
 
 RECORD = {"r_train": Assignment("k_train", "train", 1, "c1"), "r_test": Assignment("k_test", "test", 1, "c1")}
-BY_SHA = {s: RawFacts(s, label, 32, 32) for s, label in
-          (("r_train", "7"), ("r_test", "7"), ("n_plain", "7"), ("n_near", "7"), ("n_same", "7"), ("n_other", "3"))}
+BY_SHA = RawRows.of(RawFacts(s, label, 32, 32) for s, label in
+                    (("r_train", "7"), ("r_test", "7"), ("n_plain", "7"), ("n_near", "7"), ("n_same", "7"), ("n_other", "3")))
 DETAIL = "would join recorded components k_test (test), k_train (train) in different splits"
 BRIDGES = [
     Bridge("n_plain", "k_test", DETAIL, None),

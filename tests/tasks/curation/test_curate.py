@@ -269,6 +269,7 @@ def test_a_chain_drops_only_copies_of_kept_images_and_conflicts_only_between_cop
     from tasks.curation.curation_features import Features
     from tasks.curation.dedupe import dedupe_component
     from tasks.curation.feature_facts import FeatureFacts
+    from tasks.curation.tables import RawFacts, RawRows
 
     # A, B, C on a line: A~B and B~C are copies (score 0.999), A and C are not (0.99).
     # D is another label, a copy of nobody but in the same component (grouped generously).
@@ -282,14 +283,15 @@ def test_a_chain_drops_only_copies_of_kept_images_and_conflicts_only_between_cop
         raise AssertionError(f"every pair is known: {sha} needs no signature")
 
     labels = {"a": "1", "b": "1", "c": "1", "d": "7"}
-    kept, removed = dedupe_component(shas, features.pixel_keys(), labels, CopyScores(no_image, known), threshold=0.9974)
+    pixels = features.pixel_keys(RawRows.of(RawFacts(s, labels[s], 32, 32) for s in shas))
+    kept, removed = dedupe_component(shas, pixels, labels, CopyScores(no_image, known), threshold=0.9974)
     assert kept == ["a", "c", "d"]  # c is a copy only of b, which was itself dropped: not through a chain
     [(sha, reason, rep, detail)] = removed
     assert (sha, reason, rep) == ("b", "near_duplicate", "a") and detail.startswith("copy score 0.9990")
 
     # The same component where C carries another label: C is a copy of B, so both are quarantined;
     # A keeps its label, D (a copy of nobody) stays.
-    kept, removed = dedupe_component(shas, features.pixel_keys(), {**labels, "c": "7"}, CopyScores(no_image, known),
+    kept, removed = dedupe_component(shas, pixels, {**labels, "c": "7"}, CopyScores(no_image, known),
                                      threshold=0.9974)
     assert kept == ["a", "d"]
     assert sorted((s, r) for s, r, _, _ in removed) == [("b", "label_conflict"), ("c", "label_conflict")]

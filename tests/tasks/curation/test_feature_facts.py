@@ -6,7 +6,7 @@ import pyarrow as pa
 from tasks.curation.curation_features import Features
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
 from tasks.curation.outliers import CONSTANT_STD, Measured, constant_images, is_constant, outlier_reason, screen
-from tasks.curation.tables import RawFacts
+from tasks.curation.tables import RawFacts, RawRows
 from tasks.settings import OutlierSettings
 
 GOOD = ImageFeatures("d1", 240.0, 78.0, 0.0, 255.0, None, 30.0, "grey")
@@ -62,7 +62,7 @@ def test_the_screen_on_columns_flags_what_the_rules_flag_image_by_image():
         rows[sha] = BROKEN if i % 101 == 7 else f
         raw[sha] = RawFacts(sha, str(i % 4), side, side)
     limits = OutlierSettings(min_blur=60.0)
-    eligible, dropped, outliers, _ = screen(raw, Features(FeatureFacts.of(rows), {}, np.zeros((0, 1))), {}, limits)
+    eligible, dropped, outliers, _ = screen(RawRows.of(raw.values()), Features(FeatureFacts.of(rows), {}, np.zeros((0, 1))), {}, limits)
 
     expected = {}
     for sha, f in rows.items():

@@ -1,0 +1,47 @@
+"""The raw version's facts and the pixel keys held by position read back as the maps they were."""
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.curation.pixel_keys import PixelKeys
+from tasks.curation.tables import RawFacts, RawRows, raw_facts
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_raw_rows_are_the_map_of_sorted_tuples_they_replace():
+    rows = [RawFacts(_sha(str(i)), str(i % 3), 32 + i, 30 - i % 5) for i in range(50)]
+    rows += [RawFacts(rows[4].sha256, "z", 1, 1), RawFacts(rows[7].sha256, "0", 99, 99)]  # a sha256 given twice
+    table = pa.Table.from_pylist([r._asdict() for r in reversed(rows)])
+    expected = {r.sha256: r for r in sorted(rows)}  # the map the plan held before
+    for got in (raw_facts(table), RawRows.of(rows)):
+        assert dict(got) == expected and list(got) == list(expected) == sorted(expected)
+        assert got.sizes() == {label: sum(r.label == label for r in expected.values()) for label in "012z"}
+        some = list(expected)[::7]
+        assert got.labels_at(got.positions(some)) == [expected[s].label for s in some]
+        assert [got.label(s) for s in some] == [expected[s].label for s in some]
+        assert rows[4].sha256 in got and "nope" not in got and len(got) == 50
+
+
+def test_an_empty_raw_version_reads_as_no_rows():
+    empty = raw_facts(pa.table({"sha256": pa.array([], pa.string()), "label": pa.array([], pa.string()),
+                                "width": pa.array([], pa.int64()), "height": pa.array([], pa.int64())}))
+    assert len(empty) == 0 and dict(empty) == {} and empty.sizes() == {}
+
+
+def test_pixel_keys_give_back_each_key_and_group_the_equal_ones():
+    shas = sorted(_sha(f"image{i}") for i in range(12))
+    at = {s: i for i, s in enumerate(shas)}
+    keys = [_sha(f"pixels{i % 5}") for i in range(10)] + ["not a digest", shas[11].upper()]
+    pixels = PixelKeys.of(at, keys)
+    assert dict(pixels) == dict(zip(shas, keys)) and len(pixels) == 12
+    assert pixels.packed.nbytes == 12 * 32 and set(pixels.odd) == {shas[10], shas[11]}
+    order = np.array([3, 0, 8, 5, 10, 11, 1, 6], dtype=np.int64)  # keys 3, 0, 3, 0, odd, odd, 1, 1
+    first = pixels.first_alike(order)
+    expected = [next(j for j, q in enumerate(order) if keys[q] == keys[p]) for p in order]
+    assert first.tolist() == expected == [0, 1, 0, 1, 4, 5, 6, 6]
+    assert pixels.first_alike(np.zeros(0, dtype=np.int64)).tolist() == []
