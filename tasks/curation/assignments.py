@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.dedupe import RecordedMembers, recorded_original
+from tasks.curation.groups import Groups, GroupsBuilder
 from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, RawRows, drop_row
 from tasks.data import lake
 from tasks.settings import Settings
@@ -137,10 +138,11 @@ class RecordAfter(Mapping[str, Assignment]):
 
 
 def assign(
-    components: list[list[str]], record: dict[str, Assignment], pixels: Mapping[str, str], by_sha: RawRows,
-    scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
-) -> tuple[RecordAfter, dict[str, list[str]], dict[str, str], int, list[Bridge]]:
-    """Keys and splits for this curation's components (the rules in the module doc).
+    components: Iterable[list[int]], eligible: Sequence[str], record: dict[str, Assignment], pixels: Mapping[str, str],
+    by_sha: RawRows, scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
+) -> tuple[RecordAfter, Groups, dict[str, str], int, list[Bridge]]:
+    """Keys and splits for this curation's components (the rules in the module doc); ``components``: each one's
+    members as ascending positions into ``eligible``.
 
     Returns (the whole record after it, final component key -> eligible members, merged key -> key,
     images assigned now, new images that would bridge splits: named by ``bridge_rows``).
@@ -148,9 +150,10 @@ def assign(
     bridges: list[Bridge] = []
     changes: dict[str, Assignment] = {}  # rows added or renamed now, laid over the record (``RecordAfter``)
     renamed: dict[str, str] = {}
-    groups: dict[str, list[str]] = {}  # final component key -> eligible members
+    groups = GroupsBuilder(eligible)  # final component key -> eligible members
     new_images = 0
-    for group in components:
+    for positions in components:
+        group = [eligible[p] for p in positions]
         recorded = sorted({record[s].component for s in group if s in record})
         split_of = {record[s].component: record[s].split for s in group if s in record}
         newcomers = [s for s in group if s not in record]
@@ -162,9 +165,9 @@ def assign(
             bridges += [Bridge(s, recorded[0], detail,
                                recorded_original(s, members, pixels, by_sha, scores, cfg.copy_similarity))
                         for s in newcomers]
-            for s in group:
+            for s, p in zip(group, positions):
                 if s in record:
-                    groups.setdefault(record[s].component, []).append(s)
+                    groups.add(record[s].component, (p,))
             continue
         key = recorded[0] if recorded else min(group)
         split = split_of[key] if recorded else split_for(key, cfg.split_salt, dict(cfg.split_ratios))
@@ -173,10 +176,10 @@ def assign(
         for s in newcomers:
             changes[s] = Assignment(key, split, raw_version, run_id)
             new_images += 1
-        groups[key] = group
+        groups.add(key, positions)
     if renamed:  # a merge relabels every recorded member, also those outside this raw version
         for source in (record, dict(changes)):
             for s, a in source.items():
                 if a.component in renamed:
                     changes[s] = a._replace(component=renamed[a.component])
-    return RecordAfter(record, changes), groups, renamed, new_images, bridges
+    return RecordAfter(record, changes), groups.build(), renamed, new_images, bridges

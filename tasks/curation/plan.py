@@ -46,6 +46,7 @@ from tasks.curation.curation_features import (
 )
 from tasks.curation.dedupe import dedupe_component
 from tasks.curation.fastdup_optional import require_embedding
+from tasks.curation.groups import Groups
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
 from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
 from tasks.curation.outliers import constant_images, screen
@@ -107,7 +108,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     del vectors  # read from the views' files from here on: not held
     graph = _group(settings, eligible, asked, record, pixels, images, views)
     assignments, groups, renamed, new_images, bridges = assign(
-        graph.components(), record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
+        graph.components(), graph.eligible, record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
                           by_sha.label, pixels.__getitem__, graph.scores)
     prior = prior_walk(settings, record, record_version, nearest)
@@ -239,11 +240,16 @@ class _Graph:
     copy_edges: int = 0
     search: str = ""
 
-    def components(self) -> list[list[str]]:
-        members: dict[int, list[str]] = {}
-        for i, sha in enumerate(self.eligible):
-            members.setdefault(self.sets.find(i), []).append(sha)
-        return list(members.values())
+    def components(self) -> Iterator[list[int]]:
+        """Each component's members as ascending positions into ``eligible``, components by their first member."""
+        roots = self.sets.roots()
+        if not len(roots):
+            return
+        order = np.argsort(roots, kind="stable")
+        bounds = np.flatnonzero(np.diff(roots[order])) + 1
+        starts, ends = np.append(0, bounds).tolist(), np.append(bounds, len(order)).tolist()
+        for start, end in zip(starts, ends):
+            yield order[start:end].tolist()
 
 
 def _group(settings: Settings, eligible: list[str], asked: Keys, record: dict[str, Assignment], pixels: PixelKeys,
@@ -317,7 +323,7 @@ def _neighbours(settings: Settings, eligible: list[str], asked: Keys, views: lis
                            index_dir(settings.storage.lake_uri, settings.reports_path), feature_config(cfg), asked)
 
 
-def _decide_duplicates(cfg: Any, groups: dict[str, list[str]], assignments: Mapping[str, Assignment],
+def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assignment],
                        pixels: PixelKeys, constant: set[str], by_sha: RawRows, graph: "_Graph",
                        nearest: NearestMap,
                        dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None
@@ -395,7 +401,7 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: RawR
             "components": dup["components"]}
 
 
-def _dedupe(keys: list[str], *, groups: dict[str, list[str]], assignments: Mapping[str, Assignment],
+def _dedupe(keys: list[str], *, groups: Groups, assignments: Mapping[str, Assignment],
             pixels: PixelKeys, by_sha: RawRows, scores: CopyScores, threshold: float,
             abstain: Collection[str] = ()
             ) -> tuple[list[dict[str, Any]], list[tuple[str, str, float]]]:

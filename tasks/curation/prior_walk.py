@@ -25,7 +25,7 @@ Otherwise every component is walked, as in a first curation.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,7 @@ class PriorWalk:
     abstain: frozenset[str]
     drops: dict[str, list[dict[str, Any]]]
 
-    def to_walk(self, groups: dict[str, list[str]], touched: set[str], abstain: Collection[str],
+    def to_walk(self, groups: Mapping[str, list[str]], touched: set[str], abstain: Collection[str],
                 label_of: Callable[[str], str]) -> list[str]:
         """The component keys to walk: those touched, and those with a class whose abstention changed."""
         changed = set(abstain) ^ self.abstain
@@ -86,7 +86,7 @@ def prior_walk(settings: Settings, record: dict[str, Assignment], record_version
     return PriorWalk(version, frozenset(json.loads(meta["near_duplicate_abstained"])), drops)
 
 
-def touched_components(groups: dict[str, list[str]], record: dict[str, Assignment], renamed: dict[str, str],
+def touched_components(groups: Mapping[str, list[str]], record: dict[str, Assignment], renamed: dict[str, str],
                        nearest: NearestMap) -> set[str]:
     """Keys of the components that gained, lost or merged members since the previous curation."""
     added = nearest.added or set()

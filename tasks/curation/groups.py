@@ -1,0 +1,85 @@
+"""The components after assignment: each final component key and its eligible members, held as arrays.
+
+Every curation holds every component from the assignment to the end of the walk: a batch keeps the decisions of the
+components it does not touch (``tasks.curation.prior_walk``), but must know them all. Nearly every component of an
+image dataset is one image, so a map from key to a list of members took about 230 bytes an image (a list and a map
+entry a component) at a batch's walk (bench/README.md, run 22). Here the keys are one sorted list (a lookup is a
+binary search) and the members positions into the eligible images, 24 bytes an image; a lookup builds that
+component's list of sha256.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+
+
+class Groups(Mapping[str, list[str]]):
+    """Final component key -> its eligible members (ascending, as the eligible images), keys in ascending order."""
+
+    def __init__(self, eligible: Sequence[str], keys: list[str], starts: np.ndarray, members: np.ndarray) -> None:
+        self.eligible = eligible
+        self.ordered = keys  # ascending, distinct
+        self.starts = starts  # len(keys) + 1: the members of keys[k] are members[starts[k]:starts[k + 1]]
+        self.members = members  # positions into ``eligible``
+
+    def _index(self, key: str) -> int:
+        k = bisect_left(self.ordered, key)
+        if k == len(self.ordered) or self.ordered[k] != key:
+            raise KeyError(key)
+        return k
+
+    def _members(self, k: int) -> list[str]:
+        eligible = self.eligible
+        return [eligible[p] for p in self.members[self.starts[k]:self.starts[k + 1]].tolist()]
+
+    def __getitem__(self, key: str) -> list[str]:
+        return self._members(self._index(key))
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        k = bisect_left(self.ordered, key)
+        return k < len(self.ordered) and self.ordered[k] == key
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.ordered)
+
+    def __len__(self) -> int:
+        return len(self.ordered)
+
+    def items(self) -> Iterator[tuple[str, list[str]]]:  # type: ignore[override]
+        """(key, members) of every component, in key order (a list built for one component at a time)."""
+        for k, key in enumerate(self.ordered):
+            yield key, self._members(k)
+
+
+class GroupsBuilder:
+    """Collects (key, member positions) in any order; a key given twice gathers the members of both."""
+
+    def __init__(self, eligible: Sequence[str]) -> None:
+        self.eligible = eligible
+        self.keys: list[str] = []
+        self.sizes = array("q")
+        self.members = array("q")
+
+    def add(self, key: str, positions: Sequence[int]) -> None:
+        self.keys.append(key)
+        self.sizes.append(len(positions))
+        self.members.extend(positions)
+
+    def build(self) -> Groups:
+        """The groups by key: one sort of the keys, one of the members (by key, then position)."""
+        if not self.keys:
+            return Groups(self.eligible, [], np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        unique, rank = np.unique(np.array(self.keys, dtype=object), return_inverse=True)
+        sizes = np.frombuffer(self.sizes, dtype=np.int64)
+        members = np.frombuffer(self.members, dtype=np.int64)
+        of_member = np.repeat(rank.ravel(), sizes)
+        order = np.lexsort((members, of_member))
+        starts = np.zeros(len(unique) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(of_member, minlength=len(unique)), out=starts[1:])
+        return Groups(self.eligible, unique.tolist(), starts, members[order].copy())

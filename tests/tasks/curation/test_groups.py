@@ -1,0 +1,37 @@
+"""The components after assignment held as arrays read back as the map of lists they replace."""
+
+import random
+
+import numpy as np
+import pytest
+
+from tasks.curation.groups import GroupsBuilder
+
+
+def test_groups_are_the_map_a_dict_of_lists_would_be_a_key_given_twice_gathering_both():
+    rng = random.Random(3)
+    eligible = [f"{i:04x}" for i in range(300)]
+    positions = list(range(300))
+    rng.shuffle(positions)
+    builder, expected = GroupsBuilder(eligible), {}
+    while positions:
+        take, positions = sorted(positions[:rng.choice((1, 1, 1, 2, 5))]), positions[rng.choice((1, 1, 1, 2, 5)):]
+        take = [p for p in take if p not in {q for m in expected.values() for q in m}]
+        if not take:
+            continue
+        key = rng.choice(["k1", "k2"]) if rng.random() < 0.05 else eligible[take[0]]
+        builder.add(key, take)
+        expected.setdefault(key, []).extend(take)
+    groups = builder.build()
+    want = {k: [eligible[p] for p in sorted(v)] for k, v in expected.items()}
+    assert dict(groups) == want and list(groups) == sorted(want) and len(groups) == len(want)
+    assert dict(groups.items()) == want
+    assert "k1" in groups and "zzzz" not in groups and "" not in groups
+    with pytest.raises(KeyError):
+        groups["zzzz"]
+
+
+def test_no_components_are_no_groups():
+    groups = GroupsBuilder([]).build()
+    assert dict(groups) == {} and len(groups) == 0 and list(groups.items()) == [] and "a" not in groups
+    assert groups.starts.tolist() == [0] and groups.members.dtype == np.int64
