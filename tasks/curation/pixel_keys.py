@@ -32,23 +32,24 @@ def _packed(key: str) -> bytes | None:
 class PixelKeys(Mapping[str, str]):
     """sha256 -> its pixel key, held as 32 bytes by position (the module's docstring)."""
 
-    def __init__(self, at: Mapping[str, int], packed: np.ndarray, odd: dict[str, str]) -> None:
+    def __init__(self, at: Mapping[str, int], buffer: bytes, odd: dict[str, str]) -> None:
         self.at = at  # sha256 -> position (the raw rows' map, shared)
-        self.packed = packed  # (positions, 32) uint8
+        self.buffer = buffer  # 32 bytes a position (a slice of it is a lookup's fastest read)
+        self.packed = np.frombuffer(buffer, dtype=np.uint8).reshape(-1, DIGEST_BYTES)  # the same bytes, (positions, 32)
         self.odd = odd  # sha256 -> a key that is no sha256 hex digest (its row holds the key's own sha256)
 
     @classmethod
     def of(cls, at: Mapping[str, int], keys: Iterable[str]) -> PixelKeys:
         """``keys``: each image's key, in ``at``'s order."""
-        packed = np.zeros((len(at), DIGEST_BYTES), dtype=np.uint8)
+        buffer = bytearray(len(at) * DIGEST_BYTES)
         odd: dict[str, str] = {}
         for (sha, i), key in zip(at.items(), keys, strict=True):
             raw = _packed(key)
             if raw is None:
                 odd[sha] = key
                 raw = hashlib.sha256(key.encode()).digest()
-            packed[i] = np.frombuffer(raw, dtype=np.uint8)
-        return cls(at, packed, odd)
+            buffer[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES] = raw
+        return cls(at, bytes(buffer), odd)
 
     def first_alike(self, positions: np.ndarray) -> np.ndarray:
         """For each of ``positions``, the index (into ``positions``) of the first one with the same key."""
@@ -59,9 +60,9 @@ class PixelKeys(Mapping[str, str]):
         return first[inverse.ravel()]
 
     def __getitem__(self, sha: str) -> str:
-        i = self.at[sha]
+        i = self.at[sha] * DIGEST_BYTES
         odd = self.odd.get(sha) if self.odd else None
-        return odd if odd is not None else self.packed[i].tobytes().hex()
+        return odd if odd is not None else self.buffer[i:i + DIGEST_BYTES].hex()
 
     def __contains__(self, sha: object) -> bool:
         return sha in self.at

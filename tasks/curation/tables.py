@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -89,7 +90,9 @@ class RawRows(Mapping[str, RawFacts]):
                  height: np.ndarray) -> None:
         self.shas = shas  # each position's sha256 (sorted, distinct)
         self.at = {sha: i for i, sha in enumerate(shas)}
-        self.codes, self.names = codes, names  # each position's class: names[codes[i]]
+        self._codes = array("i", codes.astype(np.int32).tobytes())  # a lookup reads a Python int from it
+        self.codes = np.frombuffer(self._codes, dtype=np.int32)  # the same codes: each position's class names[codes[i]]
+        self.names = names
         self.width, self.height = width, height
 
     @classmethod
@@ -103,7 +106,7 @@ class RawRows(Mapping[str, RawFacts]):
                    np.array([r.width for r in values], dtype=np.int32), np.array([r.height for r in values], dtype=np.int32))
 
     def label(self, sha: str) -> str:
-        return self.names[self.codes[self.at[sha]]]
+        return self.names[self._codes[self.at[sha]]]
 
     def labels_at(self, positions: np.ndarray) -> list[str]:
         """The labels of these positions, in their order (one shared string a class)."""
@@ -119,7 +122,7 @@ class RawRows(Mapping[str, RawFacts]):
 
     def __getitem__(self, sha: str) -> RawFacts:
         i = self.at[sha]
-        return RawFacts(self.shas[i], self.names[self.codes[i]], int(self.width[i]), int(self.height[i]))
+        return RawFacts(self.shas[i], self.names[self._codes[i]], int(self.width[i]), int(self.height[i]))
 
     def __contains__(self, sha: object) -> bool:
         return sha in self.at
