@@ -42,9 +42,11 @@ NUMBERS = ("blur", "mean", "min", "max", "contrast")
 class FeatureFacts(Mapping[str, ImageFeatures]):
     """sha256 -> its stored facts, kept as columns by position (see the module's docstring)."""
 
-    def __init__(self, shas: list[str], strings: dict[str, list[Any]], numbers: dict[str, np.ndarray]) -> None:
+    def __init__(self, shas: list[str], strings: dict[str, list[Any]], numbers: dict[str, np.ndarray],
+                 at: dict[str, int] | None = None) -> None:
         self.shas = shas  # each position's sha256
-        self.at = {sha: i for i, sha in enumerate(shas)}  # sha256 -> its position (a key twice: the later row)
+        # sha256 -> its position (a key twice: the later row); given: another map of the same positions, shared
+        self.at = {sha: i for i, sha in enumerate(shas)} if at is None else at
         self.strings = strings  # STRINGS: interned, None where the row has none
         self.numbers = numbers  # NUMBERS: float64, NaN where the row has none
 
@@ -74,6 +76,14 @@ class FeatureFacts(Mapping[str, ImageFeatures]):
         """These facts and ``fresh``'s (``fresh`` wins for an image in both)."""
         return FeatureFacts(self.shas + fresh.shas, {c: self.strings[c] + fresh.strings[c] for c in STRINGS},
                             {c: np.concatenate([self.numbers[c], fresh.numbers[c]]) for c in NUMBERS})
+
+    def aligned(self, shas: list[str], at: dict[str, int]) -> FeatureFacts:
+        """These facts in the order of ``shas`` (each has its facts; ``at``: sha256 -> its place in ``shas``), sharing
+        ``at``: the raw rows (``tables.RawRows``) and their facts then hold one map from sha256 to position."""
+        take = self.positions(shas)
+        order = take.tolist()
+        return FeatureFacts(shas, {c: [values[i] for i in order] for c, values in self.strings.items()},
+                            {c: values[take] for c, values in self.numbers.items()}, at)
 
     def positions(self, shas: list[str]) -> np.ndarray:
         """The columns' positions of ``shas``, in that order (``KeyError`` for an image without facts)."""

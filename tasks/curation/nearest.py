@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from tasks.curation.copy_pairs import CopyScores, score_config
+from tasks.curation.pixel_keys import key_of, token
 from tasks.data import lake
 
 NEAREST_TABLE = "curation_nearest"
@@ -42,7 +43,9 @@ NEAREST_SCHEMA = pa.schema(
     ]
 )
 
-Row = tuple[str, str, float | None, str | None]  # (label, pixel key, nearest score, partner)
+# (label, pixel key, nearest score, partner); the pixel key as ``pixel_keys.token`` holds it, a sha256 digest as its
+# 32 bytes (the stored rows' 64-character strings were about 150 bytes an image with Python's table of interned ones)
+Row = tuple[str, bytes | str, float | None, str | None]
 
 
 @dataclass
@@ -71,7 +74,7 @@ class NearestMap:
 class _Best:
     """Row builders over the current eligible images, labels, pixel keys and scores."""
 
-    def __init__(self, eligible: set[str], label_of: Callable[[str], str], pixels_of: Callable[[str], str],
+    def __init__(self, eligible: set[str], label_of: Callable[[str], str], pixels_of: Callable[[str], bytes | str],
                  scores: CopyScores) -> None:
         self.eligible, self.label_of, self.pixels_of, self.scores = eligible, label_of, pixels_of, scores
 
@@ -113,7 +116,7 @@ class _Changes:
         return {s for s, before in self._before.items() if before != self.rows[s]}
 
 
-def full_nearest(eligible: Sequence[str], label_of: Callable[[str], str], pixels_of: Callable[[str], str],
+def full_nearest(eligible: Sequence[str], label_of: Callable[[str], str], pixels_of: Callable[[str], bytes | str],
                  scores: CopyScores, pairs_version: int | None = None) -> NearestMap:
     """Every eligible image's nearest from all its scored partners."""
     best = _Best(set(eligible), label_of, pixels_of, scores)
@@ -123,7 +126,7 @@ def full_nearest(eligible: Sequence[str], label_of: Callable[[str], str], pixels
 
 
 def update_nearest(prior: dict[str, Row], eligible: Sequence[str], label_of: Callable[[str], str],
-                   pixels_of: Callable[[str], str], scores: CopyScores
+                   pixels_of: Callable[[str], bytes | str], scores: CopyScores
                    ) -> tuple[dict[str, Row], set[str], set[str], set[str]] | None:
     """(rows, changed, added, gone) from the stored rows, the newly eligible images and the pairs scored now.
 
@@ -158,7 +161,7 @@ def update_nearest(prior: dict[str, Row], eligible: Sequence[str], label_of: Cal
 
 
 def nearest_map(uri: str, pairs_uri: str, eligible: Sequence[str], label_of: Callable[[str], str],
-                pixels_of: Callable[[str], str], scores: CopyScores) -> NearestMap:
+                pixels_of: Callable[[str], bytes | str], scores: CopyScores) -> NearestMap:
     """The nearest map of this curation: the stored summary updated when it is current, else the full scan."""
     pairs_version = lake.current_version(pairs_uri)
     stored = _stored(uri, pairs_version)
@@ -179,9 +182,9 @@ def _stored(uri: str, pairs_version: int | None) -> tuple[dict[str, Row], dict[s
             or head.metadata.get("pairs_version") != str(pairs_version):
         return None
     t = lake.read(uri, version, columns=["sha256", "label", "pixel_key", "nearest", "partner"])
-    # Interned: the keys, labels, pixel keys and partners are the objects the plan's other maps hold.
+    # Interned: the keys, labels and partners are the objects the plan's other maps hold; the pixel keys as tokens.
     rows = dict(zip(lake.interned(t.column("sha256")),
-                    zip(lake.interned(t.column("label")), lake.interned(t.column("pixel_key")),
+                    zip(lake.interned(t.column("label")), [token(k) for k in t.column("pixel_key").to_pylist()],
                         t.column("nearest").to_pylist(), lake.interned(t.column("partner")))))
     return rows, {k: head.metadata.get(k) for k in ("run_id", "raw_version")}
 
@@ -217,5 +220,5 @@ def _overwrite(uri: str, rows: dict[str, Row], meta: dict) -> None:
 
 def _table(rows: dict[str, Row], shas: list[str]) -> pa.Table:
     picked = [rows[s] for s in shas]
-    return pa.table({"sha256": shas, "label": [r[0] for r in picked], "pixel_key": [r[1] for r in picked],
+    return pa.table({"sha256": shas, "label": [r[0] for r in picked], "pixel_key": [key_of(r[1]) for r in picked],
                      "nearest": [r[2] for r in picked], "partner": [r[3] for r in picked]}, schema=NEAREST_SCHEMA)

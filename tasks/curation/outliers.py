@@ -139,7 +139,7 @@ class _Columns:
 
     @classmethod
     def of(cls, rows: RawRows, facts: FeatureFacts) -> _Columns:
-        at = facts.positions(rows.shas)
+        at = np.arange(len(rows)) if facts.at is rows.at else facts.positions(rows.shas)  # aligned: the same places
         width, height = rows.width.astype(np.int64), rows.height.astype(np.int64)
         values = {stat: np.nan_to_num(facts.numbers[stat][at], nan=0.0) for stat in ("mean", "contrast", "blur")}
         values["side"] = np.minimum(width, height).astype(np.float64)

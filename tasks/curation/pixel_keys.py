@@ -29,6 +29,17 @@ def _packed(key: str) -> bytes | None:
     return raw if len(raw) == DIGEST_BYTES else None
 
 
+def token(key: str) -> bytes | str:
+    """A key as a map holds it: the 32 bytes of a sha256 hex digest (65 bytes an object against 114 a string), any
+    other key as it is. Two keys are equal exactly when their tokens are."""
+    return _packed(key) or key
+
+
+def key_of(held: bytes | str) -> str:
+    """The key a ``token`` holds."""
+    return held.hex() if isinstance(held, bytes) else held
+
+
 class PixelKeys(Mapping[str, str]):
     """sha256 -> its pixel key, held as 32 bytes by position (the module's docstring)."""
 
@@ -58,6 +69,12 @@ class PixelKeys(Mapping[str, str]):
             return np.zeros(0, dtype=np.int64)
         _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
         return first[inverse.ravel()]
+
+    def token(self, sha: str) -> bytes | str:
+        """``token(self[sha])``, read without making the string."""
+        i = self.at[sha] * DIGEST_BYTES
+        odd = self.odd.get(sha) if self.odd else None
+        return odd if odd is not None else self.buffer[i:i + DIGEST_BYTES]
 
     def __getitem__(self, sha: str) -> str:
         i = self.at[sha] * DIGEST_BYTES

@@ -95,7 +95,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     cfg = settings.curation
     images = RawImages(settings.raw_table, raw_version)
     by_sha = raw_facts(raw)
-    features, embedded, stored_before = _features(settings, list(by_sha), images, run_id, work, cache_meta)
+    features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta)
     record, record_version = read_assignments(settings)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
@@ -110,7 +110,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), graph.eligible, record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
-                          by_sha.label, pixels.__getitem__, graph.scores)
+                          by_sha.label, pixels.token, graph.scores)
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
     decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, dropped, reuse)
@@ -204,12 +204,12 @@ def _with_images(facts: pa.Table, images: pa.ChunkedArray) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=CURATED_SCHEMA)
 
 
-def _features(settings: Settings, shas: list[str], images: RawImages, run_id: str, work: Path,
+def _features(settings: Settings, rows: RawRows, images: RawImages, run_id: str, work: Path,
               cache_meta: dict[str, Any]) -> tuple[Features, int, int]:
     """(the features of these images, how many were computed now, how many were stored): each image is embedded
     once. The rows computed now are stored before the planning goes on (at a million images, about 0.5 GB
     that were held to the end of the plan)."""
-    cfg = settings.curation
+    cfg, shas = settings.curation, rows.shas
     stored = load_features(settings.table_uri(EMBEDDINGS_TABLE), feature_config(cfg), set(shas), vectors=False)
     missing = [s for s in shas if s not in stored.by_sha]
     parts = []
@@ -223,7 +223,12 @@ def _features(settings: Settings, shas: list[str], images: RawImages, run_id: st
     if fresh.num_rows:
         store_features(settings.table_uri(EMBEDDINGS_TABLE), fresh,
                        {**cache_meta, "feature_config": feature_config(cfg), "step": "curate_features"})
-    return merge_features(stored, fresh), fresh.num_rows, len(stored.by_sha)
+    stored_before = len(stored.by_sha)
+    merged = merge_features(stored, fresh)
+    del stored
+    # In the raw rows' order, sharing their map from sha256 to position (the facts' own map goes)
+    return (Features(merged.by_sha.aligned(shas, rows.at), merged.row_of, merged.matrix), fresh.num_rows,
+            stored_before)
 
 
 @dataclass

@@ -40,6 +40,15 @@ def test_merged_facts_keep_the_order_of_a_dict_merge_and_the_later_row_wins():
     assert merged.positions(["c", "b", "a"]).tolist() == [2, 1, 3]
 
 
+def test_facts_aligned_to_the_raw_rows_share_their_map_and_read_as_before():
+    facts = FeatureFacts.of({"c": OLD, "a": GOOD}).merged(FeatureFacts.of({"b": BLACK, "c": BROKEN}))
+    rows = RawRows.of(RawFacts(s, "1", 32, 32) for s in "abc")
+    aligned = facts.aligned(rows.shas, rows.at)
+    assert aligned.at is rows.at and list(aligned) == ["a", "b", "c"]
+    assert dict(aligned) == dict(facts) == {"a": GOOD, "b": BLACK, "c": BROKEN}
+    assert aligned.failed().tolist() == [False, False, True] and constant_images(aligned) == {"b"}
+
+
 def test_constant_images_are_those_is_constant_names():
     rows = {"a": GOOD, "b": BLACK, "c": BROKEN, "d": OLD, "e": GOOD._replace(contrast=CONSTANT_STD / 2)}
     facts = FeatureFacts.of(rows)
