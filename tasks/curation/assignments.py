@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from array import array
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -48,23 +49,94 @@ def split_for(component_key: str, salt: str, ratios: dict[str, float]) -> str:
     return SPLITS[-1]  # float rounding when u is just below 1.0
 
 
-def read_assignments(settings: Settings) -> tuple[dict[str, Assignment], int | None]:
+class Record(Mapping[str, Assignment]):
+    """The assignment record read (``curation_components``), held by the raw rows' positions.
+
+    Every curation reads the whole record. As a map of named tuples it took about 118 bytes an image beside the
+    sha256 (bench/README.md, run 22). Here an image of the raw version is its position in the raw rows
+    (``tables.RawRows``, whose map from sha256 to position it shares): its component (a string the record shares),
+    a split code, a run code and its first raw version, 21 bytes. A recorded image that is not in the raw version
+    keeps a named tuple in a map of its own. A lookup builds the image's tuple.
+    """
+
+    def __init__(self, rows: RawRows) -> None:
+        n = len(rows)
+        self.rows = rows
+        self.component: list[str | None] = [None] * n
+        self.split = array("b", bytes(n))  # 1 + a code into ``splits``; 0: not recorded
+        self.first = array("q", bytes(8 * n))
+        self.run = array("i", bytes(4 * n))  # a code into ``runs``
+        self.splits: list[str] = []
+        self.runs: list[str] = []
+        self._codes: tuple[dict[str, int], dict[str, int]] = ({}, {})  # split, run id -> its code
+        self.others: dict[str, Assignment] = {}  # recorded images not in the raw version
+        self.known = 0  # raw rows recorded
+
+    def add(self, sha: str, a: Assignment) -> None:
+        """Record ``a`` for ``sha`` (a sha256 given twice: the later)."""
+        i = self.rows.at.get(sha)
+        if i is None:
+            self.others[sha] = a
+            return
+        self.known += not self.split[i]
+        self.component[i], self.first[i] = a.component, a.first_raw_version
+        self.split[i] = 1 + _code(self.splits, self._codes[0], a.split)
+        self.run[i] = _code(self.runs, self._codes[1], a.run_id)
+
+    def _at(self, i: int) -> Assignment:
+        return Assignment(self.component[i], self.splits[self.split[i] - 1], self.first[i],  # type: ignore[arg-type]
+                          self.runs[self.run[i]])
+
+    def __getitem__(self, sha: str) -> Assignment:
+        i = self.rows.at.get(sha)
+        if i is not None and self.split[i]:
+            return self._at(i)
+        return self.others[sha]
+
+    def __contains__(self, sha: object) -> bool:
+        i = self.rows.at.get(sha)  # type: ignore[call-overload]
+        return bool(self.split[i]) if i is not None else sha in self.others
+
+    def __iter__(self) -> Iterator[str]:
+        split = self.split
+        yield from (sha for i, sha in enumerate(self.rows.shas) if split[i])
+        yield from self.others
+
+    def __len__(self) -> int:
+        return self.known + len(self.others)
+
+    def items(self) -> Iterator[tuple[str, Assignment]]:  # type: ignore[override]
+        split = self.split
+        yield from ((sha, self._at(i)) for i, sha in enumerate(self.rows.shas) if split[i])
+        yield from self.others.items()
+
+
+def _code(names: list[str], codes: dict[str, int], name: str) -> int:
+    """``name``'s place in ``names`` (appended when new: a few splits and run ids)."""
+    code = codes.get(name)
+    if code is None:
+        code = codes[name] = len(names)
+        names.append(name)
+    return code
+
+
+def read_assignments(settings: Settings, rows: RawRows) -> tuple[Record, int | None]:
     """The newest assignment record for this salt (empty for another salt), and its version."""
     uri = settings.table_uri(COMPONENTS_TABLE)
     version = lake.current_version(uri)
+    record = Record(rows)
     if version is None:
-        return {}, None
+        return record, None
     head = next(c for c in lake.history(uri) if c.version == version)
     if head.metadata.get("split_salt") != settings.curation.split_salt:
         log.warning("curate: %s was written with another split_salt: starting a fresh assignment record", uri)
-        return {}, version
+        return record, version
     t = lake.read(uri, version)
     text = {c: lake.interned(t.column(c)) for c in ("sha256", "component", "split", "run_id")}  # one object a value
-    return {
-        s: Assignment(c, sp, int(v), r)
-        for s, c, sp, v, r in zip(text["sha256"], text["component"], text["split"],
-                                  t.column("first_raw_version").to_pylist(), text["run_id"])
-    }, version
+    for s, c, sp, v, r in zip(text["sha256"], text["component"], text["split"],
+                              t.column("first_raw_version").to_pylist(), text["run_id"]):
+        record.add(s, Assignment(c, sp, int(v), r))
+    return record, version
 
 
 def record_table(assignments: Mapping[str, Assignment]) -> pa.Table:

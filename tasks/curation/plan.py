@@ -96,7 +96,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     images = RawImages(settings.raw_table, raw_version)
     by_sha = raw_facts(raw)
     features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta)
-    record, record_version = read_assignments(settings)
+    record, record_version = read_assignments(settings, by_sha)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
     constant = constant_images(features.by_sha)  # outside the class budget (the facts are the raw version's)

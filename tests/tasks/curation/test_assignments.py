@@ -59,3 +59,20 @@ def test_the_record_after_a_curation_lays_its_rows_over_the_record_read_without_
     assert record_table(after).column("component").to_pylist() == ["a", "a", "a", "a"]
     assert record == {"a": Assignment("a", "train", 0, "r0"), "b": Assignment("b", "val", 0, "r0"),
                       "c": Assignment("a", "train", 0, "r0")}  # the record read is left as it was
+
+
+def test_the_record_by_the_raw_rows_positions_reads_as_the_map_it_replaces():
+    from tasks.curation.assignments import Record
+
+    rows = RawRows.of(RawFacts(s, "7", 32, 32) for s in ("a", "b", "c", "d"))
+    given = [("b", Assignment("k1", "train", 1, "c1")), ("z", Assignment("k9", "test", 1, "c0")),
+             ("d", Assignment("k1", "val", 2, "c2")), ("b", Assignment("k2", "test", 3, "c2"))]  # b twice: the later
+    record = Record(rows)
+    for sha, a in given:
+        record.add(sha, a)
+    expected = dict(given)
+    assert dict(record) == expected and dict(record.items()) == expected and len(record) == 3
+    assert sorted(record) == sorted(expected) and "a" not in record and "z" in record and "q" not in record
+    assert record.get("a") is None and record["d"] == Assignment("k1", "val", 2, "c2")
+    after = RecordAfter(record, {"a": Assignment("k1", "val", 4, "c4")})
+    assert dict(after) == {**expected, "a": Assignment("k1", "val", 4, "c4")} and after.changed() == {"a"}
