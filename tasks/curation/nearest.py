@@ -21,13 +21,17 @@ already at the pairs' version with nothing to add, and writes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import math
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from tasks.curation.copy_pairs import CopyScores, score_config
-from tasks.curation.pixel_keys import key_of, token
+from tasks.curation.pixel_keys import PixelKeys, token
+from tasks.curation.tables import RawRows
 from tasks.data import lake
 
 NEAREST_TABLE = "curation_nearest"
@@ -42,18 +46,24 @@ NEAREST_SCHEMA = pa.schema(
         pa.field("partner", pa.string(), nullable=True),
     ]
 )
-
-# (label, pixel key, nearest score, partner); the pixel key as ``pixel_keys.token`` holds it, a sha256 digest as its
-# 32 bytes (the stored rows' 64-character strings were about 150 bytes an image with Python's table of interned ones)
-Row = tuple[str, bytes | str, float | None, str | None]
+NONE = -1  # no partner
 
 
 @dataclass
 class NearestMap:
-    """Every eligible image's row, and what a store must write: ``changed`` rows, or all (``full``)."""
+    """Every eligible image's nearest score and partner by its position among the raw rows (``tables.RawRows``), and
+    what a store must write: the ``changed`` rows, or every row (``full``).
 
-    rows: dict[str, Row]
-    changed: set[str]  # empty after a full scan: every row is written
+    Arrays, not a map of tuples: a row a table image was about 200 bytes at a batch's walk (bench/README.md, run 23);
+    here 18 bytes. The label and the pixel key of a row are the raw rows' and the pixel keys' (``pixel_keys``).
+    """
+
+    rows: RawRows
+    pixels: PixelKeys
+    eligible: bytearray  # by position: 1 where the image is eligible now
+    score: array  # float64 by position: NaN where there is no scored partner of its label
+    partner: array  # int64 by position: the partner's position, NONE
+    changed: set[int]  # positions to write (a batch's); every eligible row when ``full``
     full: bool
     pairs_version: int | None  # the curation_pairs version the stored summary was checked against
     # Updated from the stored summary: the images eligible now and not then, then and not now, and the
@@ -62,117 +72,168 @@ class NearestMap:
     gone: set[str] | None = None
     written_by: dict[str, str | None] | None = None
 
+    @classmethod
+    def over(cls, rows: RawRows, pixels: PixelKeys, eligible: Sequence[str], pairs_version: int | None) -> NearestMap:
+        """No nearest score yet for the ``eligible`` images of ``rows``."""
+        mask = bytearray(len(rows))
+        for sha in eligible:
+            mask[rows.at[sha]] = 1
+        return cls(rows, pixels, mask, array("d", [math.nan]) * len(rows), array("q", [NONE]) * len(rows), set(),
+                   True, pairs_version)
+
+    def positions(self) -> np.ndarray:
+        """The eligible images' positions, ascending (the rows a full rewrite writes)."""
+        return np.flatnonzero(np.frombuffer(self.eligible, dtype=np.uint8))
+
     def by_label(self) -> dict[str, list[float]]:
         """label -> the nearest scores of its images that have one (what ``separation`` tests)."""
-        out: dict[str, list[float]] = {}
-        for label, _, score, _ in self.rows.values():
-            if score is not None:
-                out.setdefault(label, []).append(score)
-        return out
+        at = self.positions()
+        score = np.frombuffer(self.score, dtype=np.float64)[at]
+        has = ~np.isnan(score)
+        codes, score = self.rows.codes[at][has], score[has]
+        return {self.rows.names[c]: score[codes == c].tolist() for c in np.unique(codes).tolist()}
+
+    def row(self, i: int) -> tuple[str, str, float | None, str | None]:
+        """(label, pixel key, nearest score, partner) of position ``i``, as the table stores it."""
+        sha, score, partner = self.rows.shas[i], self.score[i], self.partner[i]
+        return (self.rows.names[self.rows.label_codes[i]], self.pixels[sha], None if math.isnan(score) else score,
+                None if partner == NONE else self.rows.shas[partner])
 
 
 class _Best:
-    """Row builders over the current eligible images, labels, pixel keys and scores."""
+    """Each image's nearest among its scored partners: eligible, of its label, with other pixels."""
 
-    def __init__(self, eligible: set[str], label_of: Callable[[str], str], pixels_of: Callable[[str], bytes | str],
-                 scores: CopyScores) -> None:
-        self.eligible, self.label_of, self.pixels_of, self.scores = eligible, label_of, pixels_of, scores
+    def __init__(self, m: NearestMap, scores: CopyScores) -> None:
+        self.m, self.scores = m, scores
+        self.at, self.codes, self.eligible = m.rows.at, m.rows.label_codes, m.eligible
+        self.before: dict[int, tuple[float, int]] = {}  # each position set, as it was first
 
-    def row(self, sha: str) -> Row:
-        """``sha``'s nearest among its scored partners (the full scan, for one image)."""
-        label, pixels = self.label_of(sha), self.pixels_of(sha)
-        best: tuple[float, str] | None = None
-        for other, v in self.scores.partners(sha).items():
-            if other in self.eligible and self.label_of(other) == label and self.pixels_of(other) != pixels:
-                if best is None or v > best[0] or (v == best[0] and other < best[1]):
-                    best = (v, other)
-        return (label, pixels, None, None) if best is None else (label, pixels, best[0], best[1])
+    def _counts(self, i: int, other: str) -> int | None:
+        """``other``'s position when the pair (image i, other) counts for image i's nearest, else None."""
+        j = self.at.get(other)
+        if j is None or not self.eligible[j] or self.codes[j] != self.codes[i]:
+            return None
+        return None if self.m.pixels.token(other) == self.m.pixels.token(self.m.rows.shas[i]) else j
 
-    def raised(self, row: Row, other: str, v: float) -> Row | None:
-        """``row`` raised to the pair (its image, other) when the pair counts and is higher, else None."""
-        label, pixels, current, _ = row
-        if (other in self.eligible and self.label_of(other) == label and self.pixels_of(other) != pixels
-                and (current is None or v > current)):
-            return (label, pixels, v, other)
-        return None
+    def _set(self, i: int, score: float, partner: int) -> None:
+        self.before.setdefault(i, (self.m.score[i], self.m.partner[i]))
+        self.m.score[i], self.m.partner[i] = score, partner
 
+    def find(self, i: int) -> None:
+        """Image i's nearest from all its scored partners (the full scan, for one image)."""
+        best: tuple[float, str, int] | None = None
+        for other, v in self.scores.partners(self.m.rows.shas[i]).items():
+            j = self._counts(i, other)
+            if j is not None and (best is None or v > best[0] or (v == best[0] and other < best[1])):
+                best = (v, other, j)
+        self._set(i, math.nan, NONE) if best is None else self._set(i, best[0], best[2])
 
-class _Changes:
-    """The rows, updated in place, and what each changed row was before (``None``: a row added now)."""
+    def raise_to(self, i: int, other: str, v: float) -> None:
+        """Image i's nearest raised to the pair (i, other) when the pair counts and is higher."""
+        current = self.m.score[i]
+        if (math.isnan(current) or v > current) and self._counts(i, other) is not None:
+            self._set(i, v, self.at[other])
 
-    def __init__(self, rows: dict[str, Row]) -> None:
-        self.rows, self._before = rows, {}
-
-    def set(self, sha: str, row: Row) -> None:
-        self._before.setdefault(sha, self.rows.get(sha))
-        self.rows[sha] = row
-
-    def raise_to(self, best: _Best, sha: str, other: str, v: float) -> None:
-        row = best.raised(self.rows[sha], other, v)
-        if row is not None:
-            self.set(sha, row)
-
-    def changed(self) -> set[str]:
-        return {s for s, before in self._before.items() if before != self.rows[s]}
+    def changed(self) -> set[int]:
+        m = self.m
+        return {i for i, (score, partner) in self.before.items()
+                if partner != m.partner[i] or not (score == m.score[i] or (math.isnan(score) and math.isnan(m.score[i])))}
 
 
-def full_nearest(eligible: Sequence[str], label_of: Callable[[str], str], pixels_of: Callable[[str], bytes | str],
-                 scores: CopyScores, pairs_version: int | None = None) -> NearestMap:
+def full_nearest(m: NearestMap, scores: CopyScores) -> NearestMap:
     """Every eligible image's nearest from all its scored partners."""
-    best = _Best(set(eligible), label_of, pixels_of, scores)
+    best = _Best(m, scores)
     scores.want_all()
-    rows = {sha: best.row(sha) for sha in eligible}
-    return NearestMap(rows, set(), True, pairs_version)
+    for i in m.positions().tolist():
+        best.find(i)
+    m.changed, m.full = set(), True
+    return m
 
 
-def update_nearest(prior: dict[str, Row], eligible: Sequence[str], label_of: Callable[[str], str],
-                   pixels_of: Callable[[str], bytes | str], scores: CopyScores
-                   ) -> tuple[dict[str, Row], set[str], set[str], set[str]] | None:
-    """(rows, changed, added, gone) from the stored rows, the newly eligible images and the pairs scored now.
+def update_nearest(m: NearestMap, stored: pa.Table, scores: CopyScores) -> tuple[set[str], set[str]] | None:
+    """Fill ``m`` from the stored rows, the newly eligible images and the pairs scored now; (added, gone).
 
-    ``prior`` is updated in place and returned as ``rows`` (a copy was a second map of the table's images, about
-    0.1 GB at a million). None when a known image's label or pixels changed: the caller computes in full (from
-    ``prior`` as it was: it is changed only after that check).
+    None when a known image's label or pixels changed: the caller computes in full (``m`` is filled only after that
+    check). Phases: the check, the stored rows placed, the orphans (nearest partner gone) and the added images
+    found from their own partners, then raised by the added images' pairs and the pairs scored now.
     """
-    now = set(eligible)
-    best = _Best(now, label_of, pixels_of, scores)
-    if any(prior[s][0] != label_of(s) or prior[s][1] != pixels_of(s) for s in eligible if s in prior):
+    gone = _gone_if_same_facts(m, stored)
+    if gone is None:
         return None
-    gone = {s for s in prior if s not in now}
-    for s in gone:
-        del prior[s]
-    rows = _Changes(prior)
-    orphans = [s for s, row in prior.items() if row[3] in gone] if gone else []
-    added = [s for s in eligible if s not in prior]
-    scores.want([*orphans, *added])  # their stored partners, in one scan
-    for s in orphans:  # nearest partners that left: recompute those images from their own partners
-        rows.set(s, best.row(s))
-    for s in added:
-        rows.set(s, best.row(s))
-    for s in added:
-        for other, v in scores.partners(s).items():
-            if other in prior:
-                rows.raise_to(best, other, s, v)
+    known, orphans = _place(m, stored, gone)
+    added = [i for i in m.positions().tolist() if not known[i]]
+    best, names = _Best(m, scores), m.rows.shas
+    scores.want([*(names[i] for i in orphans), *(names[i] for i in added)])  # their stored partners, in one scan
+    for i in orphans + added:  # nearest partners that left, and the new images: from their own partners
+        best.find(i)
+    for i in added:
+        for other, v in scores.partners(names[i]).items():
+            j = m.rows.at.get(other)
+            if j is not None and m.eligible[j]:
+                best.raise_to(j, names[i], v)
     for a, b, v in scores.fresh.items():
-        if a in prior and b in prior:
-            rows.raise_to(best, a, b, v)
-            rows.raise_to(best, b, a, v)
-    return prior, rows.changed(), set(added), gone
+        i, j = m.rows.at.get(a), m.rows.at.get(b)
+        if i is not None and j is not None and m.eligible[i] and m.eligible[j]:
+            best.raise_to(i, b, v)
+            best.raise_to(j, a, v)
+    m.changed = best.changed() | set(added)  # an added image's row is new, whatever it holds
+    return {names[i] for i in added}, gone
 
 
-def nearest_map(uri: str, pairs_uri: str, eligible: Sequence[str], label_of: Callable[[str], str],
-                pixels_of: Callable[[str], bytes | str], scores: CopyScores) -> NearestMap:
+def _slices(stored: pa.Table, columns: list[str]) -> Iterator[list[list]]:
+    """The stored rows' ``columns`` as Python lists, ``WRITE_ROWS`` rows at a time (the sha256 interned)."""
+    for start in range(0, stored.num_rows, WRITE_ROWS):
+        part = stored.slice(start, WRITE_ROWS)
+        yield [lake.interned(part.column(c)) if c == "sha256" else part.column(c).to_pylist() for c in columns]
+
+
+def _gone_if_same_facts(m: NearestMap, stored: pa.Table) -> set[str] | None:
+    """The stored images not eligible now; None when a stored image that is eligible now has another label or pixel
+    key than it was stored with."""
+    gone: set[str] = set()
+    names, codes = m.rows.names, m.rows.label_codes
+    for shas, labels, keys in _slices(stored, ["sha256", "label", "pixel_key"]):
+        for sha, label, key in zip(shas, labels, keys):
+            i = m.rows.at.get(sha)
+            if i is None or not m.eligible[i]:
+                gone.add(sha)
+            elif names[codes[i]] != label or m.pixels.token(sha) != token(key):
+                return None
+    return gone
+
+
+def _place(m: NearestMap, stored: pa.Table, gone: set[str]) -> tuple[bytearray, list[int]]:
+    """(by position: 1 where a stored row was placed; the placed rows whose nearest partner is ``gone``)."""
+    known = bytearray(len(m.rows))
+    orphans: list[int] = []
+    for shas, scores, partners in _slices(stored, ["sha256", "nearest", "partner"]):
+        for sha, score, partner in zip(shas, scores, partners):
+            i = m.rows.at.get(sha)
+            if i is None or not m.eligible[i]:
+                continue
+            known[i] = 1
+            m.score[i] = math.nan if score is None else score
+            m.partner[i] = NONE if partner is None else m.rows.at.get(partner, NONE)
+            if partner in gone:
+                orphans.append(i)
+    return known, orphans
+
+
+def nearest_map(uri: str, pairs_uri: str, rows: RawRows, pixels: PixelKeys, eligible: Sequence[str],
+                scores: CopyScores) -> NearestMap:
     """The nearest map of this curation: the stored summary updated when it is current, else the full scan."""
     pairs_version = lake.current_version(pairs_uri)
+    m = NearestMap.over(rows, pixels, eligible, pairs_version)
     stored = _stored(uri, pairs_version)
-    updated = None if stored is None else update_nearest(stored[0], eligible, label_of, pixels_of, scores)
-    if stored is None or updated is None:
-        return full_nearest(eligible, label_of, pixels_of, scores, pairs_version)
-    rows, changed, added, gone = updated
-    return NearestMap(rows, changed, bool(gone), pairs_version, added, gone, stored[1])
+    updated = None if stored is None else update_nearest(m, stored[0], scores)
+    if stored is None or updated is None:  # ``m`` is as made: a failed check fills nothing
+        return full_nearest(m, scores)
+    m.added, m.gone = updated
+    m.full, m.written_by = bool(m.gone), stored[1]
+    return m
 
 
-def _stored(uri: str, pairs_version: int | None) -> tuple[dict[str, Row], dict[str, str | None]] | None:
+def _stored(uri: str, pairs_version: int | None) -> tuple[pa.Table, dict[str, str | None]] | None:
     """(the stored rows, the run that wrote them) when written against ``pairs_version`` under this score config."""
     version = lake.current_version(uri)
     if version is None or pairs_version is None:
@@ -182,43 +243,40 @@ def _stored(uri: str, pairs_version: int | None) -> tuple[dict[str, Row], dict[s
             or head.metadata.get("pairs_version") != str(pairs_version):
         return None
     t = lake.read(uri, version, columns=["sha256", "label", "pixel_key", "nearest", "partner"])
-    # Interned: the keys, labels and partners are the objects the plan's other maps hold; the pixel keys as tokens.
-    rows = dict(zip(lake.interned(t.column("sha256")),
-                    zip(lake.interned(t.column("label")), [token(k) for k in t.column("pixel_key").to_pylist()],
-                        t.column("nearest").to_pylist(), lake.interned(t.column("partner")))))
-    return rows, {k: head.metadata.get(k) for k in ("run_id", "raw_version")}
+    return t, {k: head.metadata.get(k) for k in ("run_id", "raw_version")}
 
 
 def store_nearest(uri: str, nearest: NearestMap, pairs_version: int | None, metadata: dict) -> None:
     """Write the changed rows (all of them after a full scan or a removal), stamped with the pairs' version."""
     meta = {**metadata, "step": "curate_nearest", "score_config": score_config(), "pairs_version": str(pairs_version)}
     if nearest.full:
-        _overwrite(uri, nearest.rows, meta)
+        _overwrite(uri, nearest, meta)
         return
     current = lake.current_version(uri)
     head = lake.commit_at(uri, current) if current is not None else None
     if not nearest.changed and head is not None and head.metadata.get("pairs_version") == str(pairs_version):
         return  # a retry: already stored against these pairs
-    rows = _table(nearest.rows, sorted(nearest.changed))
-    if rows.num_rows == 0:  # nothing changed but the pairs moved on: stamp the new version
-        _overwrite(uri, nearest.rows, meta)
+    if not nearest.changed:  # nothing changed but the pairs moved on: stamp the new version
+        _overwrite(uri, nearest, meta)
         return
+    rows = _table(nearest, sorted(nearest.changed))  # positions ascend as the sha256 do
     lake.upsert_rows(uri, rows, "sha256", meta)  # one commit: a crash leaves the old stamp or the new rows
 
 
-def _overwrite(uri: str, rows: dict[str, Row], meta: dict) -> None:
-    """Every row, in sha256 order, written ``WRITE_ROWS`` at a time (at a million images, the table's strings
-    built at once were about 0.3 GB beside the plan)."""
-    shas = sorted(rows)
+def _overwrite(uri: str, nearest: NearestMap, meta: dict) -> None:
+    """Every eligible row, in sha256 order, written ``WRITE_ROWS`` at a time (at a million images, the table's
+    strings built at once were about 0.3 GB beside the plan)."""
+    at = nearest.positions().tolist()
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for start in range(0, len(shas), WRITE_ROWS):
-            yield from _table(rows, shas[start:start + WRITE_ROWS]).to_batches()
+        for start in range(0, len(at), WRITE_ROWS):
+            yield from _table(nearest, at[start:start + WRITE_ROWS]).to_batches()
 
     lake.overwrite_stream(uri, NEAREST_SCHEMA, batches, meta)
 
 
-def _table(rows: dict[str, Row], shas: list[str]) -> pa.Table:
-    picked = [rows[s] for s in shas]
-    return pa.table({"sha256": shas, "label": [r[0] for r in picked], "pixel_key": [key_of(r[1]) for r in picked],
-                     "nearest": [r[2] for r in picked], "partner": [r[3] for r in picked]}, schema=NEAREST_SCHEMA)
+def _table(nearest: NearestMap, at: list[int]) -> pa.Table:
+    picked = [nearest.row(i) for i in at]
+    return pa.table({"sha256": [nearest.rows.shas[i] for i in at], "label": [r[0] for r in picked],
+                     "pixel_key": [r[1] for r in picked], "nearest": [r[2] for r in picked],
+                     "partner": [r[3] for r in picked]}, schema=NEAREST_SCHEMA)

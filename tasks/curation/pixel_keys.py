@@ -35,11 +35,6 @@ def token(key: str) -> bytes | str:
     return _packed(key) or key
 
 
-def key_of(held: bytes | str) -> str:
-    """The key a ``token`` holds."""
-    return held.hex() if isinstance(held, bytes) else held
-
-
 class PixelKeys(Mapping[str, str]):
     """sha256 -> its pixel key, held as 32 bytes by position (the module's docstring)."""
 

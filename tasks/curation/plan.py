@@ -109,8 +109,8 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
     graph = _group(settings, eligible, asked, record, pixels, images, views)
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), graph.eligible, record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
-    nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), graph.eligible,
-                          by_sha.label, pixels.token, graph.scores)
+    nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), by_sha, pixels,
+                          graph.eligible, graph.scores)
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
     decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, dropped, reuse)

@@ -90,8 +90,8 @@ class RawRows(Mapping[str, RawFacts]):
                  height: np.ndarray) -> None:
         self.shas = shas  # each position's sha256 (sorted, distinct)
         self.at = {sha: i for i, sha in enumerate(shas)}
-        self._codes = array("i", codes.astype(np.int32).tobytes())  # a lookup reads a Python int from it
-        self.codes = np.frombuffer(self._codes, dtype=np.int32)  # the same codes: each position's class names[codes[i]]
+        self.label_codes = array("i", codes.astype(np.int32).tobytes())  # a lookup reads a Python int from it
+        self.codes = np.frombuffer(self.label_codes, dtype=np.int32)  # the same codes: each position's class names[codes[i]]
         self.names = names
         self.width, self.height = width, height
 
@@ -106,7 +106,7 @@ class RawRows(Mapping[str, RawFacts]):
                    np.array([r.width for r in values], dtype=np.int32), np.array([r.height for r in values], dtype=np.int32))
 
     def label(self, sha: str) -> str:
-        return self.names[self._codes[self.at[sha]]]
+        return self.names[self.label_codes[self.at[sha]]]
 
     def labels_at(self, positions: np.ndarray) -> list[str]:
         """The labels of these positions, in their order (one shared string a class)."""
@@ -122,7 +122,7 @@ class RawRows(Mapping[str, RawFacts]):
 
     def __getitem__(self, sha: str) -> RawFacts:
         i = self.at[sha]
-        return RawFacts(self.shas[i], self.names[self._codes[i]], int(self.width[i]), int(self.height[i]))
+        return RawFacts(self.shas[i], self.names[self.label_codes[i]], int(self.width[i]), int(self.height[i]))
 
     def __contains__(self, sha: object) -> bool:
         return sha in self.at

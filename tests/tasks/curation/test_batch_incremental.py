@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 from pathlib import Path
@@ -24,10 +25,11 @@ from tasks.curation import nearest as nearest_module
 from tasks.curation.copy_pairs import PAIRS_TABLE, CopyScores
 from tasks.curation.curate import _appended, _record_assignments, curate
 from tasks.curation.curation_features import feature_config
-from tasks.curation.nearest import NEAREST_TABLE, full_nearest, update_nearest
+from tasks.curation.nearest import NEAREST_TABLE, NearestMap, full_nearest, update_nearest
 from tasks.curation.neighbours import index_dir
+from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.plan import KEPT_FACTS_SCHEMA, plan_in_workdir, store_caches
-from tasks.curation.tables import COMPONENTS_TABLE
+from tasks.curation.tables import COMPONENTS_TABLE, RawFacts, RawRows
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
 from tasks.settings import load_settings
@@ -51,21 +53,28 @@ def test_updated_nearest_equals_the_full_scan() -> None:
     now = [s for s in shas if s not in ("0012", "0044")]  # two images left, 20 + 2 joined
     stored = {p: v for p, v in pairs.items() if rng.random() < 0.7}
     fresh = {p: v for p, v in pairs.items() if p not in stored}
-    prior = full_nearest(before, label.__getitem__, pixels.__getitem__,
-                         _scores({p: v for p, v in stored.items() if p[0] in before and p[1] in before}, {})).rows
+
+    def over(eligible: list[str], labels: dict[str, str] = label) -> NearestMap:
+        rows = RawRows.of(RawFacts(s, labels[s], 32, 32) for s in shas)
+        return NearestMap.over(rows, PixelKeys.of(rows.at, [pixels[s] for s in rows.shas]), eligible, 1)
+
+    prior = full_nearest(over(before),
+                         _scores({p: v for p, v in stored.items() if p[0] in before and p[1] in before}, {}))
+    table = nearest_module._table(prior, prior.positions().tolist())  # the summary the previous curation stored
     scores_now = _scores({p: v for p, v in stored.items() if p[0] in now and p[1] in now},
                          {p: v for p, v in fresh.items() if p[0] in now and p[1] in now})
-    given = dict(prior)
-    rows, changed, added, gone = update_nearest(given, now, label.__getitem__, pixels.__getitem__, scores_now)
-    assert rows is given  # updated in place: no second map of the table
-    full = full_nearest(now, label.__getitem__, pixels.__getitem__, scores_now).rows
+    m = over(now)
+    added, gone = update_nearest(m, table, scores_now)
+    full = full_nearest(over(now), scores_now)
     assert gone == {"0012", "0044"} and added == set(now) - set(before)
-    assert {s: r[:3] for s, r in rows.items()} == {s: r[:3] for s, r in full.items()}
-    assert changed == {s for s in now if prior.get(s) != rows[s]}
-    relabelled = {**label, before[0]: "other"}
-    given = dict(prior)
-    assert update_nearest(given, now, relabelled.__getitem__, pixels.__getitem__, scores_now) is None
-    assert given == prior  # untouched when the caller must compute in full
+    rows, full_rows = ({m.rows.shas[i]: x.row(i) for i in x.positions().tolist()} for x in (m, full))
+    assert rows == full_rows and list(rows) == now
+    was = {m.rows.shas[i]: prior.row(i) for i in prior.positions().tolist()}
+    assert {m.rows.shas[i] for i in m.changed} == {s for s in now if was.get(s) != rows[s]}
+    assert m.by_label() == full.by_label() and sum(map(len, m.by_label().values())) > 40
+    relabelled = over(now, {**label, before[0]: "other"})
+    assert update_nearest(relabelled, table, scores_now) is None
+    assert all(math.isnan(v) for v in relabelled.score)  # untouched when the caller must compute in full
 
 
 @pytest.fixture

@@ -15,7 +15,9 @@ from pathlib import Path
 from tasks.curation.assignments import Assignment
 from tasks.curation.curate import curate
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap
+from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.prior_walk import PriorWalk, touched_components
+from tasks.curation.tables import RawRows
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
 from tasks.settings import load_settings
@@ -65,7 +67,9 @@ def test_a_batch_reuses_untouched_components_and_decides_as_a_full_walk(settings
 
 
 def _nearest(added: set[str], gone: set[str]) -> NearestMap:
-    return NearestMap({}, set(), False, 1, added, gone, {"run_id": "c1", "raw_version": "0"})
+    m = NearestMap.over(RawRows.of([]), PixelKeys.of({}, []), [], 1)
+    m.added, m.gone, m.written_by = added, gone, {"run_id": "c1", "raw_version": "0"}
+    return m
 
 
 def test_touched_components_are_those_that_gained_lost_or_merged_members() -> None:

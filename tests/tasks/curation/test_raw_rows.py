@@ -5,7 +5,7 @@ import hashlib
 import numpy as np
 import pyarrow as pa
 
-from tasks.curation.pixel_keys import PixelKeys, key_of, token
+from tasks.curation.pixel_keys import PixelKeys, token
 from tasks.curation.tables import RawFacts, RawRows, raw_facts
 
 
@@ -47,11 +47,11 @@ def test_pixel_keys_give_back_each_key_and_group_the_equal_ones():
     assert pixels.first_alike(np.zeros(0, dtype=np.int64)).tolist() == []
 
 
-def test_a_pixel_keys_token_is_equal_exactly_when_the_keys_are_and_gives_the_key_back():
+def test_a_pixel_keys_token_is_equal_exactly_when_the_keys_are():
     shas = sorted(_sha(f"image{i}") for i in range(4))
     keys = [_sha("pixels0"), _sha("pixels0"), _sha("pixels1"), "odd key"]
     pixels = PixelKeys.of({s: i for i, s in enumerate(shas)}, keys)
     tokens = [pixels.token(s) for s in shas]
-    assert tokens == [token(k) for k in keys] and [key_of(t) for t in tokens] == keys
+    assert tokens == [token(k) for k in keys] and [bytes(t).hex() for t in tokens[:3]] == keys[:3]
     assert isinstance(tokens[0], bytes) and len(tokens[0]) == 32 and tokens[3] == "odd key"
     assert tokens[0] == tokens[1] != tokens[2] and token(keys[0].upper()) == keys[0].upper()
