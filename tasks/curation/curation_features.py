@@ -43,6 +43,7 @@ import io
 import logging
 import shutil
 import warnings
+from array import array
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -379,10 +380,14 @@ def store_features(uri: str, rows: pa.Table, metadata: dict[str, Any]) -> int | 
 
 
 class UnionFind:
-    """Disjoint sets over 0..n-1; the smaller index becomes the root, so the result is order-free."""
+    """Disjoint sets over 0..n-1; the smaller index becomes the root, so the result is order-free.
+
+    The parents are an ``array`` of machine integers (4 bytes an image below 2**31), not a list of Python ints (36
+    bytes an image: the list's pointer and an int object each), held from the grouping to the end of the walk.
+    """
 
     def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
+        self.parent = array("i" if n < 2**31 else "q", range(n))
 
     def find(self, i: int) -> int:
         parent = self.parent

@@ -12,12 +12,13 @@ image's tuple (the tests, the few bad images listed), while the screen reads the
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
+from tasks.curation.by_position import ByPosition
 from tasks.data.lake import interned
 
 
@@ -39,7 +40,7 @@ STRINGS = ("pixel_digest", "error", "family")
 NUMBERS = ("blur", "mean", "min", "max", "contrast")
 
 
-class FeatureFacts(Mapping[str, ImageFeatures]):
+class FeatureFacts(ByPosition[ImageFeatures]):
     """sha256 -> its stored facts, kept as columns by position (see the module's docstring)."""
 
     def __init__(self, shas: list[str], strings: dict[str, list[Any]], numbers: dict[str, np.ndarray],
@@ -98,12 +99,3 @@ class FeatureFacts(Mapping[str, ImageFeatures]):
         i = self.at[sha]
         number = {c: None if np.isnan(self.numbers[c][i]) else float(self.numbers[c][i]) for c in NUMBERS}
         return ImageFeatures(**{c: self.strings[c][i] for c in STRINGS}, **number)
-
-    def __contains__(self, sha: object) -> bool:
-        return sha in self.at
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.at)
-
-    def __len__(self) -> int:
-        return len(self.at)

@@ -11,9 +11,11 @@ array: equal arrays' rows are equal keys.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
+
+from tasks.curation.by_position import ByPosition
 
 DIGEST_BYTES = 32
 
@@ -35,7 +37,7 @@ def token(key: str) -> bytes | str:
     return _packed(key) or key
 
 
-class PixelKeys(Mapping[str, str]):
+class PixelKeys(ByPosition[str]):
     """sha256 -> its pixel key, held as 32 bytes by position (the module's docstring)."""
 
     def __init__(self, at: Mapping[str, int], buffer: bytes, odd: dict[str, str]) -> None:
@@ -75,12 +77,3 @@ class PixelKeys(Mapping[str, str]):
         i = self.at[sha] * DIGEST_BYTES
         odd = self.odd.get(sha) if self.odd else None
         return odd if odd is not None else self.buffer[i:i + DIGEST_BYTES].hex()
-
-    def __contains__(self, sha: object) -> bool:
-        return sha in self.at
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.at)
-
-    def __len__(self) -> int:
-        return len(self.at)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.curation.by_position import ByPosition
 from tasks.data import lake
 from tasks.errors import DataError
 from tasks.settings import Settings
@@ -76,7 +77,7 @@ class RawFacts(NamedTuple):
     height: int
 
 
-class RawRows(Mapping[str, RawFacts]):
+class RawRows(ByPosition[RawFacts]):
     """The raw version's facts (``read_raw``'s rows), one image each, in sha256 order, as columns by position.
 
     Every curation holds them for every image of its raw version from the features to the snapshot's facts. A named
@@ -123,15 +124,6 @@ class RawRows(Mapping[str, RawFacts]):
     def __getitem__(self, sha: str) -> RawFacts:
         i = self.at[sha]
         return RawFacts(self.shas[i], self.names[self.label_codes[i]], int(self.width[i]), int(self.height[i]))
-
-    def __contains__(self, sha: object) -> bool:
-        return sha in self.at
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.shas)
-
-    def __len__(self) -> int:
-        return len(self.shas)
 
 
 def raw_facts(raw: pa.Table) -> RawRows:
