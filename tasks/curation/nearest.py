@@ -54,8 +54,9 @@ class NearestMap:
     """Every eligible image's nearest score and partner by its position among the raw rows (``tables.RawRows``), and
     what a store must write: the ``changed`` rows, or every row (``full``).
 
-    Arrays, not a map of tuples: a row a table image was about 200 bytes at a batch's walk (bench/README.md, run 23);
-    here 18 bytes. The label and the pixel key of a row are the raw rows' and the pixel keys' (``pixel_keys``).
+    Arrays, not a map of tuples: reading the summary added 137 bytes a table image to a batch (328 once the pixel keys
+    no longer shared their strings with it), now 20 (bench/README.md, run 23). The label and the pixel key of a row
+    are the raw rows' and the pixel keys' (``pixel_keys``).
     """
 
     rows: RawRows

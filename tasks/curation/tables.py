@@ -80,11 +80,12 @@ class RawFacts(NamedTuple):
 class RawRows(ByPosition[RawFacts]):
     """The raw version's facts (``read_raw``'s rows), one image each, in sha256 order, as columns by position.
 
-    Every curation holds them for every image of its raw version from the features to the snapshot's facts. A named
-    tuple an image in a map took about 160 bytes an image beside its sha256 (bench/README.md, run 23); here each
+    Every curation holds them for every image of its raw version from the features to the snapshot's facts. Here each
     image is a position: its label a code into the class names, its width and height int32, and one map from sha256
-    to position, which the pixel keys share (``curation_features.PixelKeys``). Still a read-only mapping sha256 ->
-    ``RawFacts``: a lookup builds that image's tuple; ``label`` and the columns serve the loops over every image.
+    to position, which the features' facts, the pixel keys, the record and the nearest summary share (a map and a
+    named tuple an image each before: 272 -> 241 bytes an image for the raw facts alone, the sha256 strings
+    included; bench/README.md, run 23). Still a read-only mapping sha256 -> ``RawFacts``: a lookup builds that
+    image's tuple; ``label`` and the columns serve the loops over every image.
     """
 
     def __init__(self, shas: list[str], codes: np.ndarray, names: list[str], width: np.ndarray,
