@@ -109,12 +109,13 @@ class _Best:
         self.at, self.codes, self.eligible = m.rows.at, m.rows.label_codes, m.eligible
         self.before: dict[int, tuple[float, int]] = {}  # each position set, as it was first
 
-    def _counts(self, i: int, other: str) -> int | None:
-        """``other``'s position when the pair (image i, other) counts for image i's nearest, else None."""
+    def _counts(self, i: int, pixels: bytes | str, other: str) -> int | None:
+        """``other``'s position when the pair (image i, whose pixel token is ``pixels``; other) counts for image i's
+        nearest, else None."""
         j = self.at.get(other)
         if j is None or not self.eligible[j] or self.codes[j] != self.codes[i]:
             return None
-        return None if self.m.pixels.token(other) == self.m.pixels.token(self.m.rows.shas[i]) else j
+        return None if self.m.pixels.token(other) == pixels else j
 
     def _set(self, i: int, score: float, partner: int) -> None:
         self.before.setdefault(i, (self.m.score[i], self.m.partner[i]))
@@ -123,8 +124,10 @@ class _Best:
     def find(self, i: int) -> None:
         """Image i's nearest from all its scored partners (the full scan, for one image)."""
         best: tuple[float, str, int] | None = None
-        for other, v in self.scores.partners(self.m.rows.shas[i]).items():
-            j = self._counts(i, other)
+        sha = self.m.rows.shas[i]
+        pixels = self.m.pixels.token(sha)  # once an image, not once a partner
+        for other, v in self.scores.partners(sha).items():
+            j = self._counts(i, pixels, other)
             if j is not None and (best is None or v > best[0] or (v == best[0] and other < best[1])):
                 best = (v, other, j)
         self._set(i, math.nan, NONE) if best is None else self._set(i, best[0], best[2])
@@ -132,7 +135,8 @@ class _Best:
     def raise_to(self, i: int, other: str, v: float) -> None:
         """Image i's nearest raised to the pair (i, other) when the pair counts and is higher."""
         current = self.m.score[i]
-        if (math.isnan(current) or v > current) and self._counts(i, other) is not None:
+        if (math.isnan(current) or v > current) and \
+                self._counts(i, self.m.pixels.token(self.m.rows.shas[i]), other) is not None:
             self._set(i, v, self.at[other])
 
     def changed(self) -> set[int]:

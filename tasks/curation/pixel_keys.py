@@ -74,6 +74,5 @@ class PixelKeys(ByPosition[str]):
         return odd if odd is not None else self.buffer[i:i + DIGEST_BYTES]
 
     def __getitem__(self, sha: str) -> str:
-        i = self.at[sha] * DIGEST_BYTES
-        odd = self.odd.get(sha) if self.odd else None
-        return odd if odd is not None else self.buffer[i:i + DIGEST_BYTES].hex()
+        held = self.token(sha)
+        return held if isinstance(held, str) else held.hex()
