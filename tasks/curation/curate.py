@@ -120,7 +120,6 @@ from tasks.curation.tables import (
     EMBEDDINGS_TABLE,
     REPORT_TABLE,
     CurationError,
-    read_raw,
 )
 from tasks.data import lake
 from tasks.files import write_json
@@ -144,10 +143,9 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     if prior is not None:
         return reuse_prior(settings, raw_version, config_hash, prior, run_id, logical)
 
-    raw = read_raw(settings, raw_version)
     base_meta = {"run_id": run_id, "logical_date": logical, "raw_version": str(raw_version),
                  "config_hash": config_hash}
-    plan = plan_in_workdir(settings, raw, raw_version, run_id, base_meta)  # refuses an embedding not installed first
+    plan = plan_in_workdir(settings, raw_version, run_id, base_meta)  # refuses an embedding not installed first
     store_caches(settings, plan, {**base_meta, "feature_config": feature_config(settings.curation)})
     if plan.curated.num_rows == 0:
         raise CurationError(
@@ -171,7 +169,7 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     }
     version = _write_snapshot(settings, plan, metadata)
     write_report_rows(settings, raw_version, config_hash, version, plan.dropped, run_id, logical)
-    galleries = _galleries(settings, raw, plan, raw_version, config_hash)
+    galleries = _galleries(settings, plan, raw_version, config_hash)
     report = report_path_for(settings, raw_version, config_hash)
     body = report_body(settings, raw_version, config_hash, version, plan.curated, plan.dropped, metadata,
                        {**plan.info, "galleries": galleries, "components_version": components_version})
@@ -257,13 +255,10 @@ def _appended(table: Any, curated: pa.Table) -> pa.Table | None:
     return curated.filter(pa.array(~known))
 
 
-def _galleries(settings: Settings, raw: pa.Table, plan: Plan, raw_version: int, config_hash: str) -> dict[str, str]:
-    """fastdup's HTML galleries of this run's duplicates and bad images (name -> page)."""
-    shas = sorted(gallery_shas(plan))
-    images = plan.images.held_bytes(shas)
-    shown = raw.filter(pc.is_in(raw.column("sha256"), value_set=pa.array(shas, pa.string())))
-    # The pictured images' labels only: a map of every raw row's was about 0.15 GB at a million images, at the end of
-    # every batch, for the few dozen images a gallery shows.
-    labels = dict(zip(shown.column("sha256").to_pylist(), shown.column("label").to_pylist()))
+def _galleries(settings: Settings, plan: Plan, raw_version: int, config_hash: str) -> dict[str, str]:
+    """fastdup's HTML galleries of this run's duplicates and bad images (name -> page): the pictured images' bytes and
+    labels only (the plan's ``gallery_labels``; a filter of the raw table and a map of every raw row's label were
+    proportional to the table, at the end of every batch)."""
+    images = plan.images.held_bytes(sorted(gallery_shas(plan)))
     return write_galleries(run_dir(settings, raw_version, config_hash) / "galleries", plan.duplicates,
-                           plan.outliers, images, labels)
+                           plan.outliers, images, plan.gallery_labels)

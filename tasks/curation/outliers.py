@@ -166,7 +166,7 @@ def screen(by_sha: RawRows, features: Features, record: Mapping[str, Assignment]
     columns = _Columns.of(by_sha, features.by_sha)
     decided = _absolute(shas, columns, limits)
     _check_override_share(decided, features.by_sha, len(by_sha), limits)
-    relative, abstained = relative_columns(shas, np.flatnonzero(~columns.failed & ~_marked(shas, decided)),
+    relative, abstained = relative_columns(shas, np.flatnonzero(~columns.failed & ~_marked(by_sha, decided)),
                                            columns.family, columns.names, columns.values,
                                            by_sha.label, limits)
     decided.update(relative)
@@ -174,7 +174,7 @@ def screen(by_sha: RawRows, features: Features, record: Mapping[str, Assignment]
         log.warning("curate: the %s rule abstains for %s images: %s", rule, family,
                     "; ".join(a["why"] for a in abstained if (a["family"], a["rule"]) == (family, rule)))
     dropped, outliers = _rows(shas, by_sha, columns, decided, features.by_sha, record)
-    eligible = [shas[k] for k in np.flatnonzero(~columns.failed & ~_marked(shas, decided))]
+    eligible = [shas[k] for k in np.flatnonzero(~columns.failed & ~_marked(by_sha, decided))]
     return eligible, dropped, outliers, abstained
 
 
@@ -195,8 +195,11 @@ def _absolute(shas: list[str], columns: _Columns, limits: OutlierSettings) -> di
     return decided
 
 
-def _marked(shas: list[str], decided: dict[str, tuple[str, str]]) -> np.ndarray:
-    return np.fromiter((s in decided for s in shas), dtype=bool, count=len(shas))
+def _marked(by_sha: RawRows, decided: dict[str, tuple[str, str]]) -> np.ndarray:
+    """Each position's mark: flagged by a rule (placed from the few flagged images, not a lookup of every image)."""
+    marked = np.zeros(len(by_sha), dtype=bool)
+    marked[by_sha.positions(decided)] = True
+    return marked
 
 
 def _rows(shas: list[str], by_sha: RawRows, columns: _Columns, decided: dict[str, tuple[str, str]],

@@ -56,7 +56,15 @@ from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.separation import separation_by_class
 from tasks.curation.sha_list import Keys
-from tasks.curation.tables import COMPONENTS_TABLE, CURATED_SCHEMA, EMBEDDINGS_TABLE, RawRows, drop_row, raw_facts
+from tasks.curation.tables import (
+    COMPONENTS_TABLE,
+    CURATED_SCHEMA,
+    EMBEDDINGS_TABLE,
+    RawRows,
+    drop_row,
+    raw_facts,
+    read_raw,
+)
 from tasks.curation.vectors import RowView, stored_views
 from tasks.data import lake
 from tasks.settings import Settings
@@ -80,21 +88,23 @@ class Plan:
     nearest: NearestMap | None = None  # each eligible image's nearest score (the separation test's input), to store
     duplicates: list[tuple[str, str, float]] = field(default_factory=list)
     outliers: list[tuple[str, str, str, ImageFeatures]] = field(default_factory=list)
+    gallery_labels: dict[str, str] = field(default_factory=dict)  # the labels of the images the galleries show
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work: Path,
-          cache_meta: dict[str, Any]) -> Plan:
+def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_meta: dict[str, Any]) -> Plan:
     """Decide what is kept, dropped and where it goes; writes only ``work`` (fastdup's folder) and the features
     it computes (a content-addressed cache, its commit with ``cache_meta`` and the feature config: stored as soon as
     computed, never held while planning, and a retry embeds nothing again).
 
-    Phases: features (stored or computed), bad images set aside, the component graph, keys and
-    splits, then each component deduplicated.
+    Phases: the raw version's facts, features (stored or computed), bad images set aside, the component graph, keys
+    and splits, then each component deduplicated.
     """
     cfg = settings.curation
     images = RawImages(settings.raw_table, raw_version)
-    by_sha = raw_facts(raw)
+    # The raw version's table of facts lives only while its columns are made (Arrow's sha256 strings alone are 68 bytes
+    # an image: it was held from here to the galleries, for the labels of the few dozen images they show).
+    by_sha = raw_facts(read_raw(settings, raw_version))
     features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta)
     record, record_version = read_assignments(settings, by_sha)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
@@ -151,6 +161,7 @@ def _plan(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, work
         embedded=embedded,
         duplicates=graph.duplicates,
         outliers=outliers,
+        gallery_labels={s: by_sha.label(s) for s in _gallery_shas(graph.duplicates, outliers)},
         info=info,
         nearest=nearest,
     )
@@ -454,8 +465,7 @@ def store_caches(settings: Settings, plan: Plan, metadata: dict[str, Any]) -> No
                       lake.current_version(settings.table_uri(PAIRS_TABLE)), metadata)
 
 
-def plan_in_workdir(settings: Settings, raw: pa.Table, raw_version: int, run_id: str, cache_meta: dict[str, Any]
-                    ) -> Plan:
+def plan_in_workdir(settings: Settings, raw_version: int, run_id: str, cache_meta: dict[str, Any]) -> Plan:
     """Plan with fastdup's exported copies in a private folder that never outlives the call.
 
     Refused before any work when ``curation.embedding`` needs fastdup and it is not installed.
@@ -465,12 +475,17 @@ def plan_in_workdir(settings: Settings, raw: pa.Table, raw_version: int, run_id:
     parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=parent))
     try:
-        return _plan(settings, raw, raw_version, run_id, work, cache_meta)
+        return _plan(settings, raw_version, run_id, work, cache_meta)
     finally:
         clear_dir(work)
 
 
 def gallery_shas(plan: Plan) -> set[str]:
-    shas = {s for a, b, _ in plan.duplicates[:GALLERY_IMAGES] for s in (a, b)}
-    return shas | {o[0] for o in plan.outliers}
+    """The images the galleries show: the most similar pairs' and the bad images'."""
+    return _gallery_shas(plan.duplicates, plan.outliers)
+
+
+def _gallery_shas(duplicates: list[tuple[str, str, float]], outliers: list[tuple[str, str, str, ImageFeatures]]
+                  ) -> set[str]:
+    return {s for a, b, _ in duplicates[:GALLERY_IMAGES] for s in (a, b)} | {o[0] for o in outliers}
 

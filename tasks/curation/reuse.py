@@ -19,7 +19,7 @@ from tasks.curation.report import (
     write_report_rows,
 )
 from tasks.curation.report_html import existing_page, write_page
-from tasks.curation.tables import COMPONENTS_TABLE, EMBEDDINGS_TABLE, REPORT_TABLE, read_raw
+from tasks.curation.tables import COMPONENTS_TABLE, EMBEDDINGS_TABLE, REPORT_TABLE
 from tasks.data import lake
 from tasks.files import write_json
 from tasks.settings import Settings
@@ -36,9 +36,8 @@ def reuse_prior(
     stored = stored_report_rows(settings, raw_version, config_hash)
     if not stored and int(prior.metadata.get("dropped", "0")) > 0:
         # Crashed between the snapshot and its report rows: re-plan (features are stored) and record them.
-        raw = read_raw(settings, raw_version)
         cache_meta = {"run_id": run_id, "logical_date": logical}
-        plan = plan_in_workdir(settings, raw, raw_version, prior.metadata.get("run_id", run_id), cache_meta)
+        plan = plan_in_workdir(settings, raw_version, prior.metadata.get("run_id", run_id), cache_meta)
         write_report_rows(settings, raw_version, config_hash, prior.version, plan.dropped,
                           prior.metadata.get("run_id", run_id), prior.metadata.get("logical_date", logical))
         store_caches(settings, plan, cache_meta)

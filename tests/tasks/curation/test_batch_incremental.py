@@ -28,7 +28,7 @@ from tasks.curation.curation_features import feature_config
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, full_nearest, update_nearest
 from tasks.curation.neighbours import index_dir
 from tasks.curation.pixel_keys import PixelKeys
-from tasks.curation.plan import KEPT_FACTS_SCHEMA, plan_in_workdir, store_caches
+from tasks.curation.plan import KEPT_FACTS_SCHEMA, gallery_shas, plan_in_workdir, store_caches
 from tasks.curation.tables import COMPONENTS_TABLE, RawFacts, RawRows
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
@@ -170,8 +170,10 @@ def test_a_retried_batch_writes_the_same_tables(batch_home, tmp_path) -> None:
     retried_settings = _copy(home, tmp_path / "retried")
     meta = {"run_id": "c2", "logical_date": "2026-11-22", "raw_version": str(raw2),
             "config_hash": retried_settings.section_hash("curation")}
-    raw = lake.read(retried_settings.raw_table, raw2, columns=["sha256", "image", "width", "height", "label"])
-    crashed = plan_in_workdir(retried_settings, raw, raw2, "c2", meta)  # an attempt that died after caches and record
+    crashed = plan_in_workdir(retried_settings, raw2, "c2", meta)  # an attempt that died after caches and record
+    raw = lake.read(retried_settings.raw_table, raw2, columns=["sha256", "label"])
+    label = dict(zip(raw.column("sha256").to_pylist(), raw.column("label").to_pylist()))
+    assert crashed.gallery_labels and crashed.gallery_labels == {s: label[s] for s in gallery_shas(crashed)}
     store_caches(retried_settings, crashed, {**meta, "feature_config": feature_config(retried_settings.curation)})
     _record_assignments(retried_settings, crashed, meta)
     retried = curate(retried_settings, raw2, run_id="c2", logical_date="2026-11-22")
