@@ -8,9 +8,14 @@ the rows it reads (the queries and their neighbours), not the table. Row ``r`` i
 ``r`` of ``<name>.vectors.shas`` (held as one byte array: ``tasks.curation.sha_list``).
 
 * Extended with each batch's new images, in sha256 order, as the index is: the new rows (the batch's
-  fresh features, already in memory) are written after the old ones into a new file, copied in
-  blocks (no whole-table buffer), and renamed over the old one; the sha list follows the same way.
-  The sha list is the commit point: a file whose rows do not match its list is rebuilt.
+  fresh features, already in memory) are written in place after the stored ones, then the header's row
+  count, then the sha list (a new list renamed over the old one). A batch writes and touches its own
+  rows only: the old rows were copied into a new file, every batch (at a million images, 256 MB a view
+  read through the mapping, which counted in the batch's resident high, and written again). The sha
+  list is the commit point: the file's first ``len(list)`` rows are the listed images'; rows after them
+  are an append that did not commit (cut by the next append). A file with fewer rows than its list is
+  rebuilt. A file is copied whole only when its header cannot hold the new row count (not a file
+  numpy's ``write_array_header_1_0`` wrote: its header has room for 21 digits).
 * Rebuilt when missing or stale (rows, dimension or sha list disagree) from the ``curation_embeddings``
   Delta table, the source of truth: only the rows the curation needs, read by key.
 * Idempotent: an image already in the file is never appended again, so a retried batch (after a
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import itertools
 import logging
 import os
@@ -55,10 +61,14 @@ class VectorFile:
         path = folder / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.vectors.npy"
         shas_path = path.with_suffix(".shas")
         if path.exists() and shas_path.exists():
-            array = np.load(path, mmap_mode="r")
+            try:
+                array = np.load(path, mmap_mode="r")
+            except (ValueError, EOFError, OSError):  # not an array (a torn write): no row of it is read, rebuilt
+                array = np.zeros((0, 0), dtype=np.uint8)
             shas = ShaList.read(shas_path)
-            if array.dtype == np.float32 and array.ndim == 2 and array.shape[0] == len(shas):
-                return cls(path, shas, array)
+            if array.dtype == np.float32 and array.ndim == 2 and array.shape[0] >= len(shas):
+                # Rows past the list: an append that wrote its rows and the header, not its list (not committed).
+                return cls(path, shas, array if array.shape[0] == len(shas) else array[:len(shas)])
             log.warning("curate: vector file %s does not match its sha list: rebuilt", path.name)
         return cls(path, ShaList.of([]), None)
 
@@ -68,44 +78,91 @@ class VectorFile:
 
     def append(self, shas: Sequence[str], blocks: Iterable[np.ndarray]) -> None:
         """Add the rows of ``blocks`` (in order, one per sha of ``shas``, none already in the file) after the stored
-        ones, atomically. Each block is written as it comes: memory holds one block, never the new rows twice."""
+        ones, then commit them with the list. Each block is written as it comes: memory holds one block, never the
+        new rows twice; the stored rows are neither read nor written (``_append_in_place``) unless the header
+        cannot hold the new count. A failed append leaves the file's bytes as they were."""
         if not len(shas):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as out:
-                self._write(out, len(shas), iter(blocks))
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, self.path)  # rows first, then the list: a crash between leaves a mismatch (rebuilt)
+        blocks = iter(blocks)
+        if self.array is None or not self._append_in_place(len(shas), blocks):
+            self._append_by_copy(len(shas), blocks)
         shas_tmp = self.path.with_name(f"{self.path.with_suffix('.shas').name}.{os.getpid()}.tmp")
         listed = self.shas.extended(shas)
         listed.write(shas_tmp)
-        os.replace(shas_tmp, self.path.with_suffix(".shas"))
+        os.replace(shas_tmp, self.path.with_suffix(".shas"))  # the commit point
         self.shas = listed
         self.array = np.load(self.path, mmap_mode="r")
+        if self.array.shape[0] != len(listed):
+            raise ValueError(f"{self.path.name}: {self.array.shape[0]} rows for {len(listed)} listed images")
 
-    def _write(self, out: BinaryIO, new: int, blocks: Iterator[np.ndarray]) -> None:
-        """The header, the stored rows a block at a time, then the ``new`` rows of ``blocks`` as they come."""
-        head = next(blocks, None)
-        if head is None:
-            raise ValueError(f"{self.path.name}: 0 rows for {new} images")
-        first = _rows(head)
-        width = first.shape[1] if self.array is None else self.array.shape[1]
-        np.lib.format.write_array_header_1_0(
-            out, {"descr": "<f4", "fortran_order": False, "shape": (len(self.shas) + new, width)})
-        for start in range(0, len(self.shas), COPY_ROWS):
-            out.write(memoryview(np.ascontiguousarray(self.array[start:start + COPY_ROWS])))
-        written = 0
-        for block in itertools.chain([first], map(_rows, blocks)):
-            if block.shape[1] != width:
-                raise ValueError(f"{self.path.name}: rows of {block.shape[1]} floats, the file has {width}")
-            out.write(memoryview(block))
-            written += len(block)
-        if written != new:
-            raise ValueError(f"{self.path.name}: {written} rows for {new} images")
+    def _append_in_place(self, new: int, blocks: Iterator[np.ndarray]) -> bool:
+        """The new rows written after the committed ones in the file itself (rows an earlier append left uncommitted
+        are cut first), then the header's row count rewritten over it (the same length): a batch touches its own rows
+        only. False, with nothing written, when the header cannot hold the new count (then ``_append_by_copy``)."""
+        width = self.array.shape[1]
+        header = _header(len(self.shas) + new, width)
+        with open(self.path, "r+b") as out:
+            if np.lib.format.read_magic(out) != (1, 0):
+                return False
+            np.lib.format.read_array_header_1_0(out)
+            if out.tell() != len(header):
+                return False
+            end = len(header) + len(self.shas) * width * 4  # the committed rows' end
+            out.truncate(end)
+            out.seek(end)
+            try:
+                _write_rows(out, self.path.name, width, new, blocks)
+                out.flush()
+                os.fsync(out.fileno())  # the rows on disk before the header counts them
+            except BaseException:
+                out.truncate(end)
+                raise
+            out.seek(0)
+            out.write(header)
+            out.flush()
+            os.fsync(out.fileno())
+        return True
+
+    def _append_by_copy(self, new: int, blocks: Iterator[np.ndarray]) -> None:
+        """A new file (the header, the stored rows a block at a time, then the new rows) renamed over the old one."""
+        if self.array is None:  # a first or rebuilt file: no list may name its rows before it lists them itself
+            self.path.with_suffix(".shas").unlink(missing_ok=True)
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as out:
+                head = next(blocks, None)
+                if head is None:
+                    raise ValueError(f"{self.path.name}: 0 rows for {new} images")
+                head = _rows(head)
+                width = head.shape[1] if self.array is None else self.array.shape[1]
+                out.write(_header(len(self.shas) + new, width))
+                for start in range(0, len(self.shas), COPY_ROWS):
+                    out.write(memoryview(np.ascontiguousarray(self.array[start:start + COPY_ROWS])))
+                _write_rows(out, self.path.name, width, new, itertools.chain([head], blocks))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, self.path)  # rows first, then the list: the old list names the new file's first rows
+
+
+def _header(rows: int, width: int) -> bytes:
+    """The ``.npy`` header of ``rows`` float32 rows of ``width`` (numpy pads it with room for the row count to grow)."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "<f4", "fortran_order": False, "shape": (rows, width)})
+    return buffer.getvalue()
+
+
+def _write_rows(out: BinaryIO, name: str, width: int, new: int, blocks: Iterable[np.ndarray]) -> None:
+    """The ``new`` rows of ``blocks`` as they come, each checked against the file's width, then their count."""
+    written = 0
+    for block in map(_rows, blocks):
+        if block.shape[1] != width:
+            raise ValueError(f"{name}: rows of {block.shape[1]} floats, the file has {width}")
+        out.write(memoryview(block))
+        written += len(block)
+    if written != new:
+        raise ValueError(f"{name}: {written} rows for {new} images")
 
 
 def _rows(block: np.ndarray) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +67,9 @@ def test_a_missing_or_stale_file_is_rebuilt_with_the_same_rows(tmp_path: Path, m
     np.testing.assert_array_equal(np.asarray(rebuilt[0]), m)
     np.testing.assert_array_equal(np.asarray(rebuilt[1]), blurred(m, 8))  # a row's blur does not depend on others
     assert _files(tmp_path) == once  # here the batch's shas sort after the first ones: the same order
-    VectorFile.open(tmp_path, "v;view=0").path.with_suffix(".shas").write_text("\n".join(shas[:10]) + "\n")
-    assert len(VectorFile.open(tmp_path, "v;view=0").shas) == 0  # stale: the list does not match the rows
+    extra = _shas(3, "f")  # stale: the list names more images than the file has rows
+    VectorFile.open(tmp_path, "v;view=0").path.with_suffix(".shas").write_text("\n".join(shas + extra) + "\n")
+    assert len(VectorFile.open(tmp_path, "v;view=0").shas) == 0
     again = stored_views(tmp_path, "v", shas, vectors_of, blur)
     np.testing.assert_array_equal(np.asarray(again[0]), m)
     np.testing.assert_array_equal(np.asarray(again[1]), blurred(m, 8))
@@ -114,3 +116,64 @@ def test_rows_are_appended_block_by_block_and_a_short_or_wrong_append_leaves_the
             store.append(_shas(4, "b"), iter(blocks))
         assert _files(tmp_path) == before and not list(tmp_path.glob("*.tmp"))
     assert VectorFile.open(tmp_path, "v;view=0").shas.array.tolist() == [s.encode() for s in shas]
+
+
+def _store(folder: Path, shas: list[str], m: np.ndarray) -> VectorFile:
+    store = VectorFile.open(folder, "v;view=0")
+    store.append(shas, iter([m]))
+    return store
+
+
+def test_a_batch_appends_in_place_and_its_file_is_the_file_written_at_once(tmp_path: Path, monkeypatch) -> None:
+    m = _unit_rows(90, dim=8, seed=3)
+    shas = _shas(90)
+    store = _store(tmp_path / "batches", shas[:60], m[:60])
+    inode = os.stat(store.path).st_ino
+    copied = []
+    monkeypatch.setattr(VectorFile, "_append_by_copy", lambda self, *a: copied.append(a))
+    store.append(shas[60:], iter([m[60:70], m[70:90]]))  # the stored 60 rows are not copied
+    assert not copied and os.stat(store.path).st_ino == inode
+    monkeypatch.undo()
+    _store(tmp_path / "once", shas, m)
+    assert _files(tmp_path / "batches") == _files(tmp_path / "once")  # byte for byte, header included
+    np.testing.assert_array_equal(np.load(store.path), m)
+
+
+def test_rows_an_append_did_not_commit_are_not_read_and_are_cut_by_the_next(tmp_path: Path) -> None:
+    m = _unit_rows(80, dim=8, seed=4)
+    shas = _shas(80)
+    store = _store(tmp_path, shas[:40], m[:40])
+    store._append_in_place(20, iter([m[40:60]]))  # rows and header written, then a crash before the list
+    reopened = VectorFile.open(tmp_path, "v;view=0")
+    assert len(reopened.shas) == 40 and reopened.array.shape == (40, 8)  # the committed rows only
+    np.testing.assert_array_equal(np.asarray(reopened.array), m[:40])
+    with open(store.path, "ab") as f:  # and a crash while writing rows, before the header
+        f.write(b"\xff" * 100)
+    reopened = VectorFile.open(tmp_path, "v;view=0")
+    reopened.append(shas[40:80], iter([m[40:80]]))
+    np.testing.assert_array_equal(np.load(store.path), m)
+    assert _files(tmp_path) == _files(_store(tmp_path / "once", shas, m).path.parent)
+
+
+def test_a_header_that_cannot_grow_is_copied_and_a_rebuild_never_pairs_an_old_list_with_new_rows(
+        tmp_path: Path, monkeypatch) -> None:
+    m = _unit_rows(30, dim=8, seed=5)
+    shas = _shas(30)
+    store = _store(tmp_path, shas[:10], m[:10])
+    with open(store.path, "wb") as out:  # a version 2.0 header (np.save's for big headers): copied, not grown
+        np.lib.format.write_array_header_2_0(out, {"descr": "<f4", "fortran_order": False, "shape": (10, 8)})
+        out.write(m[:10].tobytes())
+    VectorFile.open(tmp_path, "v;view=0").append(shas[10:20], iter([m[10:20]]))
+    np.testing.assert_array_equal(np.load(store.path), m[:20])
+    # A rebuild (the file unreadable) whose list write fails: the old list is gone first, so the new rows are never
+    # read under it (in another order than its images).
+    store.path.write_bytes(b"\x93NUMPY torn")  # a torn header: not read, rebuilt
+    rebuilding = VectorFile.open(tmp_path, "v;view=0")
+    assert rebuilding.array is None
+    monkeypatch.setattr(vectors.ShaList, "write", lambda self, path: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        rebuilding.append(shas[::-1], iter([m[::-1]]))
+    monkeypatch.undo()
+    assert not store.path.with_suffix(".shas").exists()
+    assert len(VectorFile.open(tmp_path, "v;view=0").shas) == 0  # missing list: rebuilt again, never misread
+
