@@ -9,7 +9,9 @@ that raised the peak is where the memory went.
 
 Usage: PYTHONPATH=.:plugins nice -n 19 python bench/curate_memory.py --images 20000 [--root DIR]
 (``--root`` keeps the images and the home; ``--stage full`` then ``--stage batch`` on copies of that
-folder compares two commits' batches on the same tables).
+folder compares two commits' batches on the same tables). ``--batch-on KEPT_HOME BATCH``: the batch alone, with
+its phases, on a copy of a home bench/curate_scale.py kept after its full run (``--keep-homes``; the million's:
+its full run is not run again), with this checkout's code.
 """
 
 from __future__ import annotations
@@ -63,21 +65,15 @@ def _wrap(module, name: str, log: list, depth: list) -> None:
     setattr(module, name, inner)
 
 
-def run_stage(root: Path, stage: str) -> None:
-    """One stage in this process: ``full`` (ingest + curate the folder) or ``batch`` (ingest + curate the batch)."""
-    import importlib
-
+def run_stage(root: Path, stage: str, home: Path | None = None) -> None:
+    """One stage in this process: ``full`` (ingest + curate the folder) or ``batch`` (ingest + curate the batch);
+    ``home``: the home to curate in (default ``root/home``), ``root/stage`` the images."""
     from tasks.curation.curate import curate
     from tasks.data.ingest import ingest_landing
     from tasks.settings import load_settings
 
-    log: list = []
-    depth = [0]
-    for module_name, names in PHASES.items():
-        module = importlib.import_module(module_name)
-        for name in names:
-            _wrap(module, name, log, depth)
-    settings = load_settings("sit", home=root / "home")
+    log = _wrapped_phases()
+    settings = load_settings("sit", home=home or root / "home")
     print(f"\n{stage}: after imports {_rss_mb():.0f} MB resident", flush=True)
     day = "2026-11-21" if stage == "full" else "2026-11-22"
     raw = ingest_landing(settings, run_id=f"mem-{stage}", logical_date=day, landing=root / stage).raw_version
@@ -91,12 +87,41 @@ def run_stage(root: Path, stage: str) -> None:
         print(f"| {'&nbsp;' * 2 * d}{name} | {before:.0f} | {after:.0f} | {peak:.0f} | {raised:.0f} | {seconds:.2f} |")
 
 
+def _wrapped_phases() -> list:
+    """Wrap every phase of ``PHASES``; the log they append to as they end."""
+    import importlib
+
+    log: list = []
+    depth = [0]
+    for module_name, names in PHASES.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            _wrap(module, name, log, depth)
+    return log
+
+
+def batch_on(kept: Path, batch: Path) -> None:
+    """The batch alone, phase by phase, on a copy of ``kept`` (a home kept after a full run), in a fresh process."""
+    root = Path(tempfile.mkdtemp(prefix="cd4ml-bench-memory-batch-", dir=kept.parent))
+    try:
+        shutil.copytree(kept, root / "home", symlinks=True)
+        (root / "batch").symlink_to(batch.resolve())
+        subprocess.run([sys.executable, __file__, "--run", str(root), "batch"], check=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=20_000)
     parser.add_argument("--root", help="folder for the images and the home (kept); default: a temporary one")
     parser.add_argument("--stage", choices=["full", "batch", "both"], default="both")
+    parser.add_argument("--batch-on", nargs=2, metavar=("KEPT_HOME", "BATCH"),
+                        help="only the batch, on a copy of a home kept by bench/curate_scale.py --keep-homes")
     args = parser.parse_args()
+    if args.batch_on:
+        batch_on(Path(args.batch_on[0]), Path(args.batch_on[1]))
+        return
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="cd4ml-bench-memory-"))
     if not (root / "full").exists():
         from curate import write_images  # bench/curate.py's generator
