@@ -16,11 +16,15 @@ How the neighbours are found (the decisions above do not depend on it, only the 
 * from there on, a faiss HNSW index of inner products (``IndexHNSWFlat``, unit rows: inner product
   = cosine) per embedding version and view, kept in ``curation_index/`` next to the curated tables
   (the home's lake folder; a remote lake keeps it in the environment's local folder). It is built
-  once from every eligible image and extended with the images a batch adds; its ids are the row of
-  a sha256 in a sidecar list. Images in the index that are not eligible in this raw version (bad
-  images, images no longer in it) are skipped: the search asks for ``SEARCH_SLACK`` more neighbours
-  than it needs. Additions run on one thread and in sha256 order, so the same history of batches
-  builds the same index; a search is deterministic for a given index.
+  once from every eligible image; its ids are the row of a sha256 in a sidecar list. The eligible
+  images it lacks (a batch's) are its delta, searched exactly and ranked with the index's hits; the
+  index takes the delta in (extended, stored) once it is more than ``FOLD_SHARE`` (10%) of its rows,
+  so a 1% batch reads the index but neither grows nor rewrites it (each did both before: at a million
+  images a copy of its vectors resident beside them and 0.5 GB written, a view). Images in the index that
+  are not eligible in this raw version (bad images, images no longer in it) are skipped: the search asks
+  for ``SEARCH_SLACK`` more neighbours than it needs. Additions run on one thread and in sha256 order,
+  and a delta is folded at the same counts, so the same history of batches builds the same index; a
+  search is deterministic for a given index and delta.
 
 The vectors are not held in memory: each view is read by position from its memory-mapped file
 (``tasks.curation.vectors``), only the rows a search adds, queries and compares.
@@ -50,6 +54,8 @@ log = logging.getLogger(__name__)
 SEARCH_BLOCK = 1024  # query rows per exact matrix product: bounds memory at BLOCK x N floats
 RANK_BLOCK = 65_536  # query rows searched and ranked at a time (a few arrays of BLOCK x hits, not of every query)
 SEARCH_SLACK = 16  # neighbours asked beyond k: room for indexed images that are not eligible now
+FOLD_SHARE = 0.10  # the index takes in the eligible rows it lacks once they are more than this share of its rows
+DELTA_SCRATCH = 1 << 24  # floats of query x delta cosines computed at a time (64 MB)
 HNSW_M = 32  # graph degree of the HNSW index
 HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 128  # at least; raised to twice the neighbours asked
@@ -210,22 +216,87 @@ def _exact(matrix: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
 
 def _indexed(matrix: Any, eligible: Sequence[str], asked: Keys, q: np.ndarray, k: int, folder: Path, version: str
              ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Top ``k`` eligible neighbours of each query from the stored index, extended first with unindexed rows;
-    searched and ranked a block of queries at a time (bounded hits)."""
+    """Top ``k`` eligible neighbours of each query: the stored index's hits and, exactly, the eligible rows it lacks
+    (its delta: a batch's own images), ranked together, a block of queries at a time (bounded hits).
+
+    The index is extended (its delta folded in, then stored) only when the delta outgrows ``FOLD_SHARE`` of it
+    (``_folds``): a batch of a few percent reads the index but neither grows nor rewrites it. Growing it copies its
+    vectors (numpy-free C++ storage: the old and the grown copy are resident together, 256 MB a view at a million
+    images) and rewriting it writes every row (about 0.5 GB a view at a million), both at every batch before.
+    """
     index = ShaIndex.open(folder, version, matrix.shape[1])
-    index.extend(eligible, matrix, asked)
+    unindexed = np.flatnonzero(index.shas.rows_of(asked) < 0)  # eligible positions, ascending (sha256 order)
+    if _folds(len(unindexed), index.index.ntotal):
+        index.extend(eligible, matrix, asked)
+        unindexed = unindexed[:0]
     at = index.shas.located(asked).astype(np.int32)  # each indexed row's eligible position, -1: not eligible now
+    delta = _Delta(matrix, unindexed)
     for start in range(0, len(q), RANK_BLOCK):
         rows = q[start:start + RANK_BLOCK]
-        ids, sims = index.search(matrix[rows], k + 1 + SEARCH_SLACK)
-        yield rows, _ranked(at, rows, ids, sims, k)[0]
+        found = [delta.nearest(matrix[rows], rows, k)]
+        if index.index.ntotal:
+            ids, sims = index.search(matrix[rows], k + 1 + SEARCH_SLACK)
+            found.append((_positions(at, ids), sims))
+        yield rows, _ranked_positions(rows, np.concatenate([p for p, _ in found], axis=1),
+                                      np.concatenate([s for _, s in found], axis=1), k)[0]
+
+
+def _folds(unindexed: int, indexed: int) -> bool:
+    """Whether the index takes in its delta now: always into an empty index (a first curation builds it from every
+    eligible image), else once the delta is more than ``FOLD_SHARE`` of the indexed rows (the exact search of the
+    delta grows with it: queries x delta rows)."""
+    return unindexed > 0 and (indexed == 0 or unindexed > FOLD_SHARE * indexed)
+
+
+class _Delta:
+    """The eligible rows the index lacks, searched exactly (their vectors gathered once: at most ``FOLD_SHARE`` of
+    the index's rows)."""
+
+    def __init__(self, matrix: Any, positions: np.ndarray) -> None:
+        self.positions = positions
+        self.vectors = np.asarray(matrix[positions], dtype=np.float32) if len(positions) else None
+
+    def nearest(self, queries: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(eligible positions, cosines) of each query's ``k`` nearest delta rows other than itself (-1, -inf where
+        fewer), in blocks of queries whose scratch is at most ``DELTA_SCRATCH`` floats."""
+        width = 0 if self.vectors is None else min(k, len(self.positions))
+        ids = np.full((len(rows), width), -1, dtype=np.int64)
+        sims = np.full((len(rows), width), -np.inf, dtype=np.float32)
+        if not width:
+            return ids, sims
+        step = max(1, min(SEARCH_BLOCK, DELTA_SCRATCH // len(self.positions)))
+        itself = np.searchsorted(self.positions, rows)  # a query in the delta (a new image) is not its own neighbour
+        itself = np.where((itself < len(self.positions)) &
+                          (self.positions[np.minimum(itself, len(self.positions) - 1)] == rows), itself, -1)
+        for start in range(0, len(rows), step):
+            block = slice(start, start + step)
+            s = np.asarray(queries[block], dtype=np.float32) @ self.vectors.T
+            mine = np.flatnonzero(itself[block] >= 0)
+            s[mine, itself[block][mine]] = -np.inf
+            top = np.argpartition(-s, width - 1, axis=1)[:, :width] if width < s.shape[1] else \
+                np.broadcast_to(np.arange(s.shape[1]), s.shape).copy()
+            top_s = np.take_along_axis(s, top, axis=1)
+            real = np.isfinite(top_s)
+            ids[block] = np.where(real, self.positions[top], -1)
+            sims[block] = np.where(real, top_s, -np.inf)
+        return ids, sims
+
+
+def _positions(at: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The eligible position of each index hit (-1: a missing hit or a row not eligible now)."""
+    found = ids >= 0
+    return np.where(found, at[np.where(found, ids, 0)], -1)
 
 
 def _ranked(at: np.ndarray, q: np.ndarray, ids: np.ndarray, sims: np.ndarray, k: int
             ) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``k`` eligible hits of each query other than itself, nearest first, ties by position."""
-    found = ids >= 0
-    p = np.where(found, at[np.where(found, ids, 0)], -1)
+    """The first ``k`` eligible hits of each query other than itself, nearest first, ties by position (``ids``: index
+    rows, ``at`` their eligible positions)."""
+    return _ranked_positions(q, _positions(at, ids), sims, k)
+
+
+def _ranked_positions(q: np.ndarray, p: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_ranked`` of hits given as eligible positions ``p`` (-1: none)."""
     hit = (p >= 0) & (p != q[:, None])
     order = np.lexsort((p, -sims, ~hit), axis=1)[:, :k]  # hits first, then (-cosine, position)
     ranked_hit = np.take_along_axis(hit, order, axis=1)

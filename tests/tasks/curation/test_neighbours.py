@@ -85,6 +85,33 @@ def test_index_is_stored_once_per_version_and_extended(tmp_path: Path) -> None:
     assert ShaIndex.open(tmp_path, "v2;view=0", 64).index.ntotal == 0  # another embedding version: its own index
 
 
+def test_a_small_batch_is_searched_exactly_beside_the_index_which_it_neither_grows_nor_rewrites(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eligible rows the index lacks (a batch's) are its delta, searched exactly; ranked with the index's hits
+    they give the exact neighbours. The index takes them in once they are more than FOLD_SHARE of it."""
+    m = _unit_rows(2200, seed=4)
+    m[2100:2150] = (m[:50] + 0.03 * m[2100:2150]) / np.linalg.norm(m[:50] + 0.03 * m[2100:2150], axis=1,
+                                                                   keepdims=True)  # the batch copies the table
+    m[2180] = m[2170]  # and itself
+    shas = _shas(2200)
+    neighbour_graph([m[:2000]], shas[:2000], [0], 8, exact_below=0, folder=tmp_path, version="v")
+    stored = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    monkeypatch.setattr("tasks.curation.neighbours.DELTA_SCRATCH", 3000)  # 15 queries a block against 200 rows
+    batch = list(range(2000, 2200))  # 10% of the index: searched beside it
+    indexed = neighbour_graph([m], shas, batch + [3, 1999], 8, exact_below=0, folder=tmp_path, version="v")
+    exact = neighbour_graph([m], shas, batch + [3, 1999], 8, exact_below=10**9, folder=tmp_path, version="v")
+    for got, want in zip(indexed.ids[0].tolist(), exact.ids[0].tolist()):  # the delta's part is exact
+        assert {p for p in want if p >= 2000} <= set(got)
+    assert np.mean(indexed.ids[0] == exact.ids[0]) > 0.95  # the index's part: HNSW's recall on random rows
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == stored  # not grown, not rewritten
+    assert similar_pairs(indexed, 8, 0.99) == similar_pairs(exact, 8, 0.99)
+    assert {(a, b) for a, b, _ in similar_pairs(exact, 8, 0.999)} >= {(2170, 2180)}
+    assert ShaIndex.open(tmp_path, "v;view=0", 64).index.ntotal == 2000  # 200 rows: not more than 10% of 2,000
+    more = np.vstack([m, _unit_rows(1, seed=5)])
+    neighbour_graph([more], shas + _shas(1, "f"), [0], 8, exact_below=0, folder=tmp_path, version="v")
+    assert ShaIndex.open(tmp_path, "v;view=0", 64).index.ntotal == 2201  # 201: folded in, stored
+
+
 def test_a_local_lake_keeps_the_index_next_to_its_tables(tmp_path: Path) -> None:
     assert index_dir(str(tmp_path / "lake"), tmp_path / "env" / "reports") == tmp_path / "lake" / "curation_index"
     assert index_dir("s3://bucket/lake", tmp_path / "env" / "reports") == tmp_path / "env" / "curation_index"
@@ -140,3 +167,24 @@ def test_similar_pairs_in_arrays_are_the_pairs_found_one_by_one_in_the_same_orde
         graph = NeighbourGraph(queries, [ids], [rng.choice(steps, ids.shape).astype(np.float32)], "test")
         for k, threshold in ((1, 0.97), (width, 0.97), (width + 3, 0.5), (width, 0.99)):
             assert similar_pairs(graph, k, threshold) == _similar_pairs_one_by_one(graph, k, threshold)
+
+
+@pytest.mark.parametrize("scratch", [1, 40, 1 << 24])
+def test_the_delta_gives_each_query_its_exact_nearest_delta_rows_never_itself(
+        monkeypatch: pytest.MonkeyPatch, scratch: int) -> None:
+    from tasks.curation.neighbours import _Delta
+
+    monkeypatch.setattr("tasks.curation.neighbours.DELTA_SCRATCH", scratch)  # one query a block, a few, all
+    m = np.round(_unit_rows(60, dim=8, seed=6), 1)  # rounded: equal cosines are common
+    delta = _Delta(m, np.arange(30, 60))
+    queries = np.array([0, 31, 59, 5, 45])
+    for k in (1, 4, 29, 35):  # 35: more than the delta holds (29 others for a query in it)
+        ids, sims = delta.nearest(m[queries], queries, k)
+        assert ids.shape == (len(queries), min(k, 30))
+        for row, q in enumerate(queries.tolist()):
+            want = sorted(float(m[q] @ m[p]) for p in range(30, 60) if p != q)[::-1][:k]
+            got = [(p, s) for p, s in zip(ids[row].tolist(), sims[row].tolist()) if p >= 0]
+            assert q not in [p for p, _ in got] and len(got) == len(want)
+            np.testing.assert_allclose(sorted((s for _, s in got), reverse=True), want, atol=1e-6)
+            np.testing.assert_allclose([s for _, s in got], [float(m[q] @ m[p]) for p, _ in got], atol=1e-6)
+    assert _Delta(m, np.arange(0)).nearest(m[queries], queries, 5)[0].shape == (5, 0)
