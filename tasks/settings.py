@@ -183,8 +183,9 @@ class CurationSettings(_Section):
         "their cosine reaches near_duplicate_threshold (the same neighbour graph gives the copy candidates).")
     exact_search_below: int = Field(
         5000, ge=0, description="Eligible images below which neighbours come from an exact cosine product (numpy); from "
-        "there on from a faiss HNSW index per embedding version, stored next to the curated tables and extended with each "
-        "batch (tasks/curation/neighbours.py).")
+        "there on from a faiss HNSW index per embedding version, stored next to the curated tables; the eligible images it "
+        "lacks (a batch's) are searched exactly beside it until they are more than 10% of its rows, then added to it "
+        "(tasks/curation/neighbours.py).")
     copy_min_separation: float = Field(
         3.0, ge=0.0, description="Robust z of copy_similarity above a class's bulk (each image's -log(1 - copy score) to its "
         "nearest scored image of the class: (threshold - median) / lower spread) below which curation drops no near_duplicate "
