@@ -131,11 +131,13 @@ def read_assignments(settings: Settings, rows: RawRows) -> tuple[Record, int | N
     if head.metadata.get("split_salt") != settings.curation.split_salt:
         log.warning("curate: %s was written with another split_salt: starting a fresh assignment record", uri)
         return record, version
-    t = lake.read(uri, version)
-    text = {c: lake.interned(t.column(c)) for c in ("sha256", "component", "split", "run_id")}  # one object a value
-    for s, c, sp, v, r in zip(text["sha256"], text["component"], text["split"],
-                              t.column("first_raw_version").to_pylist(), text["run_id"]):
-        record.add(s, Assignment(c, sp, int(v), r))
+    # A block of rows at a time: read whole, the table and a Python list a column (every recorded image's) were held
+    # at once beside the record they fill (about 0.3 GB at a million images).
+    for t in lake.scan_blocks(uri, version, COMPONENTS_SCHEMA.names, lake.LOOKUP_BLOCK_ROWS):
+        text = {c: lake.interned(t.column(c)) for c in ("sha256", "component", "split", "run_id")}  # one object a value
+        for s, c, sp, v, r in zip(text["sha256"], text["component"], text["split"],
+                                  t.column("first_raw_version").to_pylist(), text["run_id"]):
+            record.add(s, Assignment(c, sp, int(v), r))
     return record, version
 
 
