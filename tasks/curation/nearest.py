@@ -155,7 +155,7 @@ def full_nearest(m: NearestMap, scores: CopyScores) -> NearestMap:
     return m
 
 
-def update_nearest(m: NearestMap, stored: pa.Table, scores: CopyScores) -> tuple[set[str], set[str]] | None:
+def update_nearest(m: NearestMap, stored: pa.Table | StoredRows, scores: CopyScores) -> tuple[set[str], set[str]] | None:
     """Fill ``m`` from the stored rows, the newly eligible images and the pairs scored now; (added, gone).
 
     None when a known image's label or pixels changed: the caller computes in full (``m`` is filled only after that
@@ -185,14 +185,27 @@ def update_nearest(m: NearestMap, stored: pa.Table, scores: CopyScores) -> tuple
     return {names[i] for i in added}, gone
 
 
-def _slices(stored: pa.Table, columns: list[str]) -> Iterator[list[list]]:
-    """The stored rows' ``columns`` as Python lists, ``WRITE_ROWS`` rows at a time (the sha256 interned)."""
-    for start in range(0, stored.num_rows, WRITE_ROWS):
-        part = stored.slice(start, WRITE_ROWS)
+@dataclass(frozen=True)
+class StoredRows:
+    """The stored summary at one version, read a block at a time for the columns a pass needs (read whole, its five
+    columns were held through the update: about 0.2 GB of Arrow at a million images)."""
+
+    uri: str
+    version: int
+
+    def blocks(self, columns: list[str]) -> Iterator[pa.Table]:
+        return lake.scan_blocks(self.uri, self.version, columns, WRITE_ROWS)
+
+
+def _slices(stored: pa.Table | StoredRows, columns: list[str]) -> Iterator[list[list]]:
+    """The stored rows' ``columns`` as Python lists, about ``WRITE_ROWS`` rows at a time (the sha256 interned)."""
+    parts = stored.blocks(columns) if isinstance(stored, StoredRows) else \
+        (stored.slice(start, WRITE_ROWS) for start in range(0, stored.num_rows, WRITE_ROWS))
+    for part in parts:
         yield [lake.interned(part.column(c)) if c == "sha256" else part.column(c).to_pylist() for c in columns]
 
 
-def _gone_if_same_facts(m: NearestMap, stored: pa.Table) -> set[str] | None:
+def _gone_if_same_facts(m: NearestMap, stored: pa.Table | StoredRows) -> set[str] | None:
     """The stored images not eligible now; None when a stored image that is eligible now has another label or pixel
     key than it was stored with."""
     gone: set[str] = set()
@@ -207,7 +220,7 @@ def _gone_if_same_facts(m: NearestMap, stored: pa.Table) -> set[str] | None:
     return gone
 
 
-def _place(m: NearestMap, stored: pa.Table, gone: set[str]) -> tuple[bytearray, list[int]]:
+def _place(m: NearestMap, stored: pa.Table | StoredRows, gone: set[str]) -> tuple[bytearray, list[int]]:
     """(by position: 1 where a stored row was placed; the placed rows whose nearest partner is ``gone``)."""
     known = bytearray(len(m.rows))
     orphans: list[int] = []
@@ -238,7 +251,7 @@ def nearest_map(uri: str, pairs_uri: str, rows: RawRows, pixels: PixelKeys, elig
     return m
 
 
-def _stored(uri: str, pairs_version: int | None) -> tuple[pa.Table, dict[str, str | None]] | None:
+def _stored(uri: str, pairs_version: int | None) -> tuple[StoredRows, dict[str, str | None]] | None:
     """(the stored rows, the run that wrote them) when written against ``pairs_version`` under this score config."""
     version = lake.current_version(uri)
     if version is None or pairs_version is None:
@@ -247,8 +260,7 @@ def _stored(uri: str, pairs_version: int | None) -> tuple[pa.Table, dict[str, st
     if head is None or head.metadata.get("score_config") != score_config() \
             or head.metadata.get("pairs_version") != str(pairs_version):
         return None
-    t = lake.read(uri, version, columns=["sha256", "label", "pixel_key", "nearest", "partner"])
-    return t, {k: head.metadata.get(k) for k in ("run_id", "raw_version")}
+    return StoredRows(uri, version), {k: head.metadata.get(k) for k in ("run_id", "raw_version")}
 
 
 def store_nearest(uri: str, nearest: NearestMap, pairs_version: int | None, metadata: dict) -> None:

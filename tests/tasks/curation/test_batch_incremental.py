@@ -43,7 +43,7 @@ def _scores(pairs: dict[tuple[str, str], float], fresh: dict[tuple[str, str], fl
     return scores
 
 
-def test_updated_nearest_equals_the_full_scan() -> None:
+def test_updated_nearest_equals_the_full_scan(tmp_path, monkeypatch) -> None:
     rng = random.Random(3)
     shas = [f"{i:04d}" for i in range(80)]
     label = {s: str(rng.randrange(3)) for s in shas}
@@ -75,6 +75,15 @@ def test_updated_nearest_equals_the_full_scan() -> None:
     relabelled = over(now, {**label, before[0]: "other"})
     assert update_nearest(relabelled, table, scores_now) is None
     assert all(math.isnan(v) for v in relabelled.score)  # untouched when the caller must compute in full
+    # The stored summary as a curation reads it: from its Delta table, a block of rows at a time, each pass its columns.
+    uri = str(tmp_path / "nearest")
+    lake.overwrite(uri, table, {"step": "test"})
+    monkeypatch.setattr(nearest_module, "WRITE_ROWS", 7)
+    streamed = over(now)
+    assert update_nearest(streamed, nearest_module.StoredRows(uri, lake.current_version(uri)), scores_now) == (added,
+                                                                                                             gone)
+    assert {m.rows.shas[i]: streamed.row(i) for i in streamed.positions().tolist()} == rows
+    assert streamed.changed == m.changed
 
 
 @pytest.fixture
