@@ -25,7 +25,7 @@ from tasks.curation import nearest as nearest_module
 from tasks.curation.copy_pairs import PAIRS_TABLE, CopyScores
 from tasks.curation.curate import _appended, _record_assignments, curate
 from tasks.curation.curation_features import feature_config
-from tasks.curation.nearest import NEAREST_TABLE, NearestMap, full_nearest, update_nearest
+from tasks.curation.nearest import NEAREST_TABLE, NearestMap, full_nearest, read_summary, update_nearest
 from tasks.curation.neighbours import index_dir
 from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.plan import KEPT_FACTS_SCHEMA, gallery_shas, plan_in_workdir, store_caches
@@ -60,7 +60,10 @@ def test_updated_nearest_equals_the_full_scan(tmp_path, monkeypatch) -> None:
 
     prior = full_nearest(over(before),
                          _scores({p: v for p, v in stored.items() if p[0] in before and p[1] in before}, {}))
-    table = nearest_module._table(prior, prior.positions().tolist())  # the summary the previous curation stored
+    table = nearest_module._table(prior, prior.positions().tolist(), 1)  # the summary the previous curation stored
+    # beside older rows (written at 0, as an earlier curation left them), which a newer row of the image supersedes
+    table = pa.concat_tables([nearest_module._table(full_nearest(over(before), _scores({}, {})),
+                                                    prior.positions().tolist()[::3], 0), table])
     scores_now = _scores({p: v for p, v in stored.items() if p[0] in now and p[1] in now},
                          {p: v for p, v in fresh.items() if p[0] in now and p[1] in now})
     m = over(now)
@@ -116,7 +119,8 @@ def _tables(settings, result) -> dict[str, list]:
         return sorted(zip(*(t.column(c).to_pylist() for c in cols)))
     return {"outcome": sorted(outcome(settings, result).items()),
             "record": rows(settings.table_uri(COMPONENTS_TABLE), ["sha256", "component", "split", "first_raw_version"]),
-            "nearest": rows(settings.table_uri(NEAREST_TABLE), ["sha256", "label", "pixel_key", "nearest"]),
+            "nearest": sorted(zip(*(read_summary(settings.table_uri(NEAREST_TABLE)).column(c).to_pylist()
+                                    for c in ["sha256", "label", "pixel_key", "nearest"]))),
             "pairs": rows(settings.table_uri(PAIRS_TABLE), ["sha256_a", "sha256_b", "score"])}
 
 

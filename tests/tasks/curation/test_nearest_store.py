@@ -32,3 +32,72 @@ def test_a_full_rewrite_stores_every_row_in_sha_order_block_by_block(
         (f"c{i % 3}", f"p{i}", None if i % 4 == 0 else i / 10, None if i % 4 == 0 else f"{i + 1:064x}") for i in range(20)]
     assert lake.commit_at(uri, version).metadata["pairs_version"] == "5"  # one commit, stamped
     assert version == 0
+
+
+def _map(shas: list[str], eligible: list[str], version: int = 5) -> NearestMap:
+    rows = RawRows.of(RawFacts(s, "c0", 32, 32) for s in shas)
+    return NearestMap.over(rows, PixelKeys.of(rows.at, [f"p{s[-2:]}" for s in rows.shas]), eligible, version)
+
+
+def test_a_batch_appends_its_changed_rows_and_a_marker_for_each_image_gone_and_the_newest_row_counts(
+        tmp_path: Path) -> None:
+    shas = [f"{i:064x}" for i in range(12)]
+    uri = str(tmp_path / "curation_nearest")
+    first = _map(shas, shas[:10])
+    for i in range(10):
+        first.score[i], first.partner[i] = i / 100, (i + 1) % 10
+    store_nearest(uri, first, 5, {"run_id": "r1"})
+    files = set(lake.open_table(uri).file_uris())
+    batch = _map(shas, shas[1:12], 6)  # 0 left, 10 and 11 joined, 4 changed
+    stored = nearest._stored(uri, 5)[0]
+    assert stored.rows == 10
+    added, gone = nearest.update_nearest(batch, stored, _no_scores())
+    assert (added, gone) == ({shas[10], shas[11]}, {shas[0]}) and batch.left == [(shas[0], "c0", "p00")]
+    batch.score[4], batch.partner[4] = 0.9, 5
+    batch.changed.add(4)
+    batch.full, batch.stored_rows = False, stored.rows
+    store_nearest(uri, batch, 6, {"run_id": "r2"})
+    table = lake.open_table(uri)
+    assert files < set(table.file_uris())  # appended: no stored file rewritten
+    # 4; 9, whose nearest partner left; 10 and 11; 0's marker
+    assert lake.commit_at(uri, table.version()).metadata["rows_stored"] == str(10 + 5)
+    summary = {r["sha256"]: (r["nearest"], r["partner"]) for r in nearest.read_summary(uri).to_pylist()}
+    assert set(summary) == set(shas[1:12]) and summary[shas[4]] == (0.9, shas[5]) and summary[shas[3]] == (0.03, shas[4])
+    assert summary[shas[9]] == (None, None)  # no scored partner left
+    again = _map(shas, shas[1:12], 6)  # the next curation reads the newest rows: nothing new
+    assert nearest.update_nearest(again, nearest._stored(uri, 6)[0], _no_scores()) == (set(), set())
+    assert again.left == [] and again.score[4] == 0.9
+
+
+def test_the_summary_is_written_whole_when_its_older_rows_would_pass_the_compact_factor_or_it_predates_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+
+    shas = [f"{i:064x}" for i in range(6)]
+    uri = str(tmp_path / "curation_nearest")
+    legacy = pa.table({"sha256": shas, "label": ["c0"] * 6, "pixel_key": [f"p{s[-2:]}" for s in shas],
+                       "nearest": [0.5] * 6, "partner": [shas[(i + 1) % 6] for i in range(6)]})
+    lake.overwrite(uri, legacy, {"step": "curate_nearest", "score_config": nearest.score_config(),
+                                 "pairs_version": "5"})
+    stored = nearest._stored(uri, 5)[0]
+    assert stored.rows is None  # written before the row count: read as each image's one row, then written whole
+    m = _map(shas, shas)
+    assert nearest.update_nearest(m, stored, _no_scores()) == (set(), set()) and list(m.score) == [0.5] * 6
+    m.changed, m.stored_rows = {0}, stored.rows
+    store_nearest(uri, m, 5, {"run_id": "r"})
+    assert lake.read(uri, lake.current_version(uri)).num_rows == 6 and nearest._stored(uri, 5)[0].rows == 6
+    monkeypatch.setattr(nearest, "COMPACT_FACTOR", 1.5)
+    for step, changed in ((6, {0, 1, 2}), (7, {3, 4})):  # 6 + 3 <= 9 appended; 9 + 2 > 9: whole
+        m = _map(shas, shas, step)
+        nearest.update_nearest(m, nearest._stored(uri, step - 1)[0], _no_scores())
+        m.changed, m.stored_rows, m.full = changed, nearest._stored(uri, step - 1)[0].rows, False
+        store_nearest(uri, m, step, {"run_id": "r"})
+        table = lake.read(uri, lake.current_version(uri))
+        assert table.num_rows == (9 if step == 6 else 6)
+    assert len(nearest.read_summary(uri)) == 6
+
+
+def _no_scores():
+    from tasks.curation.copy_pairs import CopyScores
+
+    return CopyScores(lambda sha: b"", stored={})
