@@ -234,3 +234,29 @@ def test_a_snapshot_that_holds_the_component_is_written_whole_once_then_batches_
     # From now on a batch that keeps every stored row as it is appends: nothing in the table asks for a rewrite.
     facts = lake.read(uri, migrated.curated_version, columns=KEPT_FACTS_SCHEMA.names)
     assert _appended(lake.open_table(uri), facts).num_rows == 0
+
+
+def test_a_second_batch_over_an_appended_summary_decides_as_a_full_recomputation(batch_home, tmp_path) -> None:
+    """The first batch appends to the nearest summary (an image's newer row beside its older one); the next batch
+    reads each image's newest row and decides as a curation that rescans every image's pairs."""
+    home, raw2 = batch_home
+    settings = _copy(home, tmp_path / "twice")
+    uri = settings.table_uri(NEAREST_TABLE)
+    files = set(lake.open_table(uri).file_uris())
+    curate(settings, raw2, run_id="c2", logical_date="2026-11-22")
+    head = lake.commit_at(uri, lake.current_version(uri))
+    assert files < set(lake.open_table(uri).file_uris())  # appended
+    assert int(head.metadata["rows_stored"]) > len(read_summary(uri)) == 462  # older rows of changed images too
+    third = tmp_path / "third"
+    for i in range(460, 500):
+        plant(third, f"e{i:04d}.png", LABELS[i], encode(Image.fromarray(IMAGES[i], mode="L"), "PNG", optimize=False))
+    raw3 = ingest_landing(settings, run_id="i3", logical_date="2026-11-23", landing=third).raw_version
+    full_settings = _copy(settings.home, tmp_path / "third_full")
+    shutil.rmtree(Path(full_settings.table_uri(NEAREST_TABLE)))  # no summary: the full scan
+    full = curate(full_settings, raw3, run_id="c3", logical_date="2026-11-23")
+    batch = curate(settings, raw3, run_id="c3", logical_date="2026-11-23")
+    assert _tables(settings, batch) == _tables(full_settings, full)
+    ours, theirs = _report_decisions(batch), _report_decisions(full)  # the batch reuses components the rescan walks:
+    assert [(a["rule"], a["label"]) for a in ours.pop("abstained")] == \
+        [(a["rule"], a["label"]) for a in theirs.pop("abstained")]  # the same classes abstain, worded for each
+    assert ours == theirs
