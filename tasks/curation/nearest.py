@@ -3,8 +3,8 @@
 The class separation test (``tasks.curation.separation``) needs, for every eligible image, its
 highest copy score to another eligible image of its label with other pixels (its "nearest"). Found
 by scanning every image's scored partners, that is a cost per table on every batch. So the
-``curation_nearest`` table keeps one row per eligible image of the last curation (sha256, label,
-pixel key, nearest score, the partner that gave it), and a curation only applies what can change it:
+``curation_nearest`` table keeps, as its newest row, one row per eligible image of the last curation (sha256,
+label, pixel key, nearest score, the partner that gave it), and a curation only applies what can change it:
 
 * images that became eligible get their nearest from their own scored partners (stored or new);
 * their pairs, and every pair scored now, raise the nearest of the other image when higher;
