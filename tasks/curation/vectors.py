@@ -113,15 +113,12 @@ class VectorFile:
             out.seek(end)
             try:
                 _write_rows(out, self.path.name, width, new, blocks)
-                out.flush()
-                os.fsync(out.fileno())  # the rows on disk before the header counts them
-            except BaseException:
+                out.flush()  # the rows written before the header counts them (no fsync: as every write here, a
+            except BaseException:  # crashed process's writes stand in the page cache; a lost machine rebuilds)
                 out.truncate(end)
                 raise
             out.seek(0)
             out.write(header)
-            out.flush()
-            os.fsync(out.fileno())
         return True
 
     def _append_by_copy(self, new: int, blocks: Iterator[np.ndarray]) -> None:
