@@ -233,9 +233,10 @@ def _indexed(matrix: Any, eligible: Sequence[str], asked: Keys, q: np.ndarray, k
     delta = _Delta(matrix, unindexed)
     for start in range(0, len(q), RANK_BLOCK):
         rows = q[start:start + RANK_BLOCK]
-        found = [delta.nearest(matrix[rows], rows, k)]
+        queries = matrix[rows]  # gathered from the mapped file once a block, for both searches
+        found = [delta.nearest(queries, rows, k)]
         if index.index.ntotal:
-            ids, sims = index.search(matrix[rows], k + 1 + SEARCH_SLACK)
+            ids, sims = index.search(queries, k + 1 + SEARCH_SLACK)
             found.append((_positions(at, ids), sims))
         yield rows, _ranked_positions(rows, np.concatenate([p for p, _ in found], axis=1),
                                       np.concatenate([s for _, s in found], axis=1), k)[0]
