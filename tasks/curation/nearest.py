@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tasks.curation.copy_pairs import CopyScores, score_config
 from tasks.curation.pixel_keys import PixelKeys, token
@@ -384,14 +383,10 @@ def _left_table(left: list[tuple[str, str, str]], written: int) -> pa.Table:
 
 
 def read_summary(uri: str, version: int | None = None) -> pa.Table:
-    """The summary as a curation reads it: each image's newest row, where the image was eligible (for tests and
-    tools: read whole; a curation reads it a block at a time, ``StoredRows``)."""
+    """The summary as a curation reads it: each image's newest row, where the image was eligible, in sha256 order
+    (for tests and tools: read whole; a curation reads it a block at a time, ``StoredRows``)."""
     version = lake.current_version(uri) if version is None else version
-    stored = _with_legacy(lake.read(uri, version), NEAREST_SCHEMA.names)
-    order = pc.sort_indices(stored, sort_keys=[("sha256", "ascending"), ("written", "descending")])
-    stored = stored.take(order)
-    shas = stored.column("sha256")
-    first = pc.not_equal(shas.slice(1), shas.slice(0, len(shas) - 1)) if len(shas) > 1 else pa.array([], pa.bool_())
-    newest = pa.concat_arrays([pa.array([True] * min(len(shas), 1)), *[c for c in pa.chunked_array(first).chunks]])
-    stored = stored.filter(newest)
-    return stored.filter(stored.column("eligible")).select(NEAREST_SCHEMA.names[:5])
+    rows = _with_legacy(lake.read(uri, version), NEAREST_SCHEMA.names).to_pylist()
+    newest = {r["sha256"]: r for r in sorted(rows, key=lambda r: r["written"])}
+    schema = pa.schema([NEAREST_SCHEMA.field(name) for name in NEAREST_SCHEMA.names[:5]])
+    return pa.Table.from_pylist([r for _, r in sorted(newest.items()) if r["eligible"]], schema=schema)

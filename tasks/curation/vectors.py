@@ -64,9 +64,9 @@ class VectorFile:
             try:
                 array = np.load(path, mmap_mode="r")
             except (ValueError, EOFError, OSError):  # not an array (a torn write): no row of it is read, rebuilt
-                array = np.zeros((0, 0), dtype=np.uint8)
+                array = None
             shas = ShaList.read(shas_path)
-            if array.dtype == np.float32 and array.ndim == 2 and array.shape[0] >= len(shas):
+            if array is not None and array.dtype == np.float32 and array.ndim == 2 and array.shape[0] >= len(shas):
                 # Rows past the list: an append that wrote its rows and the header, not its list (not committed).
                 return cls(path, shas, array if array.shape[0] == len(shas) else array[:len(shas)])
             log.warning("curate: vector file %s does not match its sha list: rebuilt", path.name)
