@@ -44,13 +44,14 @@ EXACT_BELOW = 10**9  # exact_search_below for the exact mode: above any size her
 def _decisions(settings, raw_version: int, report_path: str) -> dict:
     """sha256 -> [split, component] of the kept images, -> [reason, kept image] of the dropped ones and
     -> [kept image] of the possible copies (kept where the class abstained), for one raw version."""
+    from tasks.curation.assignments import read_record
     from tasks.curation.tables import COMPONENTS_TABLE, REPORT_TABLE
     from tasks.data import lake
 
     head = lake.commit_at(settings.curated_table, lake.current_version(settings.curated_table))
     curated = lake.read(settings.curated_table, head.version, columns=["sha256", "split"])
-    record = lake.read(settings.table_uri(COMPONENTS_TABLE), int(head.metadata["components_version"]),
-                       columns=["sha256", "component"])  # the kept images' components, as the commit names them
+    record = read_record(settings.table_uri(COMPONENTS_TABLE), int(head.metadata["components_version"])
+                         ).select(["sha256", "component"])  # the kept images' components, as the commit names them
     component = dict(zip(record.column("sha256").to_pylist(), record.column("component").to_pylist()))
     report = lake.read(settings.table_uri(REPORT_TABLE), lake.current_version(settings.table_uri(REPORT_TABLE)),
                        columns=["raw_version", "sha256", "reason", "kept_sha256"])

@@ -24,6 +24,8 @@ from tasks.data import lake
 from tasks.settings import Settings
 
 log = logging.getLogger("tasks.curation.curate")  # one logger for the whole curation, as before the split
+WRITE_ROWS = 65_536  # rows built and written at a time
+COMPACT_FACTOR = 2  # the record is written whole once its rows (an image's older rows included) pass this x its images
 
 class Assignment(NamedTuple):
     """One row of the assignment record: where an image went when curation first saw it.
@@ -55,8 +57,8 @@ class Record(Mapping[str, Assignment]):
     Every curation reads the whole record. As a map of named tuples it took about 118 bytes an image beside the
     sha256 (bench/README.md, run 22). Here an image of the raw version is its position in the raw rows
     (``tables.RawRows``, whose map from sha256 to position it shares): its component (a string the record shares),
-    a split code, a run code and its first raw version, 21 bytes. A recorded image that is not in the raw version
-    keeps a named tuple in a map of its own. A lookup builds the image's tuple.
+    a split code, a run code, its first raw version and the version its row was written at, 25 bytes. A recorded image
+    that is not in the raw version keeps a named tuple in a map of its own. A lookup builds the image's tuple.
     """
 
     def __init__(self, rows: RawRows) -> None:
@@ -69,16 +71,24 @@ class Record(Mapping[str, Assignment]):
         self.splits: list[str] = []
         self.runs: list[str] = []
         self._codes: tuple[dict[str, int], dict[str, int]] = ({}, {})  # split, run id -> its code
+        self.written = array("i", bytes(4 * n))  # the table version each row was written at (its newest counts)
         self.others: dict[str, Assignment] = {}  # recorded images not in the raw version
+        self.others_written: dict[str, int] = {}
         self.known = 0  # raw rows recorded
+        self.stored_rows: int | None = None  # rows of the table read (older rows included); None: write it whole
 
-    def add(self, sha: str, a: Assignment) -> None:
-        """Record ``a`` for ``sha`` (a sha256 given twice: the later)."""
+    def add(self, sha: str, a: Assignment, written: int = 0) -> None:
+        """Record ``a`` for ``sha``, written at table version ``written`` (a sha256 given twice: the newer row, of
+        two written at once the later)."""
         i = self.rows.at.get(sha)
         if i is None:
-            self.others[sha] = a
+            if written >= self.others_written.get(sha, written):
+                self.others[sha], self.others_written[sha] = a, written
+            return
+        if self.split[i] and written < self.written[i]:
             return
         self.known += not self.split[i]
+        self.written[i] = written
         self.component[i], self.first[i] = a.component, a.first_raw_version
         self.split[i] = 1 + _code(self.splits, self._codes[0], a.split)
         self.run[i] = _code(self.runs, self._codes[1], a.run_id)
@@ -133,22 +143,91 @@ def read_assignments(settings: Settings, rows: RawRows) -> tuple[Record, int | N
         return record, version
     # A block of rows at a time: read whole, the table and a Python list a column (every recorded image's) were held
     # at once beside the record they fill (about 0.3 GB at a million images).
-    for t in lake.scan_blocks(uri, version, COMPONENTS_SCHEMA.names, lake.LOOKUP_BLOCK_ROWS):
+    stored = 0
+    for t in _blocks(uri, version):
         text = {c: lake.interned(t.column(c)) for c in ("sha256", "component", "split", "run_id")}  # one object a value
-        for s, c, sp, v, r in zip(text["sha256"], text["component"], text["split"],
-                                  t.column("first_raw_version").to_pylist(), text["run_id"]):
-            record.add(s, Assignment(c, sp, int(v), r))
+        for s, c, sp, v, r, w in zip(text["sha256"], text["component"], text["split"],
+                                     t.column("first_raw_version").to_pylist(), text["run_id"],
+                                     t.column("written").to_pylist()):
+            record.add(s, Assignment(c, sp, int(v), r), w)
+        stored += t.num_rows
+    record.stored_rows = stored if _has_written(uri, version) else None  # a table without it is written whole once
     return record, version
 
 
-def record_table(assignments: Mapping[str, Assignment]) -> pa.Table:
-    shas = sorted(assignments)
+def _has_written(uri: str, version: int) -> bool:
+    return "written" in pa.schema(lake.open_table(uri, version).schema().to_arrow()).names
+
+
+def _blocks(uri: str, version: int) -> Iterator[pa.Table]:
+    """The stored rows a block at a time; a table written before the ``written`` column: each image's one row,
+    written at 0."""
+    legacy = not _has_written(uri, version)
+    columns = [c for c in COMPONENTS_SCHEMA.names if not (legacy and c == "written")]
+    for t in lake.scan_blocks(uri, version, columns, lake.LOOKUP_BLOCK_ROWS):
+        yield t.append_column("written", pa.array([0] * t.num_rows, pa.int64())) if legacy else t
+
+
+def read_record(uri: str, version: int) -> pa.Table:
+    """The record as a curation reads it: each image's newest row, in sha256 order, without ``written`` (for tests and
+    tools, read whole; a curation reads it a block at a time, ``read_assignments``)."""
+    newest: dict[str, tuple[int, dict[str, Any]]] = {}
+    for t in _blocks(uri, version):
+        for row in t.to_pylist():
+            w = row.pop("written")
+            if w >= newest.get(row["sha256"], (w,))[0]:
+                newest[row["sha256"]] = (w, row)
+    schema = pa.schema([f for f in COMPONENTS_SCHEMA if f.name != "written"])
+    return pa.Table.from_pylist([newest[s][1] for s in sorted(newest)], schema=schema)
+
+
+def record_table(assignments: Mapping[str, Assignment], written: int, shas: Sequence[str] | None = None) -> pa.Table:
+    """The rows of ``shas`` (every image's when None, sorted), stamped as written at table version ``written``."""
+    shas = sorted(assignments) if shas is None else shas
     rows = [assignments[s] for s in shas]
     return pa.table(
         {"sha256": shas, "component": [a.component for a in rows], "split": [a.split for a in rows],
-         "first_raw_version": [a.first_raw_version for a in rows], "run_id": [a.run_id for a in rows]},
+         "first_raw_version": [a.first_raw_version for a in rows], "run_id": [a.run_id for a in rows],
+         "written": [written] * len(shas)},
         schema=COMPONENTS_SCHEMA,
     )
+
+
+def store_record(uri: str, after: RecordAfter, changes: set[str] | None, metadata: dict[str, Any]) -> int | None:
+    """Append the rows this curation added or renamed (``changes``) in one commit, each stamped with the version it
+    makes; write the record whole when it starts afresh (``changes`` None), when the table read predates the stamp, or
+    when its rows would pass ``COMPACT_FACTOR`` times its images. Returns the version written, None for no rows.
+
+    Appended, not MERGEd: a MERGE rewrote every file holding a changed row (a batch's new images, spread over the
+    sha256 order, reach all of them: at a million images +312 MB resident and the whole table rewritten, every batch).
+    """
+    stored = after.record.stored_rows if isinstance(after.record, Record) else None
+    if changes is None or stored is None or stored + len(changes) > COMPACT_FACTOR * max(len(after), 1):
+        return _overwrite(uri, after, metadata)
+    if not changes:
+        return None
+    shas = sorted(changes)
+
+    def attempt(_: int) -> int | None:
+        table = lake.open_table(uri)  # the version this commit makes: another commit first refuses it (re-planned)
+        rows = record_table(after, table.version() + 1, shas)
+        return lake.append_stream(uri, rows.to_reader(WRITE_ROWS), metadata, table)[0]
+
+    return lake.retry_on_conflict(attempt, f"append to {uri}")
+
+
+def _overwrite(uri: str, after: Mapping[str, Assignment], metadata: dict[str, Any]) -> int:
+    """Every image's row in sha256 order, built ``WRITE_ROWS`` at a time (at a million images the table's columns
+    built at once were about 0.2 GB)."""
+    shas = sorted(after)
+    current = lake.current_version(uri)
+    written = 0 if current is None else current + 1
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for start in range(0, len(shas), WRITE_ROWS):
+            yield from record_table(after, written, shas[start:start + WRITE_ROWS]).to_batches()
+
+    return lake.overwrite_stream(uri, COMPONENTS_SCHEMA, batches, metadata)
 
 
 @dataclass(frozen=True)
@@ -192,7 +271,7 @@ class RecordAfter(Mapping[str, Assignment]):
     """The record after a curation: the record read, with the rows this curation added or renamed (``changes``) laid
     over it. Not a copy of the record: that was a second map of every recorded image on every batch."""
 
-    def __init__(self, record: dict[str, Assignment], changes: dict[str, Assignment]) -> None:
+    def __init__(self, record: Record | dict[str, Assignment], changes: dict[str, Assignment]) -> None:
         self.record, self.changes = record, changes
 
     def __getitem__(self, sha: str) -> Assignment:

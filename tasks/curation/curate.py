@@ -99,7 +99,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.curation.assignments import record_table
+from tasks.curation.assignments import store_record
 from tasks.curation.curation_features import feature_config, write_galleries
 from tasks.curation.plan import Plan, gallery_shas, plan_in_workdir, snapshot_batches, store_caches
 from tasks.curation.report import (
@@ -193,17 +193,15 @@ def _record_assignments(settings: Settings, plan: Plan, base_meta: dict[str, Any
     """The assignment record version this curation uses; a changed record is written first.
 
     Before the snapshot: a retry after a crash re-plans against this record. Only the rows this
-    curation added or renamed are written (one MERGE commit), unless the record starts afresh.
+    curation added or renamed are appended (one commit), unless the record is written whole
+    (``assignments.store_record``).
     """
     components_uri = settings.table_uri(COMPONENTS_TABLE)
     if not plan.record_changed:
         return lake.current_version(components_uri)
     metadata = {**base_meta, "step": "curate_components", "split_salt": settings.curation.split_salt,
                 "new_images": plan.new_images}
-    if plan.record_changes is None:
-        return lake.overwrite(components_uri, record_table(plan.assignments), metadata)
-    changed = record_table({s: plan.assignments[s] for s in plan.record_changes})
-    version = lake.upsert_rows(components_uri, changed, "sha256", metadata)
+    version = store_record(components_uri, plan.assignments, plan.record_changes, metadata)
     return version if version is not None else lake.current_version(components_uri)
 
 

@@ -22,7 +22,8 @@ REPORT_TABLE = "curation_report"
 
 # The curated snapshot holds only what never changes once an image is kept, so a batch appends to it. An image's
 # component (whose key a later merge renames) is in the assignment record, at the version the snapshot's commit
-# names (``components_version``): joined on sha256 it gives each kept row's component.
+# names (``components_version``): joined on sha256 (each image's newest row, ``assignments.read_record``) it gives each
+# kept row's component.
 CURATED_SCHEMA = pa.schema(
     [
         pa.field("sha256", pa.string(), nullable=False),
@@ -41,6 +42,9 @@ COMPONENTS_SCHEMA = pa.schema(
         pa.field("split", pa.string(), nullable=False),
         pa.field("first_raw_version", pa.int64(), nullable=False),
         pa.field("run_id", pa.string(), nullable=False),  # the curation that first assigned it
+        # The table version the row was written at: an image's newest row is its row (a batch appends the rows it adds
+        # or renames; ``assignments.read_record``). A table written before this column holds each image's one row.
+        pa.field("written", pa.int64(), nullable=False),
     ]
 )
 

@@ -58,7 +58,9 @@ def plant(landing: Path, name: str, label: int, data: bytes) -> str:
 
 def components(settings, version: int) -> dict[str, dict]:
     """sha256 -> assignment row of the curation_components table at ``version``."""
-    return {r["sha256"]: r for r in lake.read(settings.table_uri(COMPONENTS_TABLE), version).to_pylist()}
+    from tasks.curation.assignments import read_record
+
+    return {r["sha256"]: r for r in read_record(settings.table_uri(COMPONENTS_TABLE), version).to_pylist()}
 
 
 def outcome(settings, result) -> dict[str, dict]:

@@ -56,7 +56,7 @@ def test_the_record_after_a_curation_lays_its_rows_over_the_record_read_without_
     assert after["a"] is record["a"] and after["b"] == changes["b"] and after["d"] == changes["d"]
     assert after.changed() == {"b", "d"}
     assert "x" not in after and after.get("x") is None
-    assert record_table(after).column("component").to_pylist() == ["a", "a", "a", "a"]
+    assert record_table(after, 0).column("component").to_pylist() == ["a", "a", "a", "a"]
     assert record == {"a": Assignment("a", "train", 0, "r0"), "b": Assignment("b", "val", 0, "r0"),
                       "c": Assignment("a", "train", 0, "r0")}  # the record read is left as it was
 
@@ -76,3 +76,80 @@ def test_the_record_by_the_raw_rows_positions_reads_as_the_map_it_replaces():
     assert record.get("a") is None and record["d"] == Assignment("k1", "val", 2, "c2")
     after = RecordAfter(record, {"a": Assignment("k1", "val", 4, "c4")})
     assert dict(after) == {**expected, "a": Assignment("k1", "val", 4, "c4")} and after.changed() == {"a"}
+
+
+def test_an_images_newest_row_counts_in_whatever_order_the_rows_are_read():
+    from tasks.curation.assignments import Record
+
+    rows = RawRows.of(RawFacts(s, "7", 32, 32) for s in ("a", "b"))
+    record = Record(rows)
+    record.add("a", Assignment("k2", "train", 1, "c2"), 2)
+    record.add("a", Assignment("k1", "train", 1, "c1"), 1)  # older, read after
+    record.add("z", Assignment("k2", "test", 1, "c2"), 2)
+    record.add("z", Assignment("k1", "test", 1, "c1"), 1)
+    assert record["a"].component == "k2" and record["z"].component == "k2" and len(record) == 2
+
+
+def _stored(uri: str, rows: list[str]):
+    """The record read from ``uri`` as a curation reads it (over the raw rows ``rows``)."""
+    from types import SimpleNamespace
+
+    from tasks.curation.assignments import read_assignments
+
+    settings = SimpleNamespace(table_uri=lambda name: uri, curation=SimpleNamespace(split_salt="s"))
+    return read_assignments(settings, RawRows.of(RawFacts(s, "7", 32, 32) for s in rows))
+
+
+def test_a_batch_appends_its_rows_and_a_rename_is_a_newer_row(tmp_path):
+    from tasks.curation.assignments import read_record, store_record
+    from tasks.data import lake
+    from tests.factories.curation import files_removed
+
+    uri, meta = str(tmp_path / "curation_components"), {"split_salt": "s"}
+    first = {s: Assignment(s, "train", 1, "c1") for s in "abcd"}
+    store_record(uri, RecordAfter(_stored(uri, list("abcd"))[0], first), None, meta)
+    record, _ = _stored(uri, list("abcdef"))
+    assert record.stored_rows == 4 and dict(record) == first
+    changes = {"e": Assignment("a", "train", 2, "c2"), "f": Assignment("a", "train", 2, "c2"),
+               "c": Assignment("a", "train", 1, "c1"), "d": Assignment("a", "train", 1, "c1")}  # c, d renamed to a
+    version = store_record(uri, RecordAfter(record, changes), set(changes), meta)
+    assert files_removed(uri, version) == 0 and lake.read(uri, version).num_rows == 8  # appended: a, b untouched
+    expected = {**first, **changes}
+    assert {r["sha256"]: r["component"] for r in read_record(uri, version).to_pylist()} == \
+        {s: a.component for s, a in expected.items()}
+    again, _ = _stored(uri, list("abcdef"))
+    assert dict(again) == expected and again.stored_rows == 8
+    assert store_record(uri, RecordAfter(again, {}), set(), meta) is None  # nothing changed: nothing written
+
+
+def test_the_record_is_written_whole_when_its_older_rows_pass_the_compact_factor(tmp_path):
+    from tasks.curation.assignments import COMPACT_FACTOR, store_record
+    from tasks.data import lake
+
+    uri, meta = str(tmp_path / "curation_components"), {"split_salt": "s"}
+    store_record(uri, RecordAfter(_stored(uri, ["a", "b"])[0], {s: Assignment(s, "train", 1, "c1") for s in "ab"}),
+                 None, meta)
+    for n in range(2, 2 + 2 * COMPACT_FACTOR):  # "b" renamed again and again: an older row each time
+        record, _ = _stored(uri, ["a", "b"])
+        version = store_record(uri, RecordAfter(record, {"b": Assignment(f"k{n}", "train", 1, "c1")}), {"b"}, meta)
+        assert lake.read(uri, version).num_rows <= COMPACT_FACTOR * 2
+    assert dict(_stored(uri, ["a", "b"])[0])["b"].component == f"k{1 + 2 * COMPACT_FACTOR}"
+
+
+def test_a_record_written_before_the_written_column_is_read_and_then_written_whole_once(tmp_path):
+    import pyarrow as pa
+
+    from tasks.curation.assignments import store_record
+    from tasks.curation.tables import COMPONENTS_SCHEMA
+    from tasks.data import lake
+
+    uri, meta = str(tmp_path / "curation_components"), {"split_salt": "s"}
+    legacy = pa.schema([f for f in COMPONENTS_SCHEMA if f.name != "written"])
+    lake.overwrite(uri, pa.Table.from_pylist([{"sha256": "a", "component": "a", "split": "val",
+                                               "first_raw_version": 1, "run_id": "c1"}], schema=legacy), meta)
+    record, _ = _stored(uri, ["a", "b"])
+    assert dict(record) == {"a": Assignment("a", "val", 1, "c1")} and record.stored_rows is None
+    version = store_record(uri, RecordAfter(record, {"b": Assignment("b", "test", 2, "c2")}), {"b"}, meta)
+    table = lake.read(uri, version)
+    assert table.schema.names == COMPONENTS_SCHEMA.names and table.column("sha256").to_pylist() == ["a", "b"]
+    assert _stored(uri, ["a", "b"])[0].stored_rows == 2  # from now on a batch appends

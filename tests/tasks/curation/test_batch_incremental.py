@@ -22,6 +22,7 @@ import pytest
 from PIL import Image, ImageEnhance
 
 from tasks.curation import nearest as nearest_module
+from tasks.curation.assignments import read_record
 from tasks.curation.copy_pairs import PAIRS_TABLE, CopyScores
 from tasks.curation.curate import _appended, _record_assignments, curate
 from tasks.curation.curation_features import feature_config
@@ -112,13 +113,19 @@ def _copy(home: Path, to: Path):
     return load_settings("sit", home=to)
 
 
+def _record(settings) -> list:
+    uri = settings.table_uri(COMPONENTS_TABLE)
+    t = read_record(uri, lake.current_version(uri))
+    return list(zip(*(t.column(c).to_pylist() for c in ["sha256", "component", "split", "first_raw_version"])))
+
+
 def _tables(settings, result) -> dict[str, list]:
     """What a curation leaves behind: decisions, the record, the summary (without run ids)."""
     def rows(uri: str, cols: list[str]) -> list:
         t = lake.read(uri, lake.current_version(uri), columns=cols)
         return sorted(zip(*(t.column(c).to_pylist() for c in cols)))
     return {"outcome": sorted(outcome(settings, result).items()),
-            "record": rows(settings.table_uri(COMPONENTS_TABLE), ["sha256", "component", "split", "first_raw_version"]),
+            "record": _record(settings),
             "nearest": sorted(zip(*(read_summary(settings.table_uri(NEAREST_TABLE)).column(c).to_pylist()
                                     for c in ["sha256", "label", "pixel_key", "nearest"]))),
             "pairs": rows(settings.table_uri(PAIRS_TABLE), ["sha256_a", "sha256_b", "score"])}
@@ -218,7 +225,7 @@ def test_a_snapshot_that_holds_the_component_is_written_whole_once_then_batches_
     uri = old_settings.curated_table
     head = lake.commit_at(uri, lake.current_version(uri))
     snapshot = lake.read(uri, head.version)
-    record = lake.read(old_settings.table_uri(COMPONENTS_TABLE), int(head.metadata["components_version"]))
+    record = read_record(old_settings.table_uri(COMPONENTS_TABLE), int(head.metadata["components_version"]))
     component = dict(zip(record.column("sha256").to_pylist(), record.column("component").to_pylist()))
     lake.overwrite(uri, snapshot.add_column(4, "component", pa.array(
         [component[s] for s in snapshot.column("sha256").to_pylist()], pa.string())), head.metadata)

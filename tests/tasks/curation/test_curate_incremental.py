@@ -15,6 +15,7 @@ from tasks.curation.assignments import split_for
 from tasks.curation.copy_score import copy_score, copy_signature
 from tasks.curation.curate import curate
 from tasks.curation.curation_features import pixel_embedding
+from tasks.curation.tables import COMPONENTS_TABLE
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
 from tasks.data.sample_data import write_digits
@@ -171,6 +172,10 @@ def test_new_batch_moves_no_recorded_image_and_embeds_only_new_ones(settings, tm
     assert all(r["split"] == split_for(rec2[r["sha256"]]["component"], cfg.split_salt, ratios) for r in rows)
     # The merge renamed a component in the record only: the snapshot kept its rows and got the batch's appended.
     assert files_removed(second.curated_table, second.curated_version) == 0
+    # ... and the record got the batch's rows and the renamed ones appended, each image's newest row its row.
+    components_uri = settings.table_uri(COMPONENTS_TABLE)
+    assert files_removed(components_uri, second.components_version) == 0
+    assert lake.read(components_uri, second.components_version).num_rows > len(rec2)
     assert len(rows) == first.kept + sum(o["kept"] for s, o in out2.items() if s not in out1)
 
     # The older raw version is still curated once: asking again reuses its (not newest) commit.
