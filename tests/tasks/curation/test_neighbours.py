@@ -188,3 +188,18 @@ def test_the_delta_gives_each_query_its_exact_nearest_delta_rows_never_itself(
             np.testing.assert_allclose(sorted((s for _, s in got), reverse=True), want, atol=1e-6)
             np.testing.assert_allclose([s for _, s in got], [float(m[q] @ m[p]) for p, _ in got], atol=1e-6)
     assert _Delta(m, np.arange(0)).nearest(m[queries], queries, 5)[0].shape == (5, 0)
+
+
+@pytest.mark.parametrize("exact_below", [0, 10**9])
+def test_a_pair_exactly_at_the_threshold_is_similar_though_only_cosines_near_it_are_computed(
+        tmp_path: Path, exact_below: int) -> None:
+    """The exact cosine decides; the search's float32 cosine only picks the cells computed (within COSINE_MARGIN)."""
+    m = _unit_rows(800, seed=5)
+    m[700:750] = (m[:50] + 0.2 * m[700:750]) / np.linalg.norm(m[:50] + 0.2 * m[700:750], axis=1, keepdims=True)
+    views, shas, queries = [m], _shas(800), list(range(700, 750))
+    whole = neighbour_graph(views, shas, queries, 8, exact_below=exact_below, folder=tmp_path, version="v")
+    threshold = float(np.sort(whole.sims[0][whole.sims[0] > 0.9])[10])  # a pair's exact cosine, rounded to float32
+    pairs = neighbour_pairs(views, shas, queries, 8, 8, threshold, exact_below=exact_below, folder=tmp_path,
+                            version="v")
+    assert pairs.similar_list() == similar_pairs(whole, 8, threshold)
+    assert 0 < len(pairs.similar) < len(queries)  # the threshold cuts through the copies' cosines
