@@ -199,8 +199,9 @@ def _cosines(matrix: Any, q: np.ndarray, ids: np.ndarray, near: np.ndarray | Non
 
     ``near``: only those of its (query, neighbour) cells, the first ``near.shape[1]`` neighbours, are computed, the
     rest are -inf. A curation asks only for the cells whose search cosine comes within ``COSINE_MARGIN`` of the
-    threshold: gathering every neighbour's row read most of the memory-mapped file (at a million images, 320,000
-    rows of a 256 MB file), while 0.4-7% of the neighbours come near a threshold of 0.97 (bench/README.md, run 25).
+    threshold: it gathered every neighbour's row from the memory-mapped file (at a million images, 320,000 rows of
+    a 256 MB file) for cosines of which about 0.4% can reach a threshold of 0.97 (bench/README.md, run 25; the
+    batch's resident memory did not change with it).
     """
     out = np.full(ids.shape, -np.inf, dtype=np.float32)
     if near is not None:
