@@ -197,24 +197,18 @@ def _searched(view: Any, i: int, q: np.ndarray, k: int, where: _Where
 def _cosines(matrix: Any, q: np.ndarray, ids: np.ndarray, near: np.ndarray | None = None) -> np.ndarray:
     """Each (query, neighbour) cosine computed one way whichever search found it: a threshold decides alike.
 
-    ``near``: only those of its (query, neighbour) cells, the first ``near.shape[1]`` neighbours, are computed, the
-    rest are -inf. A curation asks only for the cells whose search cosine comes within ``COSINE_MARGIN`` of the
-    threshold: it gathered every neighbour's row from the memory-mapped file (at a million images, 320,000 rows of
-    a 256 MB file) for cosines of which about 0.4% can reach a threshold of 0.97 (bench/README.md, run 25; the
-    batch's resident memory did not change with it).
+    ``near``: only those of its (query, neighbour) cells, the first ``near.shape[1]`` neighbours, are computed (None:
+    every neighbour), the rest are -inf. A curation asks only for the cells whose search cosine comes within
+    ``COSINE_MARGIN`` of the threshold: it gathered every neighbour's row from the memory-mapped file (at a million
+    images, 320,000 rows of a 256 MB file) for cosines of which about 0.4% can reach a threshold of 0.97
+    (bench/README.md, run 25; the batch's resident memory did not change with it).
     """
     out = np.full(ids.shape, -np.inf, dtype=np.float32)
-    if near is not None:
-        rows, cols = np.nonzero(near & (ids[:, :near.shape[1]] >= 0))
-        for start in range(0, len(rows), CELL_BLOCK):  # (block, dim) floats twice at a time
-            r, c = rows[start:start + CELL_BLOCK], cols[start:start + CELL_BLOCK]
-            out[r, c] = np.einsum("nd,nd->n", matrix[q[r]].astype(np.float64), matrix[ids[r, c]].astype(np.float64))
-        return out
-    for start in range(0, len(q), SEARCH_BLOCK):  # blocks: (block, k, dim) floats at a time
-        rows = slice(start, start + SEARCH_BLOCK)
-        safe = np.where(ids[rows] >= 0, ids[rows], 0)
-        sims = np.einsum("qd,qkd->qk", matrix[q[rows]].astype(np.float64), matrix[safe].astype(np.float64))
-        out[rows] = np.where(ids[rows] >= 0, sims, -np.inf)
+    found = ids >= 0
+    rows, cols = np.nonzero(found if near is None else near & found[:, :near.shape[1]])
+    for start in range(0, len(rows), CELL_BLOCK):  # (block, dim) floats twice at a time
+        r, c = rows[start:start + CELL_BLOCK], cols[start:start + CELL_BLOCK]
+        out[r, c] = np.einsum("nd,nd->n", matrix[q[r]].astype(np.float64), matrix[ids[r, c]].astype(np.float64))
     return out
 
 
@@ -236,8 +230,9 @@ def _exact(matrix: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
 
 def _indexed(matrix: Any, eligible: Sequence[str], asked: Keys, q: np.ndarray, k: int, folder: Path, version: str
              ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Top ``k`` eligible neighbours of each query (and their float32 cosines): the stored index's hits and, exactly, the eligible rows it lacks
-    (its delta: a batch's own images), ranked together, a block of queries at a time (bounded hits).
+    """Top ``k`` eligible neighbours of each query and their float32 cosines: the stored index's hits and, exactly,
+    the eligible rows it lacks (its delta: a batch's own images), ranked together, a block of queries at a time
+    (bounded hits).
 
     The index is extended (its delta folded in, then stored) only when the delta outgrows ``FOLD_SHARE`` of it
     (``_folds``): a batch of a few percent reads the index but neither grows nor rewrites it. Growing it copies its
