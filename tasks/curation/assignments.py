@@ -26,6 +26,7 @@ from tasks.settings import Settings
 log = logging.getLogger("tasks.curation.curate")  # one logger for the whole curation, as before the split
 WRITE_ROWS = 65_536  # rows built and written at a time
 COMPACT_FACTOR = 2  # the record is written whole once its rows (an image's older rows included) pass this x its images
+LEGACY = {"written": 0}  # a table written before the column: each image's one row
 
 class Assignment(NamedTuple):
     """One row of the assignment record: where an image went when curation first saw it.
@@ -144,6 +145,7 @@ def read_assignments(settings: Settings, rows: RawRows) -> tuple[Record, int | N
     # A block of rows at a time: read whole, the table and a Python list a column (every recorded image's) were held
     # at once beside the record they fill (about 0.3 GB at a million images).
     stored = 0
+    legacy = "written" not in lake.column_names(uri, version)
     for t in _blocks(uri, version):
         text = {c: lake.interned(t.column(c)) for c in ("sha256", "component", "split", "run_id")}  # one object a value
         for s, c, sp, v, r, w in zip(text["sha256"], text["component"], text["split"],
@@ -151,21 +153,15 @@ def read_assignments(settings: Settings, rows: RawRows) -> tuple[Record, int | N
                                      t.column("written").to_pylist()):
             record.add(s, Assignment(c, sp, int(v), r), w)
         stored += t.num_rows
-    record.stored_rows = stored if _has_written(uri, version) else None  # a table without it is written whole once
+    record.stored_rows = None if legacy else stored  # a table without ``written`` is written whole once
     return record, version
-
-
-def _has_written(uri: str, version: int) -> bool:
-    return "written" in pa.schema(lake.open_table(uri, version).schema().to_arrow()).names
 
 
 def _blocks(uri: str, version: int) -> Iterator[pa.Table]:
     """The stored rows a block at a time; a table written before the ``written`` column: each image's one row,
-    written at 0."""
-    legacy = not _has_written(uri, version)
-    columns = [c for c in COMPONENTS_SCHEMA.names if not (legacy and c == "written")]
-    for t in lake.scan_blocks(uri, version, columns, lake.LOOKUP_BLOCK_ROWS):
-        yield t.append_column("written", pa.array([0] * t.num_rows, pa.int64())) if legacy else t
+    written at 0 (``LEGACY``)."""
+    return lake.scan_blocks_with_defaults(uri, version, COMPONENTS_SCHEMA.names, lake.LOOKUP_BLOCK_ROWS,
+                                          COMPONENTS_SCHEMA, LEGACY)
 
 
 def read_record(uri: str, version: int) -> pa.Table:

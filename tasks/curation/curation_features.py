@@ -301,7 +301,7 @@ def load_features(uri: str, config: str, shas: set[str], vectors: bool = True) -
     version = lake.current_version(uri)
     if version is None or not shas:
         return Features(FeatureFacts.empty(), {}, np.zeros((0, 1), dtype=np.float32))
-    stored = set(pa.schema(lake.open_table(uri, version).schema().to_arrow()).names)  # older tables lack some
+    stored = set(lake.column_names(uri, version))  # older tables lack some
     columns = ["sha256", *(c for c in FACT_COLUMNS if c in stored), *(["embedding"] if vectors else [])]
     wanted = pa.array(sorted(shas), pa.string())
     schema = pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in [*columns, "config"]])

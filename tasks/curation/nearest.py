@@ -210,16 +210,12 @@ class StoredRows:
     rows: int | None = None
 
     def blocks(self, columns: list[str]) -> Iterator[pa.Table]:
-        present = pa.schema(lake.open_table(self.uri, self.version).schema().to_arrow()).names
-        for block in lake.scan_blocks(self.uri, self.version, [c for c in columns if c in present], WRITE_ROWS):
-            yield _with_legacy(block, columns)
+        return lake.scan_blocks_with_defaults(self.uri, self.version, columns, WRITE_ROWS, NEAREST_SCHEMA, LEGACY)
 
 
 def _with_legacy(part: pa.Table, columns: list[str]) -> pa.Table:
     """``part``'s ``columns``; those a table written before them lacks hold their one value (``LEGACY``)."""
-    for name in (c for c in columns if c not in part.column_names):
-        part = part.append_column(name, pa.array([LEGACY[name]] * part.num_rows, NEAREST_SCHEMA.field(name).type))
-    return part.select(columns)
+    return lake.with_defaults(part, columns, NEAREST_SCHEMA, LEGACY)
 
 
 def _slices(stored: pa.Table | StoredRows, columns: list[str]) -> Iterator[list[list]]:

@@ -220,6 +220,27 @@ def scan_blocks(uri: str, version: int, columns: Iterable[str], block_rows: int,
     yield from _regrouped(batches, block_rows, sys.maxsize if block_bytes is None else block_bytes)
 
 
+def column_names(uri: str, version: int) -> list[str]:
+    """The columns of the table at ``version`` (a version written before a column was added lacks it)."""
+    return pa.schema(open_table(uri, version).schema().to_arrow()).names
+
+
+def with_defaults(part: pa.Table, columns: list[str], schema: pa.Schema, defaults: dict[str, Any]) -> pa.Table:
+    """``part``'s ``columns``; each it lacks (its table was written before the column) holds its one value from
+    ``defaults``, typed as in ``schema``."""
+    for name in (c for c in columns if c not in part.column_names):
+        part = part.append_column(name, pa.array([defaults[name]] * part.num_rows, schema.field(name).type))
+    return part.select(columns)
+
+
+def scan_blocks_with_defaults(uri: str, version: int, columns: list[str], block_rows: int, schema: pa.Schema,
+                              defaults: dict[str, Any]) -> Iterator[pa.Table]:
+    """``scan_blocks`` of ``columns``; those the table at ``version`` lacks hold their ``defaults`` (``with_defaults``)."""
+    present = set(column_names(uri, version))
+    for block in scan_blocks(uri, version, [c for c in columns if c in present], block_rows):
+        yield with_defaults(block, columns, schema, defaults)
+
+
 def scan_keyed(uri: str, version: int, key: str, values: pa.Array, columns: list[str], block_rows: int,
                block_bytes: int, position: str | None = None) -> Iterator[pa.Table]:
     """The rows of one version whose ``key`` is one of ``values``, in the table's order, in tables of at most
