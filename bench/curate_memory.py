@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "bench"))
 PHASES = {
     "tasks.curation.curate": ["plan_in_workdir", "store_caches", "_record_assignments", "_write_snapshot",
                               "write_report_rows", "_galleries", "write_page"],
-    "tasks.curation.plan": ["read_raw", "_features", "load_features", "compute_features", "merge_features", "read_assignments",
+    "tasks.curation.plan": ["read_raw", "_features", "stored_rows", "_computed", "facts_in_order", "read_assignments",
                             "screen", "guard_outliers", "_group", "_neighbours", "_link_copies",
                             "assign", "nearest_map", "_decide_duplicates", "store_features", "store_scores",
                             "store_nearest"],

@@ -99,8 +99,9 @@ class Features:
     def pixel_keys(self, rows: RawRows) -> PixelKeys:
         """sha256 -> its pixel key (``tasks.curation.pixel_keys``) for every image of ``rows`` (each has its facts):
         all the grouping and the walk read of the facts once the bad images are set aside."""
-        digests, at = self.by_sha.strings["pixel_digest"], self.by_sha.at
-        return PixelKeys.of(rows.at, (digests[at[s]] or s for s in rows.shas))
+        facts = self.by_sha
+        digests = facts.digests if facts.at is rows.at else facts.digests.take(facts.positions(rows.shas))
+        return PixelKeys.of_digests(rows.at, rows.shas, digests)
 
     def vectors(self) -> Features:
         """The embedding's rows alone, the facts let go (``pixel_keys`` keeps what is read of them)."""
@@ -292,26 +293,49 @@ def _run_fastdup(files: list[str], work_dir: Path) -> tuple[dict[str, np.ndarray
 
 
 def load_features(uri: str, config: str, shas: set[str], vectors: bool = True) -> Features:
-    """The stored features of ``shas`` under ``config`` (missing ones are simply absent).
+    """The stored features of ``shas`` under ``config`` (missing ones are simply absent; ``stored_rows``)."""
+    return _as_features(stored_rows(uri, config, pa.array(sorted(shas), pa.string()), vectors))
 
-    Streamed in blocks of rows (``lake.scan_blocks``), keeping only the rows of ``shas``; without ``vectors`` the embedding
-    column is not read at all (the neighbour search reads the vectors from their memory-mapped file:
+
+NO_FACTS = dict.fromkeys(FACT_COLUMNS)  # a fact an older table lacks: null
+FACTS_SCHEMA = pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in ("sha256", *FACT_COLUMNS)])
+
+
+def stored_rows(uri: str, config: str, wanted: pa.Array, vectors: bool = False) -> pa.Table:
+    """The stored rows of ``wanted``'s images under ``config``, in the table's order: ``sha256`` and the facts
+    (``FACTS_SCHEMA``; null where an older table lacks a fact), with ``vectors`` the embedding too.
+
+    Streamed in blocks of rows (``lake.scan_blocks``), keeping only the rows of ``wanted``; without ``vectors`` the
+    embedding column is not read at all (the neighbour search reads the vectors from their memory-mapped file:
     ``tasks.curation.vectors``), so memory holds the facts of these images, not the table.
     """
-    version = lake.current_version(uri)
-    if version is None or not shas:
-        return Features(FeatureFacts.empty(), {}, np.zeros((0, 1), dtype=np.float32))
-    stored = set(lake.column_names(uri, version))  # older tables lack some
-    columns = ["sha256", *(c for c in FACT_COLUMNS if c in stored), *(["embedding"] if vectors else [])]
-    wanted = pa.array(sorted(shas), pa.string())
+    columns = [*FACTS_SCHEMA.names, *(["embedding"] if vectors else [])]
     schema = pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in [*columns, "config"]])
-    parts = []
-    for block in lake.scan_blocks(uri, version, schema.names, lake.LOOKUP_BLOCK_ROWS):
-        part = block.cast(schema)
-        keep = pc.and_(pc.equal(part.column("config"), config), pc.is_in(part.column("sha256"), value_set=wanted))
-        parts.append(part.filter(keep).drop_columns(["config"]))
-    table = pa.concat_tables(parts) if parts else schema.empty_table()
-    return _as_features(table)
+    version = lake.current_version(uri)
+    parts = [schema.empty_table()]
+    if version is not None and len(wanted):
+        for block in lake.scan_blocks_with_defaults(uri, version, schema.names, lake.LOOKUP_BLOCK_ROWS, schema,
+                                                    NO_FACTS):
+            part = block.cast(schema)
+            keep = pc.and_(pc.equal(part.column("config"), config), pc.is_in(part.column("sha256"), value_set=wanted))
+            parts.append(part.filter(keep))
+    return pa.concat_tables(parts).drop_columns(["config"])
+
+
+def facts_in_order(stored: pa.Table, fresh: pa.Table, wanted: pa.Array, found: pa.Array) -> pa.Table:
+    """The facts (``FACTS_SCHEMA``) of each of ``wanted``'s images in its order: its row of ``stored`` where ``found``
+    (``pc.index_in`` of ``wanted`` in ``stored``) has one, else its row of ``fresh`` (``KeyError`` for neither).
+    Taken by position in Arrow: no Python string or map an image (the stored facts had their own map from sha256 to
+    position and their own sha256 strings, made to be dropped once aligned to the raw rows)."""
+    rows = pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    missing = np.flatnonzero(rows < 0)
+    if len(missing):
+        in_fresh = pc.index_in(wanted.take(pa.array(missing)), value_set=fresh.column("sha256"))
+        if in_fresh.null_count:
+            raise KeyError(f"{in_fresh.null_count} images have neither stored nor computed features")
+        rows[missing] = stored.num_rows + in_fresh.to_numpy(zero_copy_only=False)
+    both = pa.concat_tables([t.select(FACTS_SCHEMA.names).cast(FACTS_SCHEMA) for t in (stored, fresh)])
+    return both.take(pa.array(rows))
 
 
 def stored_vectors(uri: str, config: str, shas: list[str]) -> np.ndarray:
@@ -324,16 +348,23 @@ def stored_vectors(uri: str, config: str, shas: list[str]) -> np.ndarray:
 
 
 def _as_features(table: pa.Table) -> Features:
-    facts = FeatureFacts.of_table(table)  # the raw rows' and the record's keys: one object each (interned)
+    return Features(FeatureFacts.of_table(table), *computed_vectors(table))
+
+
+def computed_vectors(table: pa.Table) -> tuple[dict[str, int], np.ndarray]:
+    """(sha256 -> its row of the matrix, the unit embeddings) of ``table``'s rows that have one and no error."""
+    empty: tuple[dict[str, int], np.ndarray] = ({}, np.zeros((0, 1), dtype=np.float32))
     if "embedding" not in table.column_names:  # facts only: the vectors are read from their file
-        return Features(facts, {}, np.zeros((0, 1), dtype=np.float32))
+        return empty
     emb = table.column("embedding")
-    ok = emb.is_valid().to_numpy(zero_copy_only=False) & ~facts.failed()
+    ok = emb.is_valid().to_numpy(zero_copy_only=False)
+    if "error" in table.column_names:
+        ok &= table.column("error").is_null().to_numpy(zero_copy_only=False)
     valid = np.flatnonzero(ok)
     if not len(valid):
-        return Features(facts, {}, np.zeros((0, 1), dtype=np.float32))
-    shas = facts.shas
-    return Features(facts, {shas[i]: r for r, i in enumerate(valid.tolist())}, _unit_rows(emb, ok, len(valid)))
+        return empty
+    shas = lake.interned(table.column("sha256").take(pa.array(valid)))  # the raw rows' keys: one object each
+    return {s: r for r, s in enumerate(shas)}, _unit_rows(emb, ok, len(valid))
 
 
 def _unit_rows(emb: pa.ChunkedArray, ok: np.ndarray, rows: int) -> np.ndarray:
@@ -354,19 +385,6 @@ def _unit_rows(emb: pa.ChunkedArray, ok: np.ndarray, rows: int) -> np.ndarray:
         at += len(block)
     assert matrix is not None and at == rows
     return matrix
-
-
-def merge_features(stored: Features, new_rows: pa.Table) -> Features:
-    """``stored`` plus freshly computed rows, without reading the table back."""
-    fresh = _as_features(new_rows)
-    by_sha = stored.by_sha.merged(fresh.by_sha)
-    if not fresh.row_of:
-        return Features(by_sha, stored.row_of, stored.matrix)
-    if not stored.row_of:
-        return Features(by_sha, fresh.row_of, fresh.matrix)
-    offset = stored.matrix.shape[0]
-    row_of = {**stored.row_of, **{s: offset + r for s, r in fresh.row_of.items()}}
-    return Features(by_sha, row_of, np.vstack([stored.matrix, fresh.matrix]))
 
 
 def store_features(uri: str, rows: pa.Table, metadata: dict[str, Any]) -> int | None:

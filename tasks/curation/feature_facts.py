@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.curation.by_position import ByPosition
+from tasks.curation.pixel_keys import Digests
 from tasks.data.lake import interned
 
 
@@ -36,55 +37,48 @@ class ImageFeatures(NamedTuple):
 
 
 FACT_COLUMNS = ImageFeatures._fields
-STRINGS = ("pixel_digest", "error", "family")
+STRINGS = ("error", "family")
 NUMBERS = ("blur", "mean", "min", "max", "contrast")
 
 
 class FeatureFacts(ByPosition[ImageFeatures]):
     """sha256 -> its stored facts, kept as columns by position (see the module's docstring)."""
 
-    def __init__(self, shas: list[str], strings: dict[str, list[Any]], numbers: dict[str, np.ndarray],
-                 at: dict[str, int] | None = None) -> None:
+    def __init__(self, shas: list[str], digests: Digests, strings: dict[str, list[Any]],
+                 numbers: dict[str, np.ndarray], at: Mapping[str, int] | None = None) -> None:
         self.shas = shas  # each position's sha256
         # sha256 -> its position (a key twice: the later row); given: another map of the same positions, shared
         self.at = {sha: i for i, sha in enumerate(shas)} if at is None else at
+        self.digests = digests  # the pixel digests, packed (``pixel_keys.Digests``)
         self.strings = strings  # STRINGS: interned, None where the row has none
         self.numbers = numbers  # NUMBERS: float64, NaN where the row has none
 
     @classmethod
     def empty(cls) -> FeatureFacts:
-        return cls([], {c: [] for c in STRINGS}, {c: np.zeros(0) for c in NUMBERS})
+        return cls([], Digests.of_values([]), {c: [] for c in STRINGS}, {c: np.zeros(0) for c in NUMBERS})
 
     @classmethod
-    def of_table(cls, table: pa.Table) -> FeatureFacts:
-        """From ``curation_embeddings`` rows (``sha256`` and the fact columns it has: an older table lacks some)."""
+    def of_table(cls, table: pa.Table, shas: list[str] | None = None,
+                 at: Mapping[str, int] | None = None) -> FeatureFacts:
+        """From ``curation_embeddings`` rows (``sha256`` and the fact columns it has: an older table lacks some);
+        ``shas`` and ``at``: the rows' own sha256s and their map, given (the raw rows', shared) or read."""
         rows = table.num_rows
+        digests = (Digests.of_column(table.column("pixel_digest")) if "pixel_digest" in table.column_names
+                   else Digests.of_values([None] * rows))
         strings = {c: interned(table.column(c)) if c in table.column_names else [None] * rows for c in STRINGS}
         numbers = {c: np.asarray(table.column(c).to_numpy(), dtype=np.float64) if c in table.column_names
                    else np.full(rows, np.nan) for c in NUMBERS}
-        return cls(interned(table.column("sha256")), strings, numbers)
+        return cls(interned(table.column("sha256")) if shas is None else shas, digests, strings, numbers, at)
 
     @classmethod
     def of(cls, rows: Mapping[str, ImageFeatures]) -> FeatureFacts:
         """From tuples (tests, small sets)."""
         values = list(rows.values())
+        digests = Digests.of_values([f.pixel_digest for f in values])
         strings = {c: [getattr(f, c) for f in values] for c in STRINGS}
         numbers = {c: np.array([np.nan if getattr(f, c) is None else getattr(f, c) for f in values], dtype=np.float64)
                    for c in NUMBERS}
-        return cls(list(rows), strings, numbers)
-
-    def merged(self, fresh: FeatureFacts) -> FeatureFacts:
-        """These facts and ``fresh``'s (``fresh`` wins for an image in both)."""
-        return FeatureFacts(self.shas + fresh.shas, {c: self.strings[c] + fresh.strings[c] for c in STRINGS},
-                            {c: np.concatenate([self.numbers[c], fresh.numbers[c]]) for c in NUMBERS})
-
-    def aligned(self, shas: list[str], at: dict[str, int]) -> FeatureFacts:
-        """These facts in the order of ``shas`` (each has its facts; ``at``: sha256 -> its place in ``shas``), sharing
-        ``at``: the raw rows (``tables.RawRows``) and their facts then hold one map from sha256 to position."""
-        take = self.positions(shas)
-        order = take.tolist()
-        return FeatureFacts(shas, {c: [values[i] for i in order] for c, values in self.strings.items()},
-                            {c: values[take] for c, values in self.numbers.items()}, at)
+        return cls(list(rows), digests, strings, numbers)
 
     def positions(self, shas: list[str]) -> np.ndarray:
         """The columns' positions of ``shas``, in that order (``KeyError`` for an image without facts)."""
@@ -98,4 +92,4 @@ class FeatureFacts(ByPosition[ImageFeatures]):
     def __getitem__(self, sha: str) -> ImageFeatures:
         i = self.at[sha]
         number = {c: None if np.isnan(self.numbers[c][i]) else float(self.numbers[c][i]) for c in NUMBERS}
-        return ImageFeatures(**{c: self.strings[c][i] for c in STRINGS}, **number)
+        return ImageFeatures(pixel_digest=self.digests.value(i), **{c: self.strings[c][i] for c in STRINGS}, **number)

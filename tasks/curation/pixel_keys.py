@@ -11,13 +11,17 @@ array: equal arrays' rows are equal keys.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.curation.by_position import ByPosition
 
 DIGEST_BYTES = 32
+_NIBBLE = np.full(256, 255, dtype=np.uint8)  # a lowercase hex digit's byte -> its value; any other byte -> 255
+_NIBBLE[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
 
 
 def _packed(key: str) -> bytes | None:
@@ -35,6 +39,82 @@ def token(key: str) -> bytes | str:
     """A key as a map holds it: the 32 bytes of a sha256 hex digest (65 bytes an object against 114 a string), any
     other key as it is. Two keys are equal exactly when their tokens are."""
     return _packed(key) or key
+
+
+def _hashed(key: str) -> bytes:
+    """The 32 bytes an odd key (no sha256 hex digest) is held as: the sha256 of its text."""
+    return hashlib.sha256(key.encode()).digest()
+
+
+def _text(rows: pa.StringArray) -> np.ndarray:
+    """The bytes of a string array's values, one after the other (no nulls among them)."""
+    if not len(rows):
+        return np.zeros(0, dtype=np.uint8)
+    offsets = np.frombuffer(rows.buffers()[1], dtype=np.int32, count=len(rows) + 1, offset=4 * rows.offset)
+    return np.frombuffer(rows.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
+
+
+class Digests:
+    """The stored pixel digests of some images, by position: 32 bytes each (``packed``), whether the image has one
+    (``present``: an image that did not decode has none) and the odd ones (no sha256 hex digest: a test's name) as
+    they are, by position, their rows holding the text's own sha256. Read from the Arrow column without making a
+    Python string an image: at a million images the digests as interned strings were about 155 MB (the strings,
+    and the slots they added to Python's table of interned strings, which it keeps once grown)."""
+
+    def __init__(self, packed: np.ndarray, present: np.ndarray, odd: dict[int, str]) -> None:
+        self.packed, self.present, self.odd = packed, present, odd
+
+    @classmethod
+    def of_column(cls, column: pa.Array | pa.ChunkedArray) -> Digests:
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        parts = [cls._of_array(chunk.cast(pa.string())) for chunk in chunks]
+        return cls.concat(parts) if parts else cls.of_values([])
+
+    @classmethod
+    def of_values(cls, values: Sequence[str | None]) -> Digests:
+        """From strings (tests, small sets)."""
+        return cls._of_array(pa.array(values, pa.string()))
+
+    @classmethod
+    def concat(cls, parts: Sequence[Digests]) -> Digests:
+        starts = np.cumsum([0, *(len(p) for p in parts)])
+        odd = {int(start) + i: key for start, p in zip(starts, parts) for i, key in p.odd.items()}
+        return cls(np.concatenate([p.packed for p in parts]).reshape(-1, DIGEST_BYTES),
+                   np.concatenate([p.present for p in parts]).astype(bool), odd)
+
+    @classmethod
+    def _of_array(cls, array: pa.StringArray) -> Digests:
+        """Hex rows decoded at once (a byte table: two digits a byte); any other string is odd."""
+        present = array.is_valid().to_numpy(zero_copy_only=False)
+        hexed = present & (pc.fill_null(pc.binary_length(array), 0).to_numpy(zero_copy_only=False) == 2 * DIGEST_BYTES)
+        candidates = np.flatnonzero(hexed)
+        nibbles = _NIBBLE[_text(array.filter(pa.array(hexed)))].reshape(-1, 2 * DIGEST_BYTES)
+        good = ~(nibbles == 255).any(axis=1)
+        packed = np.zeros((len(array), DIGEST_BYTES), dtype=np.uint8)
+        packed[candidates[good]] = (nibbles[good, 0::2] << 4) | nibbles[good, 1::2]
+        decoded = np.zeros(len(array), dtype=bool)
+        decoded[candidates[good]] = True
+        odd_at = np.flatnonzero(present & ~decoded)
+        odd = dict(zip(odd_at.tolist(), array.take(pa.array(odd_at)).to_pylist(), strict=True))
+        for i, key in odd.items():
+            packed[i] = np.frombuffer(_hashed(key), dtype=np.uint8)
+        return cls(packed, present, odd)
+
+    def __len__(self) -> int:
+        return len(self.present)
+
+    def take(self, positions: np.ndarray) -> Digests:
+        """These digests in the order of ``positions``."""
+        odd = {}
+        if self.odd:
+            odd = {j: self.odd[i] for j, i in enumerate(positions.tolist()) if i in self.odd}
+        return Digests(self.packed[positions], self.present[positions], odd)
+
+    def value(self, i: int) -> str | None:
+        """The digest at ``i`` as it was stored (None: the image has none)."""
+        if not self.present[i]:
+            return None
+        return self.odd[i] if i in self.odd else self.packed[i].tobytes().hex()
 
 
 class PixelKeys(ByPosition[str]):
@@ -55,9 +135,22 @@ class PixelKeys(ByPosition[str]):
             raw = _packed(key)
             if raw is None:
                 odd[sha] = key
-                raw = hashlib.sha256(key.encode()).digest()
+                raw = _hashed(key)
             buffer[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES] = raw
         return cls(at, bytes(buffer), odd)
+
+    @classmethod
+    def of_digests(cls, at: Mapping[str, int], shas: Sequence[str], digests: Digests) -> PixelKeys:
+        """Each image's digest, or its sha256 where it has none: ``digests`` and ``shas`` in ``at``'s order."""
+        packed = digests.packed.copy()
+        odd = {shas[i]: key for i, key in digests.odd.items()}
+        for i in np.flatnonzero(~digests.present).tolist():  # the few images without pixels: their own sha256
+            raw = _packed(shas[i])
+            if raw is None:
+                odd[shas[i]] = shas[i]
+                raw = _hashed(shas[i])
+            packed[i] = np.frombuffer(raw, dtype=np.uint8)
+        return cls(at, packed.tobytes(), odd)
 
     def first_alike(self, positions: np.ndarray) -> np.ndarray:
         """For each of ``positions``, the index (into ``positions``) of the first one with the same key."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.curation.assignments import Assignment, RecordAfter, assign, bridge_rows, read_assignments
 from tasks.curation.class_guard import guard_outliers, over_budget
@@ -38,14 +39,16 @@ from tasks.curation.curation_features import (
     UnionFind,
     clear_dir,
     compute_features,
+    computed_vectors,
+    facts_in_order,
     feature_config,
-    load_features,
-    merge_features,
     store_features,
+    stored_rows,
     stored_vectors,
 )
 from tasks.curation.dedupe import dedupe_component
 from tasks.curation.fastdup_optional import require_embedding
+from tasks.curation.feature_facts import FeatureFacts
 from tasks.curation.groups import Groups
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
 from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
@@ -219,27 +222,29 @@ def _features(settings: Settings, rows: RawRows, images: RawImages, run_id: str,
               cache_meta: dict[str, Any]) -> tuple[Features, int, int]:
     """(the features of these images, how many were computed now, how many were stored): each image is embedded
     once. The rows computed now are stored before the planning goes on (at a million images, about 0.5 GB
-    that were held to the end of the plan)."""
-    cfg, shas = settings.curation, rows.shas
-    stored = load_features(settings.table_uri(EMBEDDINGS_TABLE), feature_config(cfg), set(shas), vectors=False)
-    missing = [s for s in shas if s not in stored.by_sha]
-    parts = []
-    for block in images.blocks(None if len(missing) == len(shas) else missing) if missing else ():
+    that were held to the end of the plan). The facts are in the raw rows' order and share their map (``at``)."""
+    cfg, uri = settings.curation, settings.table_uri(EMBEDDINGS_TABLE)
+    wanted = pa.array(rows.shas, pa.string())
+    stored = stored_rows(uri, feature_config(cfg), wanted)
+    found = pc.index_in(wanted, value_set=stored.column("sha256"))  # each image's stored row (null: none)
+    missing = np.flatnonzero(found.is_null().to_numpy(zero_copy_only=False))
+    fresh = _computed(cfg, images, [rows.shas[i] for i in missing.tolist()], len(rows), work, run_id)
+    if fresh.num_rows:
+        store_features(uri, fresh, {**cache_meta, "feature_config": feature_config(cfg), "step": "curate_features"})
+    facts = FeatureFacts.of_table(facts_in_order(stored, fresh, wanted, found), rows.shas, rows.at)
+    return Features(facts, *computed_vectors(fresh)), fresh.num_rows, stored.num_rows
+
+
+def _computed(cfg: Any, images: RawImages, missing: list[str], total: int, work: Path, run_id: str) -> pa.Table:
+    """The features of the ``missing`` images (of ``total``: all of them, one scan of the raw version), computed now
+    ``FEATURE_CHUNK`` at a time."""
+    parts = [FEATURES_SCHEMA.empty_table()]
+    for block in images.blocks(None if len(missing) == total else missing) if missing else ():
         for start in range(0, block.num_rows, FEATURE_CHUNK):
             chunk = block.slice(start, FEATURE_CHUNK)
             pairs = zip(chunk.column("sha256").to_pylist(), chunk.column("image").to_pylist())
             parts.append(compute_features(list(pairs), cfg, work, run_id))
-    fresh = pa.concat_tables(parts) if parts else FEATURES_SCHEMA.empty_table()
-    del parts
-    if fresh.num_rows:
-        store_features(settings.table_uri(EMBEDDINGS_TABLE), fresh,
-                       {**cache_meta, "feature_config": feature_config(cfg), "step": "curate_features"})
-    stored_before = len(stored.by_sha)
-    merged = merge_features(stored, fresh)
-    del stored
-    # In the raw rows' order, sharing their map from sha256 to position (the facts' own map goes)
-    return (Features(merged.by_sha.aligned(shas, rows.at), merged.row_of, merged.matrix), fresh.num_rows,
-            stored_before)
+    return pa.concat_tables(parts)
 
 
 @dataclass

@@ -336,6 +336,9 @@ def _plain_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
         names=batch.schema.names)
 
 
+INTERN_SLICE = 65_536  # values made Python strings at a time by ``interned``
+
+
 def interned(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     """A string column as Python strings, each distinct value one object (``sys.intern``) whichever table it came from.
 
@@ -346,7 +349,12 @@ def interned(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     The cost: Python's table of interned strings, one entry a distinct value (about 40 bytes), whose slots
     are kept by the process once grown (a task runs in its own process).
     """
-    return [None if s is None else sys.intern(s) for s in column.to_pylist()]
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    values: list[Any] = []
+    for chunk in chunks:  # a slice at a time: the un-interned copies are only ever a slice's
+        for start in range(0, len(chunk), INTERN_SLICE):
+            values.extend(None if s is None else sys.intern(s) for s in chunk.slice(start, INTERN_SLICE).to_pylist())
+    return values
 
 
 def ledger_rows(uri: str) -> tuple[list[dict[str, Any]], DeltaTable | None]:

@@ -2,8 +2,10 @@
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
 
-from tasks.curation.curation_features import Features
+from tasks.curation.curation_features import FACTS_SCHEMA, Features, facts_in_order
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
 from tasks.curation.outliers import CONSTANT_STD, Measured, constant_images, is_constant, outlier_reason, screen
 from tasks.curation.tables import RawFacts, RawRows
@@ -31,31 +33,27 @@ def test_a_table_without_the_newer_columns_reads_them_as_missing():
     assert FeatureFacts.of_table(table)["a"] == ImageFeatures("d", 1.0, 2.0, 0.0, 9.0, None, None, None)
 
 
-def test_merged_facts_keep_the_order_of_a_dict_merge_and_the_later_row_wins():
-    stored = FeatureFacts.of({"a": GOOD, "b": BLACK})
-    fresh = FeatureFacts.of({"c": OLD, "a": BROKEN})
-    merged = stored.merged(fresh)
-    assert dict(merged) == {"a": BROKEN, "b": BLACK, "c": OLD}
-    assert list(merged) == list({**dict(stored), **dict(fresh)})
-    assert merged.positions(["c", "b", "a"]).tolist() == [2, 1, 3]
+def _table(rows: dict[str, ImageFeatures]) -> pa.Table:
+    return pa.Table.from_pylist([{"sha256": s, **f._asdict()} for s, f in rows.items()], schema=FACTS_SCHEMA)
 
 
-def test_facts_aligned_to_the_raw_rows_share_their_map_and_read_as_before():
-    facts = FeatureFacts.of({"c": OLD, "a": GOOD}).merged(FeatureFacts.of({"b": BLACK, "c": BROKEN}))
+def test_facts_in_the_raw_rows_order_come_from_the_stored_rows_else_the_computed_ones_and_share_their_map():
+    stored, fresh = _table({"c": OLD, "a": GOOD}), _table({"b": BLACK})
     rows = RawRows.of(RawFacts(s, "1", 32, 32) for s in "abc")
-    aligned = facts.aligned(rows.shas, rows.at)
-    assert aligned.at is rows.at and list(aligned) == ["a", "b", "c"]
-    assert dict(aligned) == dict(facts) == {"a": GOOD, "b": BLACK, "c": BROKEN}
-    assert aligned.failed().tolist() == [False, False, True] and constant_images(aligned) == {"b"}
+    wanted = pa.array(rows.shas)
+    found = pc.index_in(wanted, value_set=stored.column("sha256"))
+    facts = FeatureFacts.of_table(facts_in_order(stored, fresh, wanted, found), rows.shas, rows.at)
+    assert facts.at is rows.at and list(facts) == ["a", "b", "c"]
+    assert dict(facts) == {"a": GOOD, "b": BLACK, "c": OLD}
+    assert facts.failed().tolist() == [False, False, False] and constant_images(facts) == {"b"}
+    with pytest.raises(KeyError, match="1 images have neither"):
+        facts_in_order(stored, _table({}), wanted, found)
 
 
 def test_constant_images_are_those_is_constant_names():
     rows = {"a": GOOD, "b": BLACK, "c": BROKEN, "d": OLD, "e": GOOD._replace(contrast=CONSTANT_STD / 2)}
     facts = FeatureFacts.of(rows)
     assert constant_images(facts) == {s for s, f in rows.items() if is_constant(f)} == {"b", "e"}
-    # a row a later one replaced is not counted: "b" is no longer constant, "f" is
-    replaced = facts.merged(FeatureFacts.of({"b": GOOD, "f": BLACK}))
-    assert constant_images(replaced) == {"e", "f"}
 
 
 def test_the_screen_on_columns_flags_what_the_rules_flag_image_by_image():

@@ -5,7 +5,7 @@ import hashlib
 import numpy as np
 import pyarrow as pa
 
-from tasks.curation.pixel_keys import PixelKeys, token
+from tasks.curation.pixel_keys import Digests, PixelKeys, token
 from tasks.curation.tables import RawFacts, RawRows, raw_facts
 
 
@@ -55,3 +55,25 @@ def test_a_pixel_keys_token_is_equal_exactly_when_the_keys_are():
     assert tokens == [token(k) for k in keys] and [bytes(t).hex() for t in tokens[:3]] == keys[:3]
     assert isinstance(tokens[0], bytes) and len(tokens[0]) == 32 and tokens[3] == "odd key"
     assert tokens[0] == tokens[1] != tokens[2] and token(keys[0].upper()) == keys[0].upper()
+
+
+def test_digests_read_from_a_column_give_back_each_value_and_the_keys_of_the_strings():
+    """Hex digests packed, odd strings (a name, upper case, a non-ASCII one of 64 bytes, empty) kept as they are, a
+    missing digest None; over two chunks and a sliced one. The pixel keys built from them are those built from the
+    strings, an image without a digest keyed by its sha256."""
+    shas = sorted(_sha(f"image{i}") for i in range(9))
+    shas.insert(8, "test-name")  # an image without a digest whose name is no sha256: its key is odd too
+    values = [_sha("p0"), None, _sha("p0"), "not a digest", _sha("p1").upper(), "é" * 32, "", _sha("p2"), None,
+              _sha("p3")]
+    column = pa.chunked_array([pa.array(values[:4]), pa.array(["x", *values[4:]]).slice(1)])
+    digests = Digests.of_column(column)
+    assert [digests.value(i) for i in range(len(values))] == values and len(digests) == 10
+    assert sorted(digests.odd) == [3, 4, 5, 6] and digests.present.tolist() == [v is not None for v in values]
+    taken = digests.take(np.array([9, 3, 1, 0], dtype=np.int64))
+    assert [taken.value(i) for i in range(4)] == [values[9], values[3], None, values[0]]
+    at = {s: i for i, s in enumerate(shas)}
+    packed = PixelKeys.of_digests(at, shas, digests)
+    expected = PixelKeys.of(at, [v if v is not None else s for s, v in zip(shas, values, strict=True)])
+    assert dict(packed) == dict(expected) and packed.buffer == expected.buffer and packed.odd == expected.odd
+    assert "test-name" in packed.odd
+    assert Digests.of_values([]).packed.shape == (0, 32) and len(Digests.of_column(pa.chunked_array([], pa.string()))) == 0
