@@ -325,10 +325,16 @@ def _ranked_positions(q: np.ndarray, p: np.ndarray, sims: np.ndarray, k: int) ->
 
 
 class ShaIndex:
-    """A faiss HNSW inner-product index whose ids are positions in a stored list of sha256s."""
+    """A faiss HNSW inner-product index whose ids are positions in a stored list of sha256s.
 
-    def __init__(self, path: Path, index, shas: ShaList) -> None:
-        self.path, self.index, self.shas = path, index, shas
+    A stored index is opened memory-mapped and read-only (``IO_FLAG_MMAP_IFC``: its vectors and its graph stay pages
+    of the file, which the kernel may drop and concurrent curations share, not the process's own memory: at a million
+    images about 0.5 GB a view); only ``extend`` reads it whole, to grow it. A search of the mapped index gives the
+    same neighbours as of the index read whole.
+    """
+
+    def __init__(self, path: Path, index, shas: ShaList, mapped: bool = False) -> None:
+        self.path, self.index, self.shas, self.mapped = path, index, shas, mapped
 
     @classmethod
     def open(cls, folder: Path, version: str, dim: int) -> ShaIndex:
@@ -338,10 +344,10 @@ class ShaIndex:
         path = folder / f"{name}.faiss"
         shas_path = path.with_suffix(".shas")
         if path.exists() and shas_path.exists():
-            index = faiss.read_index(str(path))
+            index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
             shas = ShaList.read(shas_path)
             if index.ntotal == len(shas) and index.d == dim:
-                return cls(path, index, shas)
+                return cls(path, index, shas, mapped=True)
             log.warning("curate: neighbour index %s does not match its sha list: rebuilt", path.name)
         index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
@@ -357,6 +363,8 @@ class ShaIndex:
         if not new:
             return 0
         vectors = np.ascontiguousarray(matrix[np.asarray(new, dtype=np.int64)], dtype=np.float32)
+        if self.mapped:  # the file's pages are read-only: grown, the index is read whole first
+            self.index, self.mapped = faiss.read_index(str(self.path)), False
         threads = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1)  # HNSW insertion in parallel depends on thread timing
         try:

@@ -17,6 +17,7 @@ from tasks.curation.neighbours import (
     neighbour_pairs,
     similar_pairs,
 )
+from tasks.curation.sha_list import Keys
 
 
 def _unit_rows(n: int, dim: int = 64, seed: int = 0) -> np.ndarray:
@@ -85,6 +86,21 @@ def test_index_is_stored_once_per_version_and_extended(tmp_path: Path) -> None:
     assert ShaIndex.open(tmp_path, "v2;view=0", 64).index.ntotal == 0  # another embedding version: its own index
 
 
+def test_a_stored_index_is_opened_mapped_searches_as_read_whole_and_is_read_whole_to_grow(tmp_path: Path) -> None:
+    import faiss
+
+    m = _unit_rows(500, seed=3)
+    shas = _shas(500)
+    neighbour_graph([m[:400]], shas[:400], [0], 4, exact_below=0, folder=tmp_path, version="v")
+    index = ShaIndex.open(tmp_path, "v;view=0", 64)
+    whole = faiss.read_index(str(index.path))
+    assert index.mapped and index.index.ntotal == whole.ntotal == 400
+    whole.hnsw.efSearch = index.index.hnsw.efSearch = 64
+    assert all(np.array_equal(a, b) for a, b in zip(index.index.search(m[400:], 9), whole.search(m[400:], 9)))
+    index.extend(shas, m, Keys.of(shas))  # a fold: the mapped file's pages cannot grow
+    assert not index.mapped and ShaIndex.open(tmp_path, "v;view=0", 64).index.ntotal == 500
+
+
 def test_a_small_batch_is_searched_exactly_beside_the_index_which_it_neither_grows_nor_rewrites(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The eligible rows the index lacks (a batch's) are its delta, searched exactly; ranked with the index's hits
@@ -121,7 +137,7 @@ def test_hits_are_ranked_in_numpy_as_one_by_one_nearest_first_ties_by_position_w
     """The index's hits become each query's k eligible neighbours in blocks of arrays; the same as ranking them
     one query at a time (cosines rounded so ties are common, missing hits (-1), rows no longer eligible)."""
     from tasks.curation.neighbours import _ranked
-    from tasks.curation.sha_list import Keys, ShaList
+    from tasks.curation.sha_list import ShaList
 
     rng = np.random.default_rng(7)
     indexed = _shas(300)
