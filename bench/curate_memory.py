@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import resource
 import shutil
 import subprocess
 import sys
@@ -32,6 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from bench.memory import HighWater, peak_mb, rss_mb  # noqa: E402
+
 PHASES = {
     "tasks.curation.curate": ["plan_in_workdir", "store_caches", "_record_assignments", "_write_snapshot",
                               "write_report_rows", "_galleries", "write_page"],
@@ -42,53 +43,21 @@ PHASES = {
 }
 
 
-def _rss_mb() -> float:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
-
-
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _rss_split_mb() -> list[float]:
-    """[anonymous, file-backed] resident MB (``RssAnon``, ``RssFile`` + ``RssShmem``): a memory-mapped file's pages
-    are file-backed, the kernel drops them under pressure, and ``ru_maxrss`` counts them with the heap."""
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    kb = {k: int(v.split()[0]) for k, v in fields.items() if k in ("RssAnon", "RssFile", "RssShmem")}
-    return [kb.get("RssAnon", 0) / 1024, (kb.get("RssFile", 0) + kb.get("RssShmem", 0)) / 1024]
-
-
-class _Sampler:
-    """The high of anonymous and of file-backed resident memory, sampled every 5 ms (the kernel keeps neither)."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.high = _rss_split_mb()
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            self.high = [max(h, v) for h, v in zip(self.high, _rss_split_mb())]
-            time.sleep(0.005)
-
-
-def _wrap(module, name: str, log: list, depth: list, sampler: _Sampler) -> None:
+def _wrap(module, name: str, log: list, depth: list, sampler: HighWater) -> None:
     fn = getattr(module, name)
 
     @functools.wraps(fn)
     def inner(*args, **kwargs):
-        peak, rss, start = _peak_mb(), _rss_mb(), time.perf_counter()
-        outer, sampler.high = sampler.high, _rss_split_mb()  # this phase's own high from here
+        peak, rss, start = peak_mb(), rss_mb(), time.perf_counter()
+        outer = sampler.restart()  # this phase's own highs from here
         depth[0] += 1
         try:
             return fn(*args, **kwargs)
         finally:
             depth[0] -= 1
-            own = [max(h, v) for h, v in zip(sampler.high, _rss_split_mb())]
-            sampler.high = [max(a, b) for a, b in zip(outer, own)]
-            log.append((depth[0], f"{module.__name__.rsplit('.', 1)[-1]}.{name}", rss, _rss_mb(), _peak_mb(),
-                        _peak_mb() - peak, time.perf_counter() - start, *own))
+            _, own = sampler.merge(outer)
+            log.append((depth[0], f"{module.__name__.rsplit('.', 1)[-1]}.{name}", rss, rss_mb(), peak_mb(),
+                        peak_mb() - peak, time.perf_counter() - start, *own))
 
     setattr(module, name, inner)
 
@@ -102,13 +71,13 @@ def run_stage(root: Path, stage: str, home: Path | None = None) -> None:
 
     log = _wrapped_phases()
     settings = load_settings("sit", home=home or root / "home")
-    print(f"\n{stage}: after imports {_rss_mb():.0f} MB resident", flush=True)
+    print(f"\n{stage}: after imports {rss_mb():.0f} MB resident", flush=True)
     day = "2026-11-21" if stage == "full" else "2026-11-22"
     raw = ingest_landing(settings, run_id=f"mem-{stage}", logical_date=day, landing=root / stage).raw_version
-    print(f"{stage}: after ingest {_rss_mb():.0f} MB resident, peak {_peak_mb():.0f} MB", flush=True)
+    print(f"{stage}: after ingest {rss_mb():.0f} MB resident, peak {peak_mb():.0f} MB", flush=True)
     start = time.perf_counter()
     curate(settings, raw, run_id=f"mem-{stage}", logical_date=day)
-    print(f"{stage}: curation {time.perf_counter() - start:.1f} s, peak RSS {_peak_mb():.0f} MB\n")
+    print(f"{stage}: curation {time.perf_counter() - start:.1f} s, peak RSS {peak_mb():.0f} MB\n")
     print("| phase | resident before MB | after MB | peak after MB | peak raised by MB | s | high anon MB | high file MB |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for d, name, before, after, peak, raised, seconds, anon, mapped in log:
@@ -121,7 +90,7 @@ def _wrapped_phases() -> list:
     import importlib
 
     log: list = []
-    depth, sampler = [0], _Sampler()
+    depth, sampler = [0], HighWater()
     for module_name, names in PHASES.items():
         module = importlib.import_module(module_name)
         for name in names:

@@ -32,6 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.memory import rss_mb  # noqa: E402
+
 
 def _shas(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
@@ -59,10 +61,6 @@ def build(root: Path, n: int, per_image: float, seed: int) -> tuple[str, float]:
     return uri, time.perf_counter() - start
 
 
-def _rss_mb() -> float:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
-
-
 def measure(uri: str, n: int, mode: str, new: int, candidates: int, walked: int, seed: int) -> dict:
     """One mode in this process: seconds, peak RSS above the eligible list, pairs read, scans, the batch's partners."""
     from tasks.curation.copy_pairs import score_config
@@ -75,7 +73,7 @@ def measure(uri: str, n: int, mode: str, new: int, candidates: int, walked: int,
     asked = sorted(set(new_shas) | set(rng.sample(stored_shas, min(n, new * candidates))))
     walk = rng.sample(stored_shas, min(n, walked))
     StoredScores(uri, score_config(), eligible).want(eligible[:1])  # the table's reader and Arrow warmed up: not counted
-    base = _rss_mb()
+    base = rss_mb()
     start = time.perf_counter()
     scores = StoredScores(uri, score_config(), eligible)
     if mode == "whole":

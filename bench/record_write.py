@@ -24,36 +24,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-def _rss_mb() -> float:
-    import resource
-
-    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
-
-
-class _High:
-    """The highest resident memory while a block runs, sampled every 5 ms."""
-
-    def __enter__(self) -> _High:
-        self.before, self.high, self._stop = _rss_mb(), _rss_mb(), threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.005):
-            self.high = max(self.high, _rss_mb())
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.high = max(self.high, _rss_mb())
+from bench.memory import HighWater  # noqa: E402
 
 
 def _shas(n: int, seed: int) -> list[str]:
@@ -121,7 +98,7 @@ def measure(root: Path, mode: str, renames: float) -> dict:
                **{s: record[s]._replace(component=new[0]) for s in renamed}}
     after = RecordAfter(record, changes)
     files_before = set(lake.open_table(uri).file_uris())
-    with _High() as high:
+    with HighWater() as high:
         start = time.perf_counter()
         if mode == "old":
             written = lake.upsert_rows(uri, record_table(after, 0, sorted(changes)).drop_columns(["written"]),

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -30,13 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-
-def _rss_mb() -> float:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
-
-
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from bench.memory import peak_mb, rss_mb  # noqa: E402
 
 
 def write_lists(folder: Path, n: int) -> None:
@@ -89,11 +82,11 @@ def run_one(folder: Path, mode: str) -> dict:
 
     from tasks.curation import sha_list  # noqa: F401
 
-    rss, peak, start = _rss_mb(), _peak_mb(), time.perf_counter()
+    rss, peak, start = rss_mb(), peak_mb(), time.perf_counter()
     held = (_strings if mode == "strings" else _arrays)(folder, eligible)
     seconds = time.perf_counter() - start
-    out = {"mode": mode, "seconds": round(seconds, 3), "held_mb": round(_rss_mb() - rss, 1),
-           "peak_above_mb": round(_peak_mb() - peak, 1), "rows_checksum": int(held[-3].sum()),
+    out = {"mode": mode, "seconds": round(seconds, 3), "held_mb": round(rss_mb() - rss, 1),
+           "peak_above_mb": round(peak_mb() - peak, 1), "rows_checksum": int(held[-3].sum()),
            "positions_checksum": int(held[-1].astype("int64").sum()), "missing": len(held[-4]), "new": len(held[-2])}
     return out
 

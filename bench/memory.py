@@ -1,0 +1,76 @@
+"""The benchmarks' memory readings of this process: resident now, its peak, and a sampled high-water mark.
+
+``ru_maxrss`` (``peak_mb``) counts file-backed pages (a memory-mapped vector file, index) with the heap; the kernel
+may drop the former under pressure, so ``rss_split_mb`` and ``HighWater`` give the anonymous and the file-backed parts
+apart. Neither the kernel nor Python keeps a high of those: ``HighWater`` samples them every ``SAMPLE_S`` seconds.
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+from pathlib import Path
+
+SAMPLE_S = 0.005
+
+
+def rss_mb() -> float:
+    """Resident MB now."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
+
+
+def peak_mb() -> float:
+    """The process's peak resident MB so far (``ru_maxrss``)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_split_mb() -> list[float]:
+    """[anonymous, file-backed] resident MB now (``RssAnon``; ``RssFile`` + ``RssShmem``)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    kb = {k: int(v.split()[0]) for k, v in fields.items() if k in ("RssAnon", "RssFile", "RssShmem")}
+    return [kb.get("RssAnon", 0) / 1024, (kb.get("RssFile", 0) + kb.get("RssShmem", 0)) / 1024]
+
+
+class HighWater:
+    """Highs of resident memory while it runs (``high``: total MB; ``split``: [anonymous, file-backed] MB), sampled
+    every ``SAMPLE_S``. A context manager (``before``: resident MB on entry), or ``restart`` for a section's own
+    high inside a longer run (it returns the highs so far, to be merged back with ``merge``)."""
+
+    def __init__(self) -> None:
+        self.before = rss_mb()
+        self.high, self.split = self.before, rss_split_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> HighWater:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self._sample()
+
+    def _sample(self) -> None:
+        self.high = max(self.high, rss_mb())
+        self.split = [max(h, v) for h, v in zip(self.split, rss_split_mb())]
+
+    def restart(self) -> tuple[float, list[float]]:
+        """The highs so far; from here on the highs are a section's own."""
+        outer = self.high, self.split
+        self.high, self.split = rss_mb(), rss_split_mb()
+        return outer
+
+    def merge(self, outer: tuple[float, list[float]]) -> tuple[float, list[float]]:
+        """This section's highs (sampled once more now); the run's highs again include ``outer``."""
+        self._sample()
+        own = self.high, list(self.split)
+        self.high, self.split = max(outer[0], own[0]), [max(a, b) for a, b in zip(outer[1], own[1])]
+        return own
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
