@@ -312,30 +312,32 @@ def stored_rows(uri: str, config: str, wanted: pa.Array, vectors: bool = False) 
     columns = [*FACTS_SCHEMA.names, *(["embedding"] if vectors else [])]
     schema = pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in [*columns, "config"]])
     version = lake.current_version(uri)
-    parts = [schema.empty_table()]
+    parts = []
     if version is not None and len(wanted):
         for block in lake.scan_blocks_with_defaults(uri, version, schema.names, lake.LOOKUP_BLOCK_ROWS, schema,
                                                     NO_FACTS):
             part = block.cast(schema)
             keep = pc.and_(pc.equal(part.column("config"), config), pc.is_in(part.column("sha256"), value_set=wanted))
-            parts.append(part.filter(keep))
-    return pa.concat_tables(parts).drop_columns(["config"])
+            parts.append(part.filter(keep).drop_columns(["config"]))  # the config strings are not held
+    return pa.concat_tables(parts) if parts else schema.empty_table().drop_columns(["config"])
 
 
-def facts_in_order(stored: pa.Table, fresh: pa.Table, wanted: pa.Array, found: pa.Array) -> pa.Table:
-    """The facts (``FACTS_SCHEMA``) of each of ``wanted``'s images in its order: its row of ``stored`` where ``found``
-    (``pc.index_in`` of ``wanted`` in ``stored``) has one, else its row of ``fresh`` (``KeyError`` for neither).
-    Taken by position in Arrow: no Python string or map an image (the stored facts had their own map from sha256 to
-    position and their own sha256 strings, made to be dropped once aligned to the raw rows)."""
-    rows = pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    missing = np.flatnonzero(rows < 0)
+def facts_in_order(stored: pa.Table, fresh: pa.Table, wanted: pa.Array, found: pa.Array, rows: RawRows
+                   ) -> FeatureFacts:
+    """The facts of each of ``rows``' images (``wanted``: their sha256s, in order) sharing their map: its row of
+    ``stored`` where ``found`` (``pc.index_in`` of ``wanted`` in ``stored``) has one, else its row of ``fresh``
+    (``KeyError`` for neither). Taken by position in Arrow, a column at a time: no Python string or map an image
+    (the stored facts had their own map from sha256 to position and their own sha256 strings, made to be dropped
+    once aligned to the raw rows)."""
+    at = pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    missing = np.flatnonzero(at < 0)
     if len(missing):
         in_fresh = pc.index_in(wanted.take(pa.array(missing)), value_set=fresh.column("sha256"))
         if in_fresh.null_count:
             raise KeyError(f"{in_fresh.null_count} images have neither stored nor computed features")
-        rows[missing] = stored.num_rows + in_fresh.to_numpy(zero_copy_only=False)
+        at[missing] = stored.num_rows + in_fresh.to_numpy(zero_copy_only=False)
     both = pa.concat_tables([t.select(FACTS_SCHEMA.names).cast(FACTS_SCHEMA) for t in (stored, fresh)])
-    return both.take(pa.array(rows))
+    return FeatureFacts.of_table(both, rows.shas, rows.at, order=pa.array(at))
 
 
 def stored_vectors(uri: str, config: str, shas: list[str]) -> np.ndarray:

@@ -3,11 +3,13 @@
 Every batch reads the facts of every image of its raw version: the bad-image screen's relative rules compare an image
 with its version's bulk, and the grouping reads every pixel key. Held as one named tuple an image with its numbers as
 Python floats, they took 431 bytes an image in a batch of a 100,000-image table, and the screen that read them set
-the Python high of a million-image batch (bench/README.md, runs 21 and 22). Here they are columns by position (296
-bytes an image, most of it the pixel digest strings and the map): the statistics as float64 arrays (``NaN`` where
-the row has none), the strings (pixel digest, error, mode family) as lists of interned strings, and one map from
-sha256 to position. ``FeatureFacts`` is still a read-only mapping sha256 -> ``ImageFeatures``: a lookup builds that one
-image's tuple (the tests, the few bad images listed), while the screen reads the columns.
+the Python high of a million-image batch (bench/README.md, runs 21 and 22). Here they are columns by position: the
+statistics as float64 arrays (``NaN`` where the row has none), the pixel digests packed, 32 bytes an image
+(``pixel_keys.Digests``; as interned strings they were most of the 296 bytes an image of run 22's columns), error and
+mode family as lists of interned strings (nearly all None and two values), and a map from sha256 to position: in a
+curation the raw rows' own (``of_table`` given their sha256s and map), not one of their own. ``FeatureFacts`` is still
+a read-only mapping sha256 -> ``ImageFeatures``: a lookup builds that one image's tuple (the tests, the few bad images
+listed), while the screen reads the columns.
 """
 
 from __future__ import annotations
@@ -58,17 +60,22 @@ class FeatureFacts(ByPosition[ImageFeatures]):
         return cls([], Digests.of_values([]), {c: [] for c in STRINGS}, {c: np.zeros(0) for c in NUMBERS})
 
     @classmethod
-    def of_table(cls, table: pa.Table, shas: list[str] | None = None,
-                 at: Mapping[str, int] | None = None) -> FeatureFacts:
+    def of_table(cls, table: pa.Table, shas: list[str] | None = None, at: Mapping[str, int] | None = None,
+                 order: pa.Array | None = None) -> FeatureFacts:
         """From ``curation_embeddings`` rows (``sha256`` and the fact columns it has: an older table lacks some);
-        ``shas`` and ``at``: the rows' own sha256s and their map, given (the raw rows', shared) or read."""
-        rows = table.num_rows
-        digests = (Digests.of_column(table.column("pixel_digest")) if "pixel_digest" in table.column_names
+        ``shas`` and ``at``: the rows' own sha256s and their map, given (the raw rows', shared) or read; ``order``:
+        the table's rows to take, in that order (a column taken at a time, as it is read)."""
+        rows = table.num_rows if order is None else len(order)
+
+        def column(name: str) -> pa.ChunkedArray:
+            return table.column(name) if order is None else table.column(name).take(order)
+
+        digests = (Digests.of_column(column("pixel_digest")) if "pixel_digest" in table.column_names
                    else Digests.of_values([None] * rows))
-        strings = {c: interned(table.column(c)) if c in table.column_names else [None] * rows for c in STRINGS}
-        numbers = {c: np.asarray(table.column(c).to_numpy(), dtype=np.float64) if c in table.column_names
+        strings = {c: interned(column(c)) if c in table.column_names else [None] * rows for c in STRINGS}
+        numbers = {c: np.asarray(column(c).to_numpy(), dtype=np.float64) if c in table.column_names
                    else np.full(rows, np.nan) for c in NUMBERS}
-        return cls(interned(table.column("sha256")) if shas is None else shas, digests, strings, numbers, at)
+        return cls(interned(column("sha256")) if shas is None else shas, digests, strings, numbers, at)
 
     @classmethod
     def of(cls, rows: Mapping[str, ImageFeatures]) -> FeatureFacts:

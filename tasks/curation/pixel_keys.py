@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from tasks.curation.by_position import ByPosition
 
 DIGEST_BYTES = 32
+DECODE_ROWS = 65_536  # digests decoded at a time (their scratch arrays: a few MB)
 _NIBBLE = np.full(256, 255, dtype=np.uint8)  # a lowercase hex digit's byte -> its value; any other byte -> 255
 _NIBBLE[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
 
@@ -67,7 +68,8 @@ class Digests:
     @classmethod
     def of_column(cls, column: pa.Array | pa.ChunkedArray) -> Digests:
         chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-        parts = [cls._of_array(chunk.cast(pa.string())) for chunk in chunks]
+        parts = [cls._of_array(chunk.slice(start, DECODE_ROWS).cast(pa.string()))  # its scratch: a slice's
+                 for chunk in chunks for start in range(0, len(chunk), DECODE_ROWS)]
         return cls.concat(parts) if parts else cls.of_values([])
 
     @classmethod

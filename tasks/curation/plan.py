@@ -48,7 +48,6 @@ from tasks.curation.curation_features import (
 )
 from tasks.curation.dedupe import dedupe_component
 from tasks.curation.fastdup_optional import require_embedding
-from tasks.curation.feature_facts import FeatureFacts
 from tasks.curation.groups import Groups
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
 from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
@@ -231,7 +230,7 @@ def _features(settings: Settings, rows: RawRows, images: RawImages, run_id: str,
     fresh = _computed(cfg, images, [rows.shas[i] for i in missing.tolist()], len(rows), work, run_id)
     if fresh.num_rows:
         store_features(uri, fresh, {**cache_meta, "feature_config": feature_config(cfg), "step": "curate_features"})
-    facts = FeatureFacts.of_table(facts_in_order(stored, fresh, wanted, found), rows.shas, rows.at)
+    facts = facts_in_order(stored, fresh, wanted, found, rows)
     return Features(facts, *computed_vectors(fresh)), fresh.num_rows, stored.num_rows
 
 

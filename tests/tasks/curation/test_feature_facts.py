@@ -42,12 +42,12 @@ def test_facts_in_the_raw_rows_order_come_from_the_stored_rows_else_the_computed
     rows = RawRows.of(RawFacts(s, "1", 32, 32) for s in "abc")
     wanted = pa.array(rows.shas)
     found = pc.index_in(wanted, value_set=stored.column("sha256"))
-    facts = FeatureFacts.of_table(facts_in_order(stored, fresh, wanted, found), rows.shas, rows.at)
+    facts = facts_in_order(stored, fresh, wanted, found, rows)
     assert facts.at is rows.at and list(facts) == ["a", "b", "c"]
     assert dict(facts) == {"a": GOOD, "b": BLACK, "c": OLD}
     assert facts.failed().tolist() == [False, False, False] and constant_images(facts) == {"b"}
     with pytest.raises(KeyError, match="1 images have neither"):
-        facts_in_order(stored, _table({}), wanted, found)
+        facts_in_order(stored, _table({}), wanted, found, rows)
 
 
 def test_constant_images_are_those_is_constant_names():

@@ -4,6 +4,7 @@ import hashlib
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from tasks.curation.pixel_keys import Digests, PixelKeys, token
 from tasks.curation.tables import RawFacts, RawRows, raw_facts
@@ -57,7 +58,9 @@ def test_a_pixel_keys_token_is_equal_exactly_when_the_keys_are():
     assert tokens[0] == tokens[1] != tokens[2] and token(keys[0].upper()) == keys[0].upper()
 
 
-def test_digests_read_from_a_column_give_back_each_value_and_the_keys_of_the_strings():
+@pytest.mark.parametrize("decode_rows", [3, 65_536])
+def test_digests_read_from_a_column_give_back_each_value_and_the_keys_of_the_strings(
+        decode_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hex digests packed, odd strings (a name, upper case, a non-ASCII one of 64 bytes, empty) kept as they are, a
     missing digest None; over two chunks and a sliced one. The pixel keys built from them are those built from the
     strings, an image without a digest keyed by its sha256."""
@@ -65,6 +68,7 @@ def test_digests_read_from_a_column_give_back_each_value_and_the_keys_of_the_str
     shas.insert(8, "test-name")  # an image without a digest whose name is no sha256: its key is odd too
     values = [_sha("p0"), None, _sha("p0"), "not a digest", _sha("p1").upper(), "é" * 32, "", _sha("p2"), None,
               _sha("p3")]
+    monkeypatch.setattr("tasks.curation.pixel_keys.DECODE_ROWS", decode_rows)  # slices within the chunks, or none
     column = pa.chunked_array([pa.array(values[:4]), pa.array(["x", *values[4:]]).slice(1)])
     digests = Digests.of_column(column)
     assert [digests.value(i) for i in range(len(values))] == values and len(digests) == 10
