@@ -138,8 +138,8 @@ def read_assignments(settings: Settings, rows: RawRows) -> tuple[Record, int | N
     record = Record(rows)
     if version is None:
         return record, None
-    head = next(c for c in lake.history(uri) if c.version == version)
-    if head.metadata.get("split_salt") != settings.curation.split_salt:
+    head = lake.commit_at(uri, version)
+    if head is None or head.metadata.get("split_salt") != settings.curation.split_salt:
         log.warning("curate: %s was written with another split_salt: starting a fresh assignment record", uri)
         return record, version
     # A block of rows at a time: read whole, the table and a Python list a column (every recorded image's) were held

@@ -379,8 +379,13 @@ def history(uri: str) -> list[Commit]:
     delta-rs writes ``cd4ml.*`` keys at the top of commitInfo; delta-spark can only write
     ``userMetadata`` (a string), so the Spark ingest puts the same keys there as JSON.
     """
+    return _commits(open_table(uri).history())
+
+
+def _commits(entries: Iterable[dict[str, Any]]) -> list[Commit]:
+    """delta-rs history entries as commits, newest first."""
     commits = []
-    for h in open_table(uri).history():
+    for h in entries:
         meta = {k[len(META_PREFIX):]: str(v) for k, v in h.items() if k.startswith(META_PREFIX)}
         meta.update(_user_metadata(h.get("userMetadata")))
         commits.append(Commit(int(h["version"]), str(h.get("operation", "")), int(h.get("timestamp", 0)), meta))
@@ -403,7 +408,11 @@ def commit_at(uri: str, version: int) -> Commit | None:
     """The commit that made ``version`` of ``uri``; None when the table or the version's log is gone."""
     if not exists(uri):
         return None
-    return next((c for c in history(uri) if c.version == int(version)), None)
+    table = DeltaTable(uri, without_files=True)
+    newer = table.version() - int(version)  # the commits from ``version`` on: not the whole log, every batch
+    if newer < 0:
+        return None
+    return next((c for c in _commits(table.history(newer + 1)) if c.version == int(version)), None)
 
 
 def find_commit(uri: str, **match: str) -> Commit | None:

@@ -75,6 +75,9 @@ def test_time_travel_and_history_metadata(tmp_path):
     assert [c.metadata["run_id"] for c in lake.history(uri)] == ["r2", "r1"]
     assert lake.find_commit(uri, run_id="r1").version == 0
     assert lake.find_commit(uri, run_id="nope") is None
+    lake.merge_new_rows(uri, _rows(["c"]), "k", {"run_id": "r3"})
+    assert [lake.commit_at(uri, v).metadata["run_id"] for v in (0, 1, 2)] == ["r1", "r2", "r3"]
+    assert lake.commit_at(uri, 3) is None and lake.commit_at(str(tmp_path / "missing"), 0) is None
 
 
 def test_version_as_of_logical_date(tmp_path):
