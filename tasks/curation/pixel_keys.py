@@ -130,16 +130,11 @@ class PixelKeys(ByPosition[str]):
 
     @classmethod
     def of(cls, at: Mapping[str, int], keys: Iterable[str]) -> PixelKeys:
-        """``keys``: each image's key, in ``at``'s order."""
-        buffer = bytearray(len(at) * DIGEST_BYTES)
-        odd: dict[str, str] = {}
-        for (sha, i), key in zip(at.items(), keys, strict=True):
-            raw = _packed(key)
-            if raw is None:
-                odd[sha] = key
-                raw = _hashed(key)
-            buffer[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES] = raw
-        return cls(at, bytes(buffer), odd)
+        """``keys``: each image's key, in ``at``'s order (packed as ``of_digests`` packs stored digests)."""
+        keys = list(keys)
+        if len(keys) != len(at):
+            raise ValueError(f"{len(keys)} pixel keys for {len(at)} images")
+        return cls.of_digests(at, list(at), Digests.of_values(keys))
 
     @classmethod
     def of_digests(cls, at: Mapping[str, int], shas: Sequence[str], digests: Digests) -> PixelKeys:
