@@ -7,11 +7,16 @@
 #   MLFLOW_ARTIFACTS_DESTINATION    s3://bucket or a mounted path (default /mlartifacts)
 #   MLFLOW_AUTH_ADMIN_USERNAME / MLFLOW_AUTH_ADMIN_PASSWORD   the first admin (created once)
 #   MLFLOW_FLASK_SERVER_SECRET_KEY  CSRF key, the same on every replica
+#   MLFLOW_AUTH_CACHE_TTL_SECONDS   how long a worker remembers a verified password (default 30; 0: a scrypt check
+#                                   on every request). A password changed through the API is forgotten at once by
+#                                   the worker that changed it, by the other workers after at most this long.
 # CD4ML_MLFLOW_WRITE_CONFIG_ONLY=1 writes the ini, prints it and exits (used by the tests).
 set -euo pipefail
 : "${MLFLOW_BACKEND_STORE_URI:?set MLFLOW_BACKEND_STORE_URI}"
 : "${MLFLOW_AUTH_DATABASE_URI:?set MLFLOW_AUTH_DATABASE_URI}"
 config="${MLFLOW_AUTH_CONFIG_PATH:-/tmp/mlflow/basic_auth.ini}"
+cache_ttl="${MLFLOW_AUTH_CACHE_TTL_SECONDS:-30}"
+[[ "$cache_ttl" =~ ^[0-9]{1,5}$ ]] || { echo "MLFLOW_AUTH_CACHE_TTL_SECONDS must be 0-99999 seconds" >&2; exit 2; }
 mkdir -p "$(dirname "$config")"
 umask 077
 cat > "$config" <<INI
@@ -20,6 +25,7 @@ default_permission = READ
 database_uri = ${MLFLOW_AUTH_DATABASE_URI}
 admin_username = ${MLFLOW_AUTH_ADMIN_USERNAME:-admin}
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = ${cache_ttl}
 INI
 if [[ "${CD4ML_MLFLOW_WRITE_CONFIG_ONLY:-0}" == "1" ]]; then
   cat "$config"

@@ -252,12 +252,20 @@ def _run(stack: Stack, args: list[str], what: str, check: bool = True) -> subpro
     return proc
 
 
-def mlflow_auth_ini(database_uri: str) -> str:
+# A verified (user, password) is remembered this long by the server process (MLflow's own cache, keyed by an HMAC of
+# the password): without it every request spends a scrypt check (about 120 ms of CPU here). A password set or a user
+# deleted through the API is forgotten at once by the worker that handled it (`cd4ml up` runs one worker); a change
+# made beside the API (SQL) is honoured after at most this long.
+AUTH_CACHE_TTL_S = 30
+
+
+def mlflow_auth_ini(database_uri: str, cache_ttl_s: int = AUTH_CACHE_TTL_S) -> str:
     """The basic-auth app's ini for a user store; no password in it."""
     return ("[mlflow]\n"
             "default_permission = READ\n"  # signed-in users read (the reader account no more); owners and admins edit
             f"database_uri = {database_uri}\n"
-            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+            f"auth_cache_ttl_seconds = {int(cache_ttl_s)}\n")
 
 
 def write_mlflow_auth_config(stack: Stack) -> Path:

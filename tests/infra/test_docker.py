@@ -162,6 +162,11 @@ def test_the_mlflow_entrypoint_writes_its_config_without_a_password(tmp_path):
     assert "database_uri = postgresql+psycopg2://mlflow@db/mlflow_auth" in ini
     assert "planted-admin-password" not in ini and "admin_password" not in ini
     assert oct((tmp_path / "auth.ini").stat().st_mode & 0o777) == "0o600"
+    assert "auth_cache_ttl_seconds = 30" in ini  # a verified password remembered 30 s, not a scrypt check a request
+    injected = subprocess.run(["bash", str(DOCKER / "mlflow-entrypoint.sh")], capture_output=True, text=True,
+                              env={**env, "MLFLOW_AUTH_CACHE_TTL_SECONDS": "30\nadmin_password = planted"})
+    assert injected.returncode == 2 and "must be 0-99999 seconds" in injected.stderr
+    assert "planted" not in (tmp_path / "auth.ini").read_text()
     missing = subprocess.run(["bash", str(DOCKER / "mlflow-entrypoint.sh")], capture_output=True, text=True,
                              env={"PATH": os.environ["PATH"]})
     assert missing.returncode != 0 and "set MLFLOW_BACKEND_STORE_URI" in missing.stderr

@@ -9,8 +9,11 @@ it tries (a new version, an alias, a tag, a delete) is refused by the server wit
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +32,19 @@ def mlflow_server(tmp_path_factory) -> Iterator[dict[str, str]]:
     """A basic-auth MLflow server; yields its URI and the two accounts' passwords (generated, never literals)."""
     with basic_auth_server(tmp_path_factory.mktemp("mlflow-auth"), timeout_s=45) as server:
         yield {**server, "reader_password": secrets.token_urlsafe(16)}
+
+
+def _signs_in(uri: str, account: tuple[str, str]) -> bool:
+    """One read as ``account``: True when the server lets it in, False on its 401."""
+    token = base64.b64encode(":".join(account).encode()).decode()
+    request = urllib.request.Request(f"{uri}/api/2.0/mlflow/registered-models/search",
+                                     headers={"Authorization": f"Basic {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30):
+            return True
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 401, exc.code
+        return False
 
 
 def _registered_champion(settings, client, tmp_path: Path) -> tuple[str, str]:
@@ -66,6 +82,14 @@ def test_the_reader_resolves_and_downloads_the_champion_and_every_write_is_refus
     monkeypatch.setenv(identity.PASSWORD_VARIABLE, admin[1])
     assert ensure_reader(uri, admin, reader) == "created"
     assert ensure_reader(uri, admin, reader) == "updated"  # the next `cd4ml up`: same account, password set again
+    # The server remembers a verified password (auth_cache_ttl_seconds), but a password set through the API takes
+    # effect at once: the old one is refused on the next request, not after the cache's 30 s.
+    rotated = (READER, f"rotated-{reader[1]}")
+    assert _signs_in(uri, reader) and _signs_in(uri, reader)  # verified, then from the cache
+    assert ensure_reader(uri, admin, rotated) == "updated"
+    assert not _signs_in(uri, reader) and _signs_in(uri, rotated)
+    assert ensure_reader(uri, admin, reader) == "updated"
+    assert not _signs_in(uri, rotated) and _signs_in(uri, reader)
     with pytest.raises(RegistryAccountError):
         ensure_reader(uri, admin, (ADMIN, "x"))  # never the admin under the reader's name
     # the project's client: it also points MLflow's process-wide URIs here (an earlier test may have set others)
