@@ -90,12 +90,10 @@ test-nofastdup:
 ## worker killed mid-task and auth refusals, the Airflow UI in headless Chromium (installed from Debian if missing),
 ## the release and deadline DAGs under a real scheduler and API server (approvals, timeouts, rollback), and sit, uat
 ## and prod as three running deployments (`cd4ml topology up`: a model walked from sit to prod by events).
-## In STACK_PROCESSES processes, a test file per process at a time, the longest first (tests/conftest.py): the three
-## deployments (one file, its stacks started once), the release DAGs, and the shorter stack files one after another
-## beside them. (Not --dist loadgroup: pytest-xdist 3.8.0's groups do nothing under pytest 9.2.)
-STACK_PROCESSES ?= 3
+## In TEST_PROCESSES processes, a test file per process at a time: the three deployments (one file, its stacks
+## started once) beside the other stacks. (Not --dist loadgroup: pytest-xdist 3.8.0's groups do nothing under pytest 9.2.)
 test-stack: $(STAMP) browser-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(STACK_PROCESSES) --dist loadfile --durations=10 \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile --durations=10 \
 	  -m "stack or browser"
 
 test-all: test test-stack

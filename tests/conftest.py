@@ -51,15 +51,3 @@ def champion(tmp_path_factory: pytest.TempPathFactory):
     from tests.factories.champion import champion_home
 
     return champion_home(str(tmp_path_factory.mktemp("champion-home")))
-
-
-# The longest files first, so that pytest-xdist's `--dist loadfile` starts each on its own process at once and the
-# short ones fill in beside them (the running stacks: `make test-stack`; the whole-DAG runs: `make test`). Collection
-# order otherwise: alphabetical, which started the three-deployment file last. Within a file the order is kept.
-LONGEST_FIRST = ("tests/stack/test_topology.py", "tests/dags/test_release_dags.py", "tests/stack/test_scaleout.py",
-                 "tests/dags/test_dags_run.py", "tests/dags/test_dags_run_variants.py")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order

@@ -36,10 +36,7 @@ pytestmark = [pytest.mark.airflow, pytest.mark.stack]  # real scheduler + API se
 DATE = "2026-11-21"
 # Fewer epochs, a lower floor and a latency limit that a loaded 2-core machine meets (prod's 150 ms p95 failed a
 # re-gate at 215 ms while other jobs ran): these tests are about the release flow, not about accuracy or speed.
-# The smoke test (a fresh process loading the model) is the gate's own business, run by the whole-DAG tests of
-# `make test`: off here, as in tests/stack/test_topology.py.
-FAST = {"training": {"epochs": 5, "patience": 2},
-        "gate": {"min_value": 0.8, "max_latency_p95_ms": 2000, "smoke_test": False}}
+FAST = {"training": {"epochs": 5, "patience": 2}, "gate": {"min_value": 0.8, "max_latency_p95_ms": 2000}}
 
 
 def _conf(target: Path, prod: dict, uat: dict | None = None) -> Path:
