@@ -259,13 +259,13 @@ def _run(stack: Stack, args: list[str], what: str, check: bool = True) -> subpro
 AUTH_CACHE_TTL_S = 30
 
 
-def mlflow_auth_ini(database_uri: str, cache_ttl_s: int = AUTH_CACHE_TTL_S) -> str:
+def mlflow_auth_ini(database_uri: str) -> str:
     """The basic-auth app's ini for a user store; no password in it."""
     return ("[mlflow]\n"
             "default_permission = READ\n"  # signed-in users read (the reader account no more); owners and admins edit
             f"database_uri = {database_uri}\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-            f"auth_cache_ttl_seconds = {int(cache_ttl_s)}\n")
+            f"auth_cache_ttl_seconds = {AUTH_CACHE_TTL_S}\n")
 
 
 def write_mlflow_auth_config(stack: Stack) -> Path:

@@ -9,18 +9,15 @@ it tries (a new version, an alias, a tag, a delete) is refused by the server wit
 
 from __future__ import annotations
 
-import base64
 import os
 import secrets
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tasks.models import identity
-from tasks.ops.registry_accounts import RegistryAccountError, ensure_reader
+from tasks.ops.registry_accounts import RegistryAccountError, _call, ensure_reader
 from tests.factories.mlflow_server import ADMIN, basic_auth_server
 
 pytestmark = pytest.mark.server
@@ -35,16 +32,10 @@ def mlflow_server(tmp_path_factory) -> Iterator[dict[str, str]]:
 
 
 def _signs_in(uri: str, account: tuple[str, str]) -> bool:
-    """One read as ``account``: True when the server lets it in, False on its 401."""
-    token = base64.b64encode(":".join(account).encode()).decode()
-    request = urllib.request.Request(f"{uri}/api/2.0/mlflow/registered-models/search",
-                                     headers={"Authorization": f"Basic {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=30):
-            return True
-    except urllib.error.HTTPError as exc:
-        assert exc.code == 401, exc.code
-        return False
+    """One read as ``account`` (the accounts module's own request): True when the server lets it in, False on its 401."""
+    status, _ = _call(uri, account, "GET", "/api/2.0/mlflow/registered-models/search")
+    assert status in (200, 401), status
+    return status == 200
 
 
 def _registered_champion(settings, client, tmp_path: Path) -> tuple[str, str]:
