@@ -36,13 +36,17 @@ pytestmark = [pytest.mark.airflow, pytest.mark.stack]  # real scheduler + API se
 DATE = "2026-11-21"
 # Fewer epochs, a lower floor and a latency limit that a loaded 2-core machine meets (prod's 150 ms p95 failed a
 # re-gate at 215 ms while other jobs ran): these tests are about the release flow, not about accuracy or speed.
-FAST = {"training": {"epochs": 5, "patience": 2}, "gate": {"min_value": 0.8, "max_latency_p95_ms": 2000}}
+# The smoke test (a fresh process loading the model, at each of the seven gates here) is the gate's own business,
+# run by make test (tests/tasks/release/test_release.py, the DAG runs on default settings): off here, as in the
+# three-deployment test.
+FAST = {"training": {"epochs": 5, "patience": 2},
+        "gate": {"min_value": 0.8, "max_latency_p95_ms": 2000, "smoke_test": False}}
 
 
 def _conf(target: Path, prod: dict, uat: dict | None = None) -> Path:
     return edited_conf(target, FAST, {
         "uat.yaml": {"release": uat or {}},
-        "prod.yaml": {"release": {**prod, "approval_timeout_hours": 0.03}},  # 108 s; prod's approvers stay
+        "prod.yaml": {"release": {**prod, "approval_timeout_hours": 0.02}},  # 72 s; prod's approvers stay
     })
 
 
