@@ -96,9 +96,9 @@ def build_env(home: str, dags_folder: str, port: int, users=DEFAULT_USERS, env_e
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url}/execution/",
             # speed knobs
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            # New files are found by the refresh; a parsed file is not parsed again while the test runs (its DAG
-            # files do not change): re-parsing every file every 5 s cost 15 CPU-s a minute per deployment here.
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
+            # New and changed files are parsed at the next refresh; an unchanged file again after 60 s, so a first
+            # parse that failed heals within wait_for_dag's 120 s. Every 5 s cost 15 CPU-s per 90 s per deployment.
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "60",
             # the HITL timeout sweep runs every trigger_timeout_check_interval (default 15 s)
             "AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL": "2",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
