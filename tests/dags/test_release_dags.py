@@ -30,17 +30,18 @@ from tests.dags.airflow_services import (
     wait_for_awaiting_input,
     wait_for_run,
 )
-from tests.dags.conftest import DAGS, PLUGINS, edited_conf, run_airflow
+from tests.dags.conftest import (
+    DAGS,
+    PLUGINS,
+    RELEASE_FLOW_GATE,
+    RELEASE_FLOW_TRAINING,
+    edited_conf,
+    run_airflow,
+)
 
 pytestmark = [pytest.mark.airflow, pytest.mark.stack]  # real scheduler + API server: make test-stack
 DATE = "2026-11-21"
-# Fewer epochs, a lower floor and a latency limit that a loaded 2-core machine meets (prod's 150 ms p95 failed a
-# re-gate at 215 ms while other jobs ran): these tests are about the release flow, not about accuracy or speed.
-# The smoke test (a fresh process loading the model, at each of the seven gates here) is the gate's own business,
-# run by make test (tests/tasks/release/test_release.py, the DAG runs on default settings): off here, as in the
-# three-deployment test.
-FAST = {"training": {"epochs": 5, "patience": 2},
-        "gate": {"min_value": 0.8, "max_latency_p95_ms": 2000, "smoke_test": False}}
+FAST = {"training": RELEASE_FLOW_TRAINING, "gate": RELEASE_FLOW_GATE}  # the release flow, not accuracy or speed
 
 
 def _conf(target: Path, prod: dict, uat: dict | None = None) -> Path:

@@ -49,6 +49,7 @@ from tests.dags.airflow_services import (
     wait_for_awaiting_input,
     wait_for_run,
 )
+from tests.dags.conftest import RELEASE_FLOW_GATE, RELEASE_FLOW_TRAINING
 from tests.peers import free_port
 from tests.stack import harness
 from tests.stack.harness import BIN, REPO
@@ -58,12 +59,11 @@ pytestmark = pytest.mark.stack
 
 ENVS = ("sit", "uat", "prod")
 REDIS_DBS = {"sit": 12, "uat": 13, "prod": 14}
-# The release flow, not accuracy or speed (as tests/dags/test_release_dags.py's FAST): fewer epochs, a lower
-# floor and a latency limit a loaded 2-core machine meets; no schedules besides the events themselves.
-# (the gate in every file: uat's and prod's own files set theirs); the reconcile runs when the test triggers it.
-# The smoke test (a fresh process loading the model) is the gate's own business, tested elsewhere: off here.
-FAST_GATE = {"gate": {"min_value": 0.8, "max_latency_p95_ms": 2000, "smoke_test": False}}
-FAST = {"ingest": {"schedule": None}, "training": {"epochs": 5, "patience": 2},
+# The release flow's settings (tests/dags/conftest.py, as the release DAGs' test); no schedules besides the events
+# themselves (the gate in every file: uat's and prod's own files set theirs); the reconcile runs when the test
+# triggers it.
+FAST_GATE = {"gate": RELEASE_FLOW_GATE}
+FAST = {"ingest": {"schedule": None}, "training": RELEASE_FLOW_TRAINING,
         "release": {"upstream_registry": {"reconcile_schedule": None}}, **FAST_GATE}
 
 
