@@ -71,7 +71,10 @@ def run_stage(root: Path, stage: str, home: Path | None = None) -> None:
 
     log = _wrapped_phases()
     settings = load_settings("sit", home=home or root / "home")
-    print(f"\n{stage}: after imports {rss_mb():.0f} MB resident", flush=True)
+    import pyarrow as pa  # after ``tasks``: its process defaults pick Arrow's memory pool
+
+    print(f"\n{stage}: after imports {rss_mb():.0f} MB resident, Arrow's pool {pa.default_memory_pool().backend_name}",
+          flush=True)
     day = "2026-11-21" if stage == "full" else "2026-11-22"
     raw = ingest_landing(settings, run_id=f"mem-{stage}", logical_date=day, landing=root / stage).raw_version
     print(f"{stage}: after ingest {rss_mb():.0f} MB resident, peak {peak_mb():.0f} MB", flush=True)
