@@ -8,7 +8,7 @@ pyarrow is imported: a step imports ``tasks`` before pyarrow (a DAG file imports
 default (mimalloc) keeps what a scan freed, also after ``release_unused``: one scan of the copy-score table's
 key columns at 100,000 images left about 105 MB resident with 3 MB allocated (the system pool: about 28 MB), and
 a 1% curation batch peaked at 677 MB against 523 with the system pool, in as many seconds (bench/README.md,
-"Arrow's memory pool").
+"Curation at scale", run 27).
 """
 
 import os as _os
