@@ -11,7 +11,7 @@ Triggered by the `curated_images` Asset, or by hand with an explicit `curated_ve
    stops here with one alert on harmful drift (a harmless one warns and trains), `retrain`
    trains only on drifted data (**retrain_gate** skips the rest otherwise). First run:
    no champion, skipped and said so.
-2. **tuning** (Param `tune`): an Optuna study (SQLite locally, PostgreSQL in production)
+2. **tuning** (Param `tune`), after the gate: an Optuna study (SQLite locally, PostgreSQL in production)
    whose trials run as mapped tasks, on as many workers as are free; each trial is a nested
    MLflow run and bad trials are pruned early. The best trial's parameters train the candidate.
 3. **train**: torch on that exact curated version, tracked in MLflow with the Delta table and
@@ -83,7 +83,7 @@ def cd4ml_train():
     data = resolve_input()
     drift = drift_check(data)
     gate = retrain_gate(drift)  # training and everything after it are skipped when the gate says no
-    trained = training(gate, data, drift, tuning(data))
+    trained = training(gate, data, drift, tuning(gate, data))
     release_flow(register(trained, drift), data)
 
 

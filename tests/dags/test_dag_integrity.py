@@ -27,7 +27,7 @@ EXPECTED = {
     "cd4ml_train": {
         "resolve_input": {"drift_check", "create_study", "tune_trial", "train", "evaluate_gate", "inputs_failed"},
         "drift_check": {"train", "register", "retrain_gate"},
-        "retrain_gate": {"train"},
+        "retrain_gate": {"train", "create_study"},
         "create_study": {"trial_indices", "tune_trial", "best_params"},
         "trial_indices": {"tune_trial"},
         "tune_trial": {"best_params"},

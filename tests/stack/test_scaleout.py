@@ -168,6 +168,8 @@ def test_chain_survives_a_killed_worker_without_duplicates(stack) -> None:
 
     trials = _mapped(h, "cd4ml_train", train, "tune_trial")
     assert len(trials) == 2 and all(t["state"] == "success" for t in trials), trials
+    # The trials wait for the drift gate, so they are the run's only tasks left to start: queued together, one
+    # a worker (prefetch 1, acks late). Beside drift_check they once queued one at a time, both on one worker.
     workers = {t["hostname"].split("@")[0] for t in trials}
     assert workers == {"worker-1", "worker-2"}, f"trials ran on {workers}: {trials}"
 

@@ -1,6 +1,6 @@
 """cd4ml_train's tasks: the input version, the drift check, tuning, training and registration.
 
-``tuning(data)`` and ``training(gate, data, drift, best)`` wire the parts with more than one task;
+``tuning(gate, data)`` and ``training(gate, data, drift, best)`` wire the parts with more than one task;
 where training runs is a setting read at parse time (``training.launcher``): this worker (the
 ``train`` task) or a pod of the trainer image (``trainer_pod`` then a KubernetesPodOperator named
 ``train``).
@@ -142,9 +142,14 @@ def best_params(settings, context, study: dict | None) -> dict:
     return {"study_name": study["study_name"], "params": params}
 
 
-def tuning(data):
-    """create_study -> one mapped tune_trial per trial -> best_params (the best trial's parameters, or {})."""
+def tuning(gate, data):
+    """create_study -> one mapped tune_trial per trial -> best_params (the best trial's parameters, or {}).
+
+    After the drift gate: a run the gate stops spends no trial, and the trials are the only tasks of the run
+    left to start, so they start together on as many workers as are free (drift_check beside them held a
+    slot, and the trials then queued one at a time)."""
     study = create_study(data)
+    gate >> study
     trials = tune_trial.partial(study=study, data=data).expand(trial_index=trial_indices(study))
     best = best_params(study)
     trials >> best
