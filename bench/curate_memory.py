@@ -38,8 +38,9 @@ PHASES = {
                               "write_report_rows", "_galleries", "write_page"],
     "tasks.curation.plan": ["read_raw", "_features", "stored_rows", "_computed", "facts_in_order", "read_assignments",
                             "screen", "guard_outliers", "_group", "_neighbours", "_link_copies",
-                            "assign", "nearest_map", "_decide_duplicates", "store_features", "store_scores",
-                            "store_nearest"],
+                            "assign", "nearest_map", "prior_walk", "touched_components", "_decide_duplicates",
+                            "separation_by_class", "_dedupe", "over_budget", "bridge_rows", "_decisions",
+                            "_kept_facts", "store_features", "store_scores", "store_nearest"],
 }
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.curation.sha_list import Keys
 from tasks.data import lake
 
 log = logging.getLogger("tasks.curation.curate")
@@ -74,10 +75,11 @@ class StoredScores:
     """
 
     def __init__(self, uri: str | None, config: str, eligible: Sequence[str],
-                 pairs: dict[tuple[str, str], float] | None = None) -> None:
+                 pairs: dict[tuple[str, str], float] | None = None, keys: Keys | None = None) -> None:
         if any(x >= y for x, y in zip(eligible, itertools.islice(eligible, 1, None))):
             raise ValueError("StoredScores: the eligible images must be sorted and distinct (found by bisection)")
         self.eligible = eligible
+        self._keys = keys  # ``eligible`` as a byte array (the plan's own; else made at the first scan)
         self._uri, self._config = uri, config
         self._version = lake.current_version(uri) if uri is not None else None
         self._read = np.zeros(len(eligible), dtype=bool)  # eligible positions whose pairs are held
@@ -128,14 +130,16 @@ class StoredScores:
         has not been read (a pair with a read image was read with it), kept as eligible positions.
 
         A block's rows are first narrowed to those naming a wanted image (a set lookup of the few wanted); the
-        rows left are coded against the eligible images ``LOOKUP_BLOCK_ROWS`` at a time (a lookup hashes its
-        whole value set: 0.43 s a million). When most images are wanted (a full scan) the narrowing is skipped.
+        rows left are coded against the eligible images ``LOOKUP_BLOCK_ROWS`` at a time, by binary search in their
+        byte array (``sha_list.Keys``: an Arrow lookup hashed its whole value set each time, 0.43 s and about
+        190 MB held a million). When most images are wanted (a full scan) the narrowing is skipped.
         """
         self.scans += 1
         is_new = np.zeros(len(self.eligible), dtype=bool)
         is_new[new] = True
         narrow = pa.array([self.eligible[i] for i in new.tolist()], pa.string()) if 2 * len(new) < len(is_new) else None
-        eligible = pa.array(self.eligible, pa.string())
+        if self._keys is None:
+            self._keys = Keys.of(self.eligible)
         pending: list[pa.Table] = []
         for block in lake.scan_blocks(self._uri, self._version, ["sha256_a", "sha256_b", "score", "config"],
                                       lake.LOOKUP_BLOCK_ROWS):
@@ -145,15 +149,14 @@ class StoredScores:
                 keep = pc.and_(keep, pc.or_(found.slice(0, block.num_rows), found.slice(block.num_rows)))
             pending.append(block.select(["sha256_a", "sha256_b", "score"]).filter(keep))
             if sum(t.num_rows for t in pending) >= lake.LOOKUP_BLOCK_ROWS:
-                self._code_rows(pa.concat_tables(pending), eligible, is_new)
+                self._code_rows(pa.concat_tables(pending), self._keys, is_new)
                 pending = []
         if pending:
-            self._code_rows(pa.concat_tables(pending), eligible, is_new)
+            self._code_rows(pa.concat_tables(pending), self._keys, is_new)
 
-    def _code_rows(self, rows: pa.Table, eligible: pa.Array, is_new: np.ndarray) -> None:
+    def _code_rows(self, rows: pa.Table, eligible: Keys, is_new: np.ndarray) -> None:
         """Hold the pairs of ``rows`` with both images eligible, one of them new and neither read before."""
-        codes = pc.fill_null(pc.index_in(both_keys(rows), value_set=eligible), -1)
-        codes = codes.to_numpy(zero_copy_only=False).astype(np.int64)
+        codes = eligible.positions(both_keys(rows))
         a, b = codes[:rows.num_rows], codes[rows.num_rows:]
         ok = (a >= 0) & (b >= 0)
         a0, b0 = np.where(ok, a, 0), np.where(ok, b, 0)

@@ -287,7 +287,7 @@ def _group(settings: Settings, eligible: list[str], asked: Keys, record: dict[st
     # The signatures come from one scan of the pairs' images. It leaves their bytes held for the snapshot and the
     # report within a budget (a batch's); past it (a first curation's every image) those steps scan again.
     # The stored scores are read by image as the phases ask (the new images and their candidates first).
-    scores = CopyScores(images, StoredScores(settings.table_uri(PAIRS_TABLE), score_config(), eligible),
+    scores = CopyScores(images, StoredScores(settings.table_uri(PAIRS_TABLE), score_config(), eligible, keys=asked),
                         scan=images.blocks_holding)
     scores.want(eligible[i] for i in np.union1d(candidates.ravel(), pending).tolist())
     copy_edges = _link_copies(cfg, eligible, candidates, scores, sets)

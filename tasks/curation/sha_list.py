@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 WRITE_ROWS = 65_536  # lines joined at a time when a list is written
 _LINE = 65  # a sha256's 64 hex digits and a newline: the fast read
@@ -33,6 +34,30 @@ def keys(shas: Sequence[str] | np.ndarray) -> np.ndarray:
     return np.array(shas, dtype="S")
 
 
+def column_keys(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An Arrow string column (no nulls) as ``keys`` would make it, without a Python string a value: a column of
+    sha256s (every value 64 characters) is its data buffer seen as ``S64``, the rest goes through ``keys``."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts = [_chunk_keys(chunk) for chunk in chunks if len(chunk)]
+    if not parts:
+        return np.zeros(0, dtype="S64")
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p.dtype.itemsize for p in parts)
+    return np.concatenate([p.astype(f"S{width}", copy=False) for p in parts])
+
+
+def _chunk_keys(chunk: pa.Array) -> np.ndarray:
+    if chunk.null_count:
+        raise ValueError("column_keys: a key column holds nulls")
+    if pa.types.is_string(chunk.type):  # int32 offsets: a run of 64-character values is one buffer, as is
+        _, offsets, data = chunk.buffers()
+        ends = np.frombuffer(offsets, dtype=np.int32, count=len(chunk) + 1, offset=4 * chunk.offset)
+        if bool((np.diff(ends) == 64).all()):
+            return np.frombuffer(data, dtype="S64", count=len(chunk), offset=int(ends[0]))
+    return keys(chunk.to_pylist())
+
+
 @dataclass(frozen=True)
 class Keys:
     """sha256s looked up among (a curation's eligible images): their byte array and the order that sorts it
@@ -48,6 +73,11 @@ class Keys:
 
     def __len__(self) -> int:
         return len(self.array)
+
+    def positions(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """Each value's position among these keys, or -1 (int64): a binary search a value, no hash of the keys
+        (an Arrow ``index_in`` against a million sha256s held about 190 MB while it ran, bench/README.md)."""
+        return ShaList(column_keys(column)).located(self)
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

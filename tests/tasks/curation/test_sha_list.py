@@ -6,6 +6,7 @@ import hashlib
 import random
 
 import numpy as np
+import pytest
 
 from tasks.curation.sha_list import Keys, ShaList
 
@@ -59,3 +60,30 @@ def test_a_list_extended_keeps_its_rows_and_adds_after_them_whatever_the_widths(
     assert _strings(longer) == ["a", "c", *_shas(2, 4)] and _strings(short) == ["a", "c"]
     assert longer.rows_of(Keys.of(["b", "c", _shas(2, 4)[1]])).tolist() == [-1, 1, 3]
     assert longer.extended([]) is longer
+
+
+def test_an_arrow_column_is_located_among_the_keys_as_an_arrow_lookup_would():
+    """``Keys.positions``: the sha256s' data buffer as is (sliced and chunked too), other values one by one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tasks.curation.sha_list import Keys, column_keys
+
+    rng = np.random.default_rng(3)
+    eligible = sorted(bytes(r).hex() for r in rng.integers(0, 256, size=(300, 32), dtype=np.uint8))
+    asked = [eligible[i] for i in rng.integers(0, 300, 200).tolist()] + _shas(20, seed=9)
+    column = pa.chunked_array([pa.array(asked[:90]), pa.array(asked).slice(90, 130)])  # a chunk with an offset
+    expected = pc.fill_null(pc.index_in(column, value_set=pa.array(eligible)), -1).to_numpy(zero_copy_only=False)
+    for keys in (Keys.of(eligible), Keys.of(list(reversed(eligible)))):  # sorted, or with the order that sorts it
+        got = keys.positions(column)
+        located = [eligible.index(asked[i]) if asked[i] in eligible else -1 for i in range(len(asked))]
+        if keys.order is None:
+            assert got.tolist() == expected.tolist() == located
+        else:  # positions among the reversed list
+            assert got.tolist() == [299 - p if p >= 0 else -1 for p in located]
+    assert column_keys(column).dtype == np.dtype("S64")
+    # Not sha256s (other lengths): one value at a time, the same answers.
+    odd = pa.array(["b", "a" * 70, "cd", "a"])
+    assert Keys.of(["a", "b", "cd"]).positions(odd).tolist() == [1, -1, 2, 0]
+    with pytest.raises(ValueError, match="nulls"):
+        column_keys(pa.array(["a", None]))
