@@ -58,6 +58,7 @@ from tasks.curation.fastdup_optional import fastdup_installed, import_fastdup
 from tasks.curation.feature_facts import FACT_COLUMNS, FeatureFacts, ImageFeatures
 from tasks.curation.image_stats import NORM_MAX_SIDE, NORM_SIDE, ImageStats, image_stats
 from tasks.curation.pixel_keys import PixelKeys
+from tasks.curation.sha_list import Keys, ShaList, column_keys
 from tasks.curation.tables import RawRows
 from tasks.data import lake
 from tasks.settings import CurationSettings
@@ -294,18 +295,19 @@ def _run_fastdup(files: list[str], work_dir: Path) -> tuple[dict[str, np.ndarray
 
 def load_features(uri: str, config: str, shas: set[str], vectors: bool = True) -> Features:
     """The stored features of ``shas`` under ``config`` (missing ones are simply absent; ``stored_rows``)."""
-    return _as_features(stored_rows(uri, config, pa.array(sorted(shas), pa.string()), vectors))
+    return _as_features(stored_rows(uri, config, Keys.of(sorted(shas)), vectors))
 
 
 NO_FACTS = dict.fromkeys(FACT_COLUMNS)  # a fact an older table lacks: null
 FACTS_SCHEMA = pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in ("sha256", *FACT_COLUMNS)])
 
 
-def stored_rows(uri: str, config: str, wanted: pa.Array, vectors: bool = False) -> pa.Table:
+def stored_rows(uri: str, config: str, wanted: Keys, vectors: bool = False) -> pa.Table:
     """The stored rows of ``wanted``'s images under ``config``, in the table's order: ``sha256`` and the facts
     (``FACTS_SCHEMA``; null where an older table lacks a fact), with ``vectors`` the embedding too.
 
-    Streamed in blocks of rows (``lake.scan_blocks``), keeping only the rows of ``wanted``; without ``vectors`` the
+    Streamed in blocks of rows (``lake.scan_blocks``), keeping only the rows of ``wanted`` (found by binary search in
+    their byte array: an Arrow ``is_in`` hashed every wanted sha256 a block, about 190 MB at a million); without ``vectors`` the
     embedding column is not read at all (the neighbour search reads the vectors from their memory-mapped file:
     ``tasks.curation.vectors``), so memory holds the facts of these images, not the table.
     """
@@ -317,22 +319,27 @@ def stored_rows(uri: str, config: str, wanted: pa.Array, vectors: bool = False) 
         for block in lake.scan_blocks_with_defaults(uri, version, schema.names, lake.LOOKUP_BLOCK_ROWS, schema,
                                                     NO_FACTS):
             part = block.cast(schema)
-            keep = pc.and_(pc.equal(part.column("config"), config), pc.is_in(part.column("sha256"), value_set=wanted))
+            keep = pc.and_(pc.equal(part.column("config"), config),
+                           pa.array(wanted.positions(part.column("sha256")) >= 0))
             parts.append(part.filter(keep).drop_columns(["config"]))  # the config strings are not held
     return pa.concat_tables(parts) if parts else schema.empty_table().drop_columns(["config"])
 
 
-def facts_in_order(stored: pa.Table, fresh: pa.Table, wanted: pa.Array, found: pa.Array, rows: RawRows
-                   ) -> FeatureFacts:
-    """The facts of each of ``rows``' images (``wanted``: their sha256s, in order) sharing their map: its row of
-    ``stored`` where ``found`` (``pc.index_in`` of ``wanted`` in ``stored``) has one, else its row of ``fresh``
-    (``KeyError`` for neither). Taken by position in Arrow, a column at a time: no Python string or map an image
-    (the stored facts had their own map from sha256 to position and their own sha256 strings, made to be dropped
-    once aligned to the raw rows)."""
-    at = pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+def stored_positions(stored: pa.Table, wanted: Keys) -> np.ndarray:
+    """Each of ``wanted``'s images' row of ``stored`` (the first, if twice), -1 where it has none (int64)."""
+    return ShaList(column_keys(stored.column("sha256"))).rows_of(wanted)
+
+
+def facts_in_order(stored: pa.Table, fresh: pa.Table, found: np.ndarray, rows: RawRows) -> FeatureFacts:
+    """The facts of each of ``rows``' images sharing their map: its row of ``stored`` where ``found``
+    (``stored_positions``) has one, else its row of ``fresh`` (``KeyError`` for neither). Taken by position in
+    Arrow, a column at a time: no Python string or map an image (the stored facts had their own map from sha256 to
+    position and their own sha256 strings, made to be dropped once aligned to the raw rows)."""
+    at = np.array(found, dtype=np.int64)
     missing = np.flatnonzero(at < 0)
     if len(missing):
-        in_fresh = pc.index_in(wanted.take(pa.array(missing)), value_set=fresh.column("sha256"))
+        unstored = pa.array([rows.shas[i] for i in missing.tolist()], pa.string())  # the batch's: few
+        in_fresh = pc.index_in(unstored, value_set=fresh.column("sha256"))
         if in_fresh.null_count:
             raise KeyError(f"{in_fresh.null_count} images have neither stored nor computed features")
         at[missing] = stored.num_rows + in_fresh.to_numpy(zero_copy_only=False)

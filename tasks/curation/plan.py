@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tasks.curation.assignments import Assignment, RecordAfter, assign, bridge_rows, read_assignments
 from tasks.curation.class_guard import guard_outliers, over_budget
@@ -43,6 +42,7 @@ from tasks.curation.curation_features import (
     facts_in_order,
     feature_config,
     store_features,
+    stored_positions,
     stored_rows,
     stored_vectors,
 )
@@ -223,14 +223,15 @@ def _features(settings: Settings, rows: RawRows, images: RawImages, run_id: str,
     once. The rows computed now are stored before the planning goes on (at a million images, about 0.5 GB
     that were held to the end of the plan). The facts are in the raw rows' order and share their map (``at``)."""
     cfg, uri = settings.curation, settings.table_uri(EMBEDDINGS_TABLE)
-    wanted = pa.array(rows.shas, pa.string())
+    wanted = Keys.of(rows.shas)  # sorted: found by binary search, no hash of every sha256
     stored = stored_rows(uri, feature_config(cfg), wanted)
-    found = pc.index_in(wanted, value_set=stored.column("sha256"))  # each image's stored row (null: none)
-    missing = np.flatnonzero(found.is_null().to_numpy(zero_copy_only=False))
+    found = stored_positions(stored, wanted)  # each image's stored row (-1: none)
+    del wanted
+    missing = np.flatnonzero(found < 0)
     fresh = _computed(cfg, images, [rows.shas[i] for i in missing.tolist()], len(rows), work, run_id)
     if fresh.num_rows:
         store_features(uri, fresh, {**cache_meta, "feature_config": feature_config(cfg), "step": "curate_features"})
-    facts = facts_in_order(stored, fresh, wanted, found, rows)
+    facts = facts_in_order(stored, fresh, found, rows)
     return Features(facts, *computed_vectors(fresh)), fresh.num_rows, stored.num_rows
 
 

@@ -133,9 +133,9 @@ class ShaList:
         return np.where(wanted[at] == array, at, -1).astype(np.int64, copy=False)
 
     def rows_of(self, among: Keys) -> np.ndarray:
-        """The row of each of ``among`` in this list, or -1."""
+        """The row of each of ``among`` in this list (the first, if listed twice), or -1."""
         at = self.located(among)
         rows = np.full(len(among), -1, dtype=np.int64)
-        listed = np.flatnonzero(at >= 0)
+        listed = np.flatnonzero(at >= 0)[::-1]  # the last assignment to a position stands: the first row, last
         rows[at[listed]] = listed
         return rows

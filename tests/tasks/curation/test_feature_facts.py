@@ -2,12 +2,12 @@
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
-from tasks.curation.curation_features import FACTS_SCHEMA, Features, facts_in_order
+from tasks.curation.curation_features import FACTS_SCHEMA, Features, facts_in_order, stored_positions
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
 from tasks.curation.outliers import CONSTANT_STD, Measured, constant_images, is_constant, outlier_reason, screen
+from tasks.curation.sha_list import Keys
 from tasks.curation.tables import RawFacts, RawRows
 from tasks.settings import OutlierSettings
 
@@ -40,14 +40,14 @@ def _table(rows: dict[str, ImageFeatures]) -> pa.Table:
 def test_facts_in_the_raw_rows_order_come_from_the_stored_rows_else_the_computed_ones_and_share_their_map():
     stored, fresh = _table({"c": OLD, "a": GOOD}), _table({"b": BLACK})
     rows = RawRows.of(RawFacts(s, "1", 32, 32) for s in "abc")
-    wanted = pa.array(rows.shas)
-    found = pc.index_in(wanted, value_set=stored.column("sha256"))
-    facts = facts_in_order(stored, fresh, wanted, found, rows)
+    found = stored_positions(stored, Keys.of(rows.shas))
+    assert found.tolist() == [1, -1, 0]
+    facts = facts_in_order(stored, fresh, found, rows)
     assert facts.at is rows.at and list(facts) == ["a", "b", "c"]
     assert dict(facts) == {"a": GOOD, "b": BLACK, "c": OLD}
     assert facts.failed().tolist() == [False, False, False] and constant_images(facts) == {"b"}
     with pytest.raises(KeyError, match="1 images have neither"):
-        facts_in_order(stored, _table({}), wanted, found, rows)
+        facts_in_order(stored, _table({}), found, rows)
 
 
 def test_constant_images_are_those_is_constant_names():
