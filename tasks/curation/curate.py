@@ -97,7 +97,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tasks.curation.assignments import store_record
 from tasks.curation.curation_features import feature_config, write_galleries
@@ -114,6 +113,7 @@ from tasks.curation.report import (
 )
 from tasks.curation.report_html import pictured, write_page
 from tasks.curation.reuse import reuse_prior
+from tasks.curation.sha_list import Keys, column_keys
 from tasks.curation.tables import (
     COMPONENTS_TABLE,
     CURATED_SCHEMA,
@@ -231,22 +231,24 @@ def _appended(table: Any, curated: pa.Table) -> pa.Table | None:
     changes or goes, or the table's columns are not this snapshot's.
 
     The stored key columns are read ``lake.LOOKUP_BLOCK_ROWS`` at a time (read whole, they set a batch's peak at
-    100,000 images); each stored row is found among the kept ones by one hash lookup a block (no sort of either
-    side: at a million rows two string sorts were most of this step in a batch), then its key columns compared.
+    100,000 images); each stored row is found among the kept ones (sorted) by binary search in their sha256 column's
+    bytes (no sort of either side: at a million rows two string sorts were most of this step in a batch; an Arrow
+    lookup hashed every kept sha256 a block), then its key columns compared.
     """
     if pa.schema(table.schema().to_arrow()).names != CURATED_SCHEMA.names:
         return None
     kept = curated.select(SNAPSHOT_KEY_COLUMNS)
+    keys = Keys.of(column_keys(kept.column("sha256")))  # sorted: the column's own bytes, searched
     known = np.zeros(curated.num_rows, dtype=bool)
     stored = 0
     for block in lake.scan_blocks(table.table_uri, table.version(), SNAPSHOT_KEY_COLUMNS, lake.LOOKUP_BLOCK_ROWS):
-        at = pc.index_in(block.column("sha256"), value_set=kept.column("sha256"))
-        if at.null_count:  # a stored row is not kept now
+        at = keys.positions(block.column("sha256"))
+        if (at < 0).any():  # a stored row is not kept now
             return None
-        staying = kept.take(at)
+        staying = kept.take(pa.array(at))
         if not all(staying.column(c).equals(block.column(c)) for c in SNAPSHOT_KEY_COLUMNS):
             return None
-        known[at.to_numpy()] = True
+        known[at] = True
         stored += block.num_rows
     if stored == 0 or int(known.sum()) != stored:  # empty, or a sha256 stored twice: the snapshot is rewritten whole
         return None
