@@ -26,7 +26,7 @@ docs/curation.md, "When the rule abstains").
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -60,11 +60,18 @@ class ClassSeparation:
         return {k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(self).items()}
 
 
-def separation(label: str, nearest: list[float], threshold: float, min_z: float, min_images: int) -> ClassSeparation:
+def residual_logs(scores: np.ndarray) -> np.ndarray:
+    """``residual_log`` of each score, as one array (math's log a value: the same numbers as the scalar)."""
+    return np.fromiter((residual_log(v) for v in scores.tolist()), dtype=np.float64, count=len(scores))
+
+
+def separation(label: str, nearest: Sequence[float] | np.ndarray, threshold: float, min_z: float, min_images: int
+               ) -> ClassSeparation:
     """Whether ``threshold`` lies clear of the bulk of this class's nearest scores (see the module doc)."""
-    x = np.asarray([residual_log(v) for v in nearest], dtype=np.float64)
-    above = int(sum(v >= threshold for v in nearest))
-    median_score = float(np.median(nearest)) if nearest else float("nan")
+    scores = np.asarray(nearest, dtype=np.float64)
+    x = residual_logs(scores)
+    above = int((scores >= threshold).sum())
+    median_score = float(np.median(scores)) if len(scores) else float("nan")
     if len(x) < min_images:
         return ClassSeparation(label, len(x), median_score, float("nan"), above, False,
                                f"{len(x)} images with a scored neighbour, fewer than copy_min_class_images "
@@ -82,8 +89,9 @@ def separation(label: str, nearest: list[float], threshold: float, min_z: float,
                            f"{min_z:g}): distinct images of this class score like copies")
 
 
-def separation_by_class(labels: Iterable[str], nearest: dict[str, list[float]], threshold: float, min_z: float,
+def separation_by_class(labels: Iterable[str], nearest: Mapping[str, np.ndarray], threshold: float, min_z: float,
                         min_images: int) -> dict[str, ClassSeparation]:
     """label -> its ``ClassSeparation`` for every label (``nearest``: label -> its images' nearest scores,
     ``tasks.curation.nearest``; a label without any: too few images)."""
-    return {lab: separation(lab, nearest.get(lab, []), threshold, min_z, min_images) for lab in sorted(set(labels))}
+    none = np.zeros(0, dtype=np.float64)
+    return {lab: separation(lab, nearest.get(lab, none), threshold, min_z, min_images) for lab in sorted(set(labels))}
