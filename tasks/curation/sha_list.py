@@ -12,7 +12,7 @@ curation), so no string, dict or set is made an image; the file's bytes are the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -58,18 +58,45 @@ def _chunk_keys(chunk: pa.Array) -> np.ndarray:
     return keys(chunk.to_pylist())
 
 
+_HEX = np.full(256, 255, dtype=np.uint8)  # a lowercase hex digit's value; 255: not one
+_HEX[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
+
+
+def prefixes(array: np.ndarray) -> np.ndarray | None:
+    """The first 16 hex digits of each key as one unsigned 64-bit number, in the keys' own order (a sha256's
+    first 8 bytes); None when a key is shorter or not lowercase hex. Binary search on these is about three times
+    as fast as on the 64-byte keys."""
+    if not len(array) or array.dtype.itemsize < 16:
+        return None
+    digits = _HEX[np.ascontiguousarray(array).view(np.uint8).reshape(len(array), -1)[:, :16]]
+    if bool((digits == 255).any()):
+        return None
+    pairs = (digits[:, 0::2] << 4) | digits[:, 1::2]
+    return np.ascontiguousarray(pairs).view(">u8").ravel().astype(np.uint64)
+
+
 @dataclass(frozen=True)
 class Keys:
     """sha256s looked up among (a curation's eligible images): their byte array and the order that sorts it
-    (``None``: sorted already, as the eligible images are), checked once where they are built, not a lookup."""
+    (``None``: sorted already, as the eligible images are), checked once where they are built, not a lookup.
+
+    ``prefix``: each key's ``prefixes`` number in sorted order when those tell every key apart (found once, 8 bytes
+    a key), else None (every lookup compares whole keys).
+    """
 
     array: np.ndarray
     order: np.ndarray | None
+    prefix: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, shas: Sequence[str] | np.ndarray) -> Keys:
         array = keys(shas)
-        return cls(array, None if bool((array[1:] >= array[:-1]).all()) else np.argsort(array, kind="stable"))
+        order = None if bool((array[1:] >= array[:-1]).all()) else np.argsort(array, kind="stable")
+        prefix = prefixes(array)
+        if prefix is not None:
+            prefix = prefix if order is None else prefix[order]
+            prefix = prefix if bool((prefix[1:] > prefix[:-1]).all()) else None  # two keys share one: whole keys
+        return cls(array, order, prefix)
 
     def __len__(self) -> int:
         return len(self.array)
@@ -128,7 +155,11 @@ class ShaList:
         if not len(array) or not len(wanted):
             return np.full(len(array), -1, dtype=np.int64)
         order = among.order
-        at = np.minimum(np.searchsorted(wanted, array, sorter=order), len(wanted) - 1)
+        mine = prefixes(array) if among.prefix is not None else None
+        if mine is not None:  # the one key with this prefix, if any (``Keys.prefix`` tells every key apart)
+            at = np.minimum(np.searchsorted(among.prefix, mine), len(wanted) - 1)
+        else:
+            at = np.minimum(np.searchsorted(wanted, array, sorter=order), len(wanted) - 1)
         at = at if order is None else order[at]
         return np.where(wanted[at] == array, at, -1).astype(np.int64, copy=False)
 

@@ -87,3 +87,20 @@ def test_an_arrow_column_is_located_among_the_keys_as_an_arrow_lookup_would():
     assert Keys.of(["a", "b", "cd"]).positions(odd).tolist() == [1, -1, 2, 0]
     with pytest.raises(ValueError, match="nulls"):
         column_keys(pa.array(["a", None]))
+
+
+def test_keys_that_share_their_first_sixteen_digits_are_still_told_apart():
+    """The 64-bit prefixes serve a lookup only where they tell every key apart; otherwise whole keys are compared."""
+    import pyarrow as pa
+
+    shared = "0123456789abcdef"
+    eligible = sorted([shared + "0" * 48, shared + "1" * 48, *_shas(50, seed=4)])
+    keys = Keys.of(eligible)
+    assert keys.prefix is None
+    asked = [shared + "1" * 48, shared + "2" * 48, eligible[7], "0" * 64]
+    assert keys.positions(pa.array(asked)).tolist() == [eligible.index(asked[0]), -1, 7, -1]
+    apart = Keys.of(_shas(50, seed=4))
+    assert apart.prefix is not None and len(apart.prefix) == 50
+    assert apart.positions(pa.array(asked)).tolist() == [-1, -1, _shas(50, seed=4).index(eligible[7]), -1]  # given order
+    upper = Keys.of([s.upper() for s in _shas(5, seed=4)])  # not lowercase hex: whole keys
+    assert upper.prefix is None and upper.positions(pa.array([_shas(5, seed=4)[2].upper()])).tolist() != [-1]
