@@ -40,7 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.curation import copy_score
-from tasks.curation.pair_store import StoredPairs, StoredScores, both_keys, joined
+from tasks.curation.pair_store import SCAN_ROWS, StoredPairs, StoredScores, both_keys, joined
+from tasks.curation.sha_list import Keys
 from tasks.data import lake
 
 log = logging.getLogger(__name__)
@@ -194,19 +195,20 @@ class FreshPairs:
     def unstored(self, uri: str, version: int) -> np.ndarray:
         """A mask over the rows as added: True where the table at ``version`` lacks the pair (under this score config).
 
-        The table is read a block at a time, its two sha256 columns coded against this object's images with
-        one set lookup (``_coded_pairs``): the pairs found are integers, never strings.
+        The table is read a block at a time, its two sha256 columns coded against this object's images by binary
+        search in their byte array (``sha_list.Keys``; a full run's are every image): the pairs found are integers,
+        never strings.
         """
         a, b, _ = self._arrays()
         n = max(1, len(self.shas))
         a, b = a.astype(np.int64), b.astype(np.int64)  # a * n overflows int32
-        wanted, config = pa.array(self.shas, pa.string()), score_config()
+        wanted, config = Keys.of(self.shas), score_config()
         found = [np.zeros(0, dtype=np.int64)]
-        for block in lake.scan_blocks(uri, version, ["sha256_a", "sha256_b", "config"], lake.LOOKUP_BLOCK_ROWS):
-            sa, sb = _coded_pairs(block, wanted)
-            hit = pc.and_(pc.equal(block.column("config"), config), pc.and_(pc.is_valid(sa), pc.is_valid(sb)))
-            found.append(sa.filter(hit).to_numpy(zero_copy_only=False).astype(np.int64) * n
-                         + sb.filter(hit).to_numpy(zero_copy_only=False).astype(np.int64))
+        for block in lake.scan_blocks(uri, version, ["sha256_a", "sha256_b", "config"], SCAN_ROWS):
+            codes = wanted.positions(both_keys(block))
+            sa, sb = codes[:block.num_rows], codes[block.num_rows:]
+            hit = pc.equal(block.column("config"), config).to_numpy(zero_copy_only=False) & (sa >= 0) & (sb >= 0)
+            found.append(sa[hit] * n + sb[hit])
         return ~np.isin(a * n + b, np.concatenate(found))
 
 
@@ -392,12 +394,6 @@ class _Scorer:
 
     def __exit__(self, *exc: object) -> None:
         self._close()
-
-
-def _coded_pairs(block: pa.Table, wanted: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Positions in ``wanted`` of each row's two images (null: not wanted), from ONE set lookup of both columns."""
-    codes = pc.index_in(both_keys(block), value_set=wanted).combine_chunks()
-    return codes.slice(0, block.num_rows), codes.slice(block.num_rows)
 
 
 def store_scores(uri: str, pairs: FreshPairs, run_id: str, metadata: dict) -> int | None:
