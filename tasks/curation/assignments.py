@@ -14,6 +14,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 
 from tasks.curation.copy_pairs import CopyScores
@@ -93,6 +94,19 @@ class Record(Mapping[str, Assignment]):
         self.component[i], self.first[i] = a.component, a.first_raw_version
         self.split[i] = 1 + _code(self.splits, self._codes[0], a.split)
         self.run[i] = _code(self.runs, self._codes[1], a.run_id)
+
+    def component_codes(self, positions: np.ndarray) -> np.ndarray:
+        """Each raw position's recorded component as an integer, -1 where it is not recorded: the raw position of the
+        image the component is named after, or past the raw rows for a key that is not one of them (int64)."""
+        at, split, component, outside = self.rows.at, self.split, self.component, {}
+
+        def code(i: int) -> int:
+            if not split[i]:
+                return -1
+            j = at.get(component[i])
+            return j if j is not None else outside.setdefault(component[i], len(split) + len(outside))
+
+        return np.fromiter(map(code, positions.tolist()), dtype=np.int64, count=len(positions))
 
     def _at(self, i: int) -> Assignment:
         return Assignment(self.component[i], self.splits[self.split[i] - 1], self.first[i],  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.curation.assignments import Assignment, RecordAfter, assign, bridge_rows, read_assignments
+from tasks.curation.assignments import Assignment, Record, RecordAfter, assign, bridge_rows, read_assignments
 from tasks.curation.class_guard import guard_outliers, over_budget
 from tasks.curation.copy_pairs import (
     PAIRS_TABLE,
@@ -296,17 +296,22 @@ def _group(settings: Settings, eligible: list[str], asked: Keys, record: dict[st
                   len(candidates), copy_edges, search)
 
 
-def _known_sets(eligible: list[str], record: dict[str, Assignment], pixels: PixelKeys
-                ) -> tuple[UnionFind, np.ndarray]:
+def _known_sets(eligible: list[str], record: Record, pixels: PixelKeys) -> tuple[UnionFind, np.ndarray]:
     """(the recorded components as they are, each new image joined to the first eligible image of its pixels; the
-    new images' positions). Its map (a component's first image) is gone before the search."""
+    new images' positions).
+
+    A recorded image's parent is its component's first eligible image, set for all at once from the components as
+    integer codes (a map from each component to its first image, a Python int each, was about 75 MB at a million)."""
     sets = UnionFind(len(eligible))
-    first_of_component: dict[str, int] = {}
-    for i, sha in enumerate(eligible):
-        if sha in record:
-            sets.union(i, first_of_component.setdefault(record[sha].component, i))
-    pending = np.fromiter((i for i, sha in enumerate(eligible) if sha not in record), dtype=np.int64)
-    first_alike = pixels.first_alike(np.fromiter((pixels.at[s] for s in eligible), dtype=np.int64, count=len(eligible)))
+    at = np.fromiter((pixels.at[s] for s in eligible), dtype=np.int64, count=len(eligible))  # raw positions
+    codes = record.component_codes(at)
+    recorded, pending = np.flatnonzero(codes >= 0), np.flatnonzero(codes < 0)
+    if len(recorded):
+        _, first, inverse = np.unique(codes[recorded], return_index=True, return_inverse=True)
+        parent = np.frombuffer(sets.parent, dtype=np.int32 if sets.parent.typecode == "i" else np.int64)
+        parent[recorded] = recorded[first][inverse.ravel()]  # each first image is its own parent: every one a root
+    del codes
+    first_alike = pixels.first_alike(at)
     for i, first in zip(pending.tolist(), first_alike[pending].tolist()):
         sets.union(i, first)
     return sets, pending

@@ -78,6 +78,23 @@ def test_the_record_by_the_raw_rows_positions_reads_as_the_map_it_replaces():
     assert dict(after) == {**expected, "a": Assignment("k1", "val", 4, "c4")} and after.changed() == {"a"}
 
 
+def test_components_as_codes_are_the_raw_position_of_the_image_named_else_one_past_the_raw_rows():
+    import numpy as np
+
+    from tasks.curation.assignments import Record
+
+    rows = RawRows.of(RawFacts(s, "7", 32, 32) for s in ("a", "b", "c", "d", "e"))
+    record = Record(rows)
+    for sha, key in (("b", "a"), ("c", "gone"), ("d", "gone"), ("e", "e"), ("a", "a")):
+        record.add(sha, Assignment(key, "train", 0, "r"))
+    record.add("z", Assignment("b", "val", 0, "r"))  # not a raw image: no position, no code
+    codes = record.component_codes(np.arange(5))
+    assert codes.tolist() == [0, 0, 5, 5, 4]
+    fresh = Record(rows)
+    fresh.add("c", Assignment("c", "val", 0, "r"))
+    assert fresh.component_codes(np.array([3, 2])).tolist() == [-1, 2]  # d not recorded
+
+
 def test_an_images_newest_row_counts_in_whatever_order_the_rows_are_read():
     from tasks.curation.assignments import Record
 
