@@ -324,7 +324,7 @@ def assign(
             named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
             more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
             detail = f"would join recorded components {named}{more} in different splits"
-            members = RecordedMembers([m for m in group if m in record], pixels)
+            members = RecordedMembers([m for m in group if m in record], pixels, newcomers)  # group: ascending
             bridges += [Bridge(s, recorded[0], detail,
                                recorded_original(s, members, pixels, by_sha, scores, cfg.copy_similarity))
                         for s in newcomers]

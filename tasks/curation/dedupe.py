@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from bisect import bisect_left
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from tasks.curation.copy_pairs import CopyScores
@@ -35,17 +36,46 @@ def _strongest(sha: str, copies: list[tuple[str, str]], scores: CopyScores, rank
     return max(copies, key=lambda c: (c[1] == "same pixels", scores.get(sha, c[0]) or 0.0, -rank[c[0]]))
 
 
+class SortedRank(Mapping[str, int]):
+    """Each of ``members`` (ascending, distinct) -> its place among them, by bisection: no map an image (a component
+    of hundreds of thousands of images, as the benchmark's augmented digits grow, would hold one)."""
+
+    def __init__(self, members: list[str]) -> None:
+        if any(a >= b for a, b in zip(members, members[1:])):
+            raise ValueError("SortedRank: the members must be ascending and distinct")
+        self.members = members
+
+    def __getitem__(self, sha: str) -> int:
+        i = bisect_left(self.members, sha)
+        if i == len(self.members) or self.members[i] != sha:
+            raise KeyError(sha)
+        return i
+
+    def __contains__(self, sha: object) -> bool:
+        i = bisect_left(self.members, sha)  # type: ignore[type-var]
+        return i < len(self.members) and self.members[i] == sha
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.members)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
 class RecordedMembers:
     """The recorded members of one component, indexed once for every new image that joins it.
 
-    ``rank`` is a member's place in the component's order (ties of the strongest copy go to the first);
-    ``by_digest`` groups the members by decoded pixels. Built once per component: a new image then costs
+    ``rank`` is a member's place in the component's order (ascending sha256s: ties of the strongest copy go to the
+    first); ``by_digest`` groups by decoded pixels the members that share their pixels with one of ``newcomers`` (all
+    of them when None): a new image looks up its own pixels only. Built once per component: a new image then costs
     its own partners, never the component's size.
     """
 
-    def __init__(self, recorded: list[str], pixels: Mapping[str, str]) -> None:
-        self.rank = {r: i for i, r in enumerate(recorded)}
-        self.by_digest = group_by_pixels(recorded, pixels)
+    def __init__(self, recorded: list[str], pixels: Mapping[str, str], newcomers: Iterable[str] | None = None) -> None:
+        self.rank = SortedRank(recorded)
+        wanted = None if newcomers is None else {pixels[s] for s in newcomers}
+        self.by_digest = group_by_pixels(recorded if wanted is None else [m for m in recorded if pixels[m] in wanted],
+                                         pixels)
 
 
 def recorded_original(sha: str, recorded: RecordedMembers, pixels: Mapping[str, str], by_sha: RawRows,
