@@ -6,8 +6,10 @@ keys); each builds its value from its columns on a lookup, and shares its keys, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import TypeVar
+
+import numpy as np
 
 V = TypeVar("V")
 
@@ -25,3 +27,8 @@ class ByPosition(Mapping[str, V]):
 
     def __len__(self) -> int:
         return len(self.at)
+
+    def positions(self, shas: Iterable[str]) -> np.ndarray:
+        """The positions of ``shas``, in that order (int64; ``KeyError`` for one not held)."""
+        return np.fromiter((self.at[s] for s in shas), dtype=np.int64,
+                           count=len(shas) if isinstance(shas, Sized) else -1)

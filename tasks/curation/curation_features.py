@@ -428,6 +428,11 @@ class UnionFind:
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
 
+    def attach(self, children: np.ndarray, roots: np.ndarray) -> None:
+        """Make each of ``children`` a direct child of its ``roots`` entry, all at once: for sets not joined yet, where
+        each root is the smallest index of its set (so its own parent), as ``union`` would leave them."""
+        np.frombuffer(self.parent, dtype=np.int32 if self.parent.typecode == "i" else np.int64)[children] = roots
+
     def roots(self) -> np.ndarray:
         return np.fromiter((self.find(i) for i in range(len(self.parent))), dtype=np.int64, count=len(self.parent))
 

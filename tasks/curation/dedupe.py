@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from tasks.curation.copy_pairs import CopyScores
+from tasks.curation.groups import SortedRank
 from tasks.curation.tables import RawRows
 
 # ``pixels`` below: each image's pixel key (``Features.pixel_keys``: its decoded pixels' digest, or its sha256).
@@ -34,32 +34,6 @@ def _copies_of(sha: str, among: Mapping[str, Any] | set[str], by_digest: dict[st
 def _strongest(sha: str, copies: list[tuple[str, str]], scores: CopyScores, rank: Mapping[str, int]) -> tuple[str, str]:
     """The copy ``sha`` is most surely a copy of: same pixels, then the highest score, then the first in ``rank``."""
     return max(copies, key=lambda c: (c[1] == "same pixels", scores.get(sha, c[0]) or 0.0, -rank[c[0]]))
-
-
-class SortedRank(Mapping[str, int]):
-    """Each of ``members`` (ascending, distinct) -> its place among them, by bisection: no map an image (a component
-    of hundreds of thousands of images, as the benchmark's augmented digits grow, would hold one)."""
-
-    def __init__(self, members: list[str]) -> None:
-        if any(a >= b for a, b in zip(members, members[1:])):
-            raise ValueError("SortedRank: the members must be ascending and distinct")
-        self.members = members
-
-    def __getitem__(self, sha: str) -> int:
-        i = bisect_left(self.members, sha)
-        if i == len(self.members) or self.members[i] != sha:
-            raise KeyError(sha)
-        return i
-
-    def __contains__(self, sha: object) -> bool:
-        i = bisect_left(self.members, sha)  # type: ignore[type-var]
-        return i < len(self.members) and self.members[i] == sha
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.members)
-
-    def __len__(self) -> int:
-        return len(self.members)
 
 
 class RecordedMembers:

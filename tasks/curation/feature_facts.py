@@ -87,10 +87,6 @@ class FeatureFacts(ByPosition[ImageFeatures]):
                    for c in NUMBERS}
         return cls(list(rows), digests, strings, numbers)
 
-    def positions(self, shas: list[str]) -> np.ndarray:
-        """The columns' positions of ``shas``, in that order (``KeyError`` for an image without facts)."""
-        return np.fromiter((self.at[s] for s in shas), dtype=np.int64, count=len(shas))
-
     def failed(self) -> np.ndarray:
         """By position: True where the image has an error (it did not decode, or fastdup refused it)."""
         errors = self.strings["error"]

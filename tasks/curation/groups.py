@@ -13,8 +13,37 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import islice
 
 import numpy as np
+
+
+class SortedRank(Mapping[str, int]):
+    """Each of ``members`` (ascending, distinct) -> its place among them, by bisection: no map an entry (the groups'
+    keys; a component's recorded members, hundreds of thousands where the benchmark's augmented digits chain)."""
+
+    def __init__(self, members: list[str]) -> None:
+        if any(a >= b for a, b in zip(members, islice(members, 1, None))):
+            raise ValueError("SortedRank: the members must be ascending and distinct")
+        self.members = members
+
+    def __getitem__(self, sha: str) -> int:
+        i = bisect_left(self.members, sha)
+        if i == len(self.members) or self.members[i] != sha:
+            raise KeyError(sha)
+        return i
+
+    def __contains__(self, sha: object) -> bool:
+        if not isinstance(sha, str):
+            return False
+        i = bisect_left(self.members, sha)
+        return i < len(self.members) and self.members[i] == sha
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.members)
+
+    def __len__(self) -> int:
+        return len(self.members)
 
 
 class Groups(Mapping[str, list[str]]):
@@ -22,28 +51,19 @@ class Groups(Mapping[str, list[str]]):
 
     def __init__(self, eligible: Sequence[str], keys: list[str], starts: np.ndarray, members: np.ndarray) -> None:
         self.eligible = eligible
-        self.ordered = keys  # ascending, distinct
+        self.ordered = SortedRank(keys)  # ascending, distinct: key -> its place
         self.starts = starts  # len(keys) + 1: the members of keys[k] are members[starts[k]:starts[k + 1]]
         self.members = members  # positions into ``eligible``
-
-    def _index(self, key: str) -> int:
-        k = bisect_left(self.ordered, key)
-        if k == len(self.ordered) or self.ordered[k] != key:
-            raise KeyError(key)
-        return k
 
     def _members(self, k: int) -> list[str]:
         eligible = self.eligible
         return [eligible[p] for p in self.members[self.starts[k]:self.starts[k + 1]].tolist()]
 
     def __getitem__(self, key: str) -> list[str]:
-        return self._members(self._index(key))
+        return self._members(self.ordered[key])
 
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, str):
-            return False
-        k = bisect_left(self.ordered, key)
-        return k < len(self.ordered) and self.ordered[k] == key
+        return key in self.ordered
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.ordered)

@@ -308,13 +308,12 @@ def _known_sets(eligible: list[str], record: Record, pixels: PixelKeys) -> tuple
     A recorded image's parent is its component's first eligible image, set for all at once from the components as
     integer codes (a map from each component to its first image, a Python int each, was about 75 MB at a million)."""
     sets = UnionFind(len(eligible))
-    at = np.fromiter((pixels.at[s] for s in eligible), dtype=np.int64, count=len(eligible))  # raw positions
+    at = pixels.positions(eligible)  # raw positions
     codes = record.component_codes(at)
     recorded, pending = np.flatnonzero(codes >= 0), np.flatnonzero(codes < 0)
     if len(recorded):
         _, first, inverse = np.unique(codes[recorded], return_index=True, return_inverse=True)
-        parent = np.frombuffer(sets.parent, dtype=np.int32 if sets.parent.typecode == "i" else np.int64)
-        parent[recorded] = recorded[first][inverse.ravel()]  # each first image is its own parent: every one a root
+        sets.attach(recorded, recorded[first][inverse.ravel()])  # a component's first image: its root
     del codes
     first_alike = pixels.first_alike(at)
     for i, first in zip(pending.tolist(), first_alike[pending].tolist()):

@@ -118,9 +118,6 @@ class RawRows(ByPosition[RawFacts]):
         """The labels of these positions, in their order (one shared string a class)."""
         return [self.names[c] for c in self.codes[positions].tolist()]
 
-    def positions(self, shas: Iterable[str]) -> np.ndarray:
-        return np.fromiter((self.at[s] for s in shas), dtype=np.int64)
-
     def sizes(self) -> dict[str, int]:
         """label -> images of the class in the raw version."""
         counts = np.bincount(self.codes, minlength=len(self.names))
