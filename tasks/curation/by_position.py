@@ -1,12 +1,15 @@
 """A read-only map from sha256 to a value held in columns by position (``at``: sha256 -> position).
 
 Curation holds several such maps over every image of a raw version (the raw rows, their features' facts, the pixel
-keys); each builds its value from its columns on a lookup, and shares its keys, order and size with ``at``.
+keys); each builds its value from its columns on a lookup, and shares its keys, order and size with ``at`` (the raw
+rows' ``SortedRank``: a bisection of their sorted sha256s, no dict).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping, Sized
+from itertools import islice
 from typing import TypeVar
 
 import numpy as np
@@ -32,3 +35,36 @@ class ByPosition(Mapping[str, V]):
         """The positions of ``shas``, in that order (int64; ``KeyError`` for one not held)."""
         return np.fromiter((self.at[s] for s in shas), dtype=np.int64,
                            count=len(shas) if isinstance(shas, Sized) else -1)
+
+
+class SortedRank(Mapping[str, int]):
+    """Each of ``members`` (ascending, distinct) -> its place among them, by bisection: no map an entry (the raw
+    rows' sha256s; the groups' keys; a component's recorded members, hundreds of thousands where the benchmark's
+    augmented digits chain). A lookup is about 0.9 us against a dict's 0.4 at a million keys; the dict took about
+    67 bytes a key (at a million, 67 MB held by every curation from the raw rows to the end)."""
+
+    def __init__(self, members: list[str]) -> None:
+        if any(a >= b for a, b in zip(members, islice(members, 1, None))):
+            raise ValueError("SortedRank: the members must be ascending and distinct")
+        self.members = members
+
+    def __getitem__(self, sha: str) -> int:
+        i = bisect_left(self.members, sha)
+        if i == len(self.members) or self.members[i] != sha:
+            raise KeyError(sha)
+        return i
+
+    def get(self, sha: object, default: int | None = None) -> int | None:  # type: ignore[override]
+        if not isinstance(sha, str):
+            return default
+        i = bisect_left(self.members, sha)
+        return i if i < len(self.members) and self.members[i] == sha else default
+
+    def __contains__(self, sha: object) -> bool:
+        return self.get(sha) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.members)
+
+    def __len__(self) -> int:
+        return len(self.members)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+from tasks.curation.by_position import SortedRank
 from tasks.curation.copy_pairs import CopyScores
-from tasks.curation.groups import SortedRank
 from tasks.curation.tables import RawRows
 
 # ``pixels`` below: each image's pixel key (``Features.pixel_keys``: its decoded pixels' digest, or its sha256).

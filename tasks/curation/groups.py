@@ -11,39 +11,11 @@ component's list of sha256.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import islice
 
 import numpy as np
 
-
-class SortedRank(Mapping[str, int]):
-    """Each of ``members`` (ascending, distinct) -> its place among them, by bisection: no map an entry (the groups'
-    keys; a component's recorded members, hundreds of thousands where the benchmark's augmented digits chain)."""
-
-    def __init__(self, members: list[str]) -> None:
-        if any(a >= b for a, b in zip(members, islice(members, 1, None))):
-            raise ValueError("SortedRank: the members must be ascending and distinct")
-        self.members = members
-
-    def __getitem__(self, sha: str) -> int:
-        i = bisect_left(self.members, sha)
-        if i == len(self.members) or self.members[i] != sha:
-            raise KeyError(sha)
-        return i
-
-    def __contains__(self, sha: object) -> bool:
-        if not isinstance(sha, str):
-            return False
-        i = bisect_left(self.members, sha)
-        return i < len(self.members) and self.members[i] == sha
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.members)
-
-    def __len__(self) -> int:
-        return len(self.members)
+from tasks.curation.by_position import SortedRank
 
 
 class Groups(Mapping[str, list[str]]):

@@ -16,8 +16,6 @@ A scan holds one block of key strings and the rows kept as integer positions amo
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -26,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.curation.by_position import SortedRank
 from tasks.curation.sha_list import Keys
 from tasks.data import lake
 
@@ -80,9 +79,8 @@ class StoredScores:
 
     def __init__(self, uri: str | None, config: str, eligible: Sequence[str],
                  pairs: dict[tuple[str, str], float] | None = None, keys: Keys | None = None) -> None:
-        if any(x >= y for x, y in zip(eligible, itertools.islice(eligible, 1, None))):
-            raise ValueError("StoredScores: the eligible images must be sorted and distinct (found by bisection)")
         self.eligible = eligible
+        self._rank = SortedRank(list(eligible) if not isinstance(eligible, list) else eligible)  # sorted, distinct
         self._keys = keys  # ``eligible`` as a byte array (the plan's own; else made at the first scan)
         self._uri, self._config = uri, config
         self._version = lake.current_version(uri) if uri is not None else None
@@ -108,8 +106,7 @@ class StoredScores:
 
     def position(self, sha: str) -> int | None:
         """``sha``'s position among the eligible images, None when not eligible (a bisection: no map of them)."""
-        i = bisect.bisect_left(self.eligible, sha)
-        return i if i < len(self.eligible) and self.eligible[i] == sha else None
+        return self._rank.get(sha)
 
     def want(self, shas: Iterable[str]) -> None:
         """Read the stored pairs of the eligible images of ``shas`` not read yet, in one scan (none when all are)."""

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.curation.by_position import ByPosition
+from tasks.curation.by_position import ByPosition, SortedRank
 from tasks.data import lake
 from tasks.errors import DataError
 from tasks.settings import Settings
@@ -88,14 +88,15 @@ class RawRows(ByPosition[RawFacts]):
     image is a position: its label a code into the class names, its width and height int32, and one map from sha256
     to position, which the features' facts, the pixel keys, the record and the nearest summary share (a map and a
     named tuple an image each before: 272 -> 241 bytes an image for the raw facts alone, the sha256 strings
-    included; bench/README.md, run 23). Still a read-only mapping sha256 -> ``RawFacts``: a lookup builds that
+    included; bench/README.md, run 23); the map is a bisection of the sorted sha256s since run 29 (``SortedRank``:
+    241 -> about 174 bytes). Still a read-only mapping sha256 -> ``RawFacts``: a lookup builds that
     image's tuple; ``label`` and the columns serve the loops over every image.
     """
 
     def __init__(self, shas: list[str], codes: np.ndarray, names: list[str], width: np.ndarray,
                  height: np.ndarray) -> None:
         self.shas = shas  # each position's sha256 (sorted, distinct)
-        self.at = {sha: i for i, sha in enumerate(shas)}
+        self.at = SortedRank(shas)  # by bisection of ``shas``: a dict was 67 bytes an image (67 MB at a million)
         self.label_codes = array("i", codes.astype(np.int32).tobytes())  # a lookup reads a Python int from it
         self.codes = np.frombuffer(self.label_codes, dtype=np.int32)  # the same codes: each position's class names[codes[i]]
         self.names = names
