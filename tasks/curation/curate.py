@@ -100,10 +100,10 @@ import pyarrow as pa
 
 from tasks.curation.assignments import store_record
 from tasks.curation.curation_features import feature_config, write_galleries
+from tasks.curation.kept_facts import KeptFacts
 from tasks.curation.plan import Plan, gallery_shas, plan_in_workdir, snapshot_batches, store_caches
 from tasks.curation.report import (
     CurateResult,
-    count_by_split,
     count_reasons,
     log_result,
     report_body,
@@ -113,7 +113,6 @@ from tasks.curation.report import (
 )
 from tasks.curation.report_html import pictured, write_page
 from tasks.curation.reuse import reuse_prior
-from tasks.curation.sha_list import Keys, column_keys
 from tasks.curation.tables import (
     COMPONENTS_TABLE,
     CURATED_SCHEMA,
@@ -171,11 +170,12 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
     write_report_rows(settings, raw_version, config_hash, version, plan.dropped, run_id, logical)
     galleries = _galleries(settings, plan, raw_version, config_hash)
     report = report_path_for(settings, raw_version, config_hash)
-    body = report_body(settings, raw_version, config_hash, version, plan.curated, plan.dropped, metadata,
+    by_split, by_label = plan.curated.counts()
+    body = report_body(settings, raw_version, config_hash, version, (plan.curated.num_rows, by_split, by_label),
+                       plan.dropped, metadata,
                        {**plan.info, "galleries": galleries, "components_version": components_version})
     write_json(report, body)
     page = write_page(run_dir(settings, raw_version, config_hash), body, plan.images.held_bytes(pictured(body)), report)
-    by_split, by_label = count_by_split(plan.curated)
     result = CurateResult(
         curated_table=settings.curated_table, curated_version=version, raw_table=settings.raw_table,
         raw_version=raw_version, committed=True, kept=plan.curated.num_rows, counts_by_split=by_split,
@@ -226,33 +226,31 @@ def _write_snapshot(settings: Settings, plan: Plan, metadata: dict[str, Any]) ->
 SNAPSHOT_KEY_COLUMNS = ["sha256", "label", "split", "width", "height"]  # the image follows the sha256
 
 
-def _appended(table: Any, curated: pa.Table) -> pa.Table | None:
+def _appended(table: Any, curated: KeptFacts) -> KeptFacts | None:
     """The rows of ``curated`` (the kept facts) to append to ``table``'s snapshot, or None when a row there
     changes or goes, or the table's columns are not this snapshot's.
 
     The stored key columns are read ``lake.LOOKUP_BLOCK_ROWS`` at a time (read whole, they set a batch's peak at
-    100,000 images); each stored row is found among the kept ones (sorted) by binary search in their sha256 column's
-    bytes (no sort of either side: at a million rows two string sorts were most of this step in a batch; an Arrow
-    lookup hashed every kept sha256 a block), then its key columns compared.
+    100,000 images); each stored row is found among the kept ones by binary search in the eligible images' byte array
+    (``KeptFacts.find``: no sort of either side, no hash of every kept sha256 a block), then its key columns compared
+    with the kept rows made for the block.
     """
     if pa.schema(table.schema().to_arrow()).names != CURATED_SCHEMA.names:
         return None
-    kept = curated.select(SNAPSHOT_KEY_COLUMNS)
-    keys = Keys.of(column_keys(kept.column("sha256")))  # sorted: the column's own bytes, searched
     known = np.zeros(curated.num_rows, dtype=bool)
     stored = 0
     for block in lake.scan_blocks(table.table_uri, table.version(), SNAPSHOT_KEY_COLUMNS, lake.LOOKUP_BLOCK_ROWS):
-        at = keys.positions(block.column("sha256"))
+        at = curated.find(block.column("sha256"))
         if (at < 0).any():  # a stored row is not kept now
             return None
-        staying = kept.take(pa.array(at))
+        staying = curated.table(at)
         if not all(staying.column(c).equals(block.column(c)) for c in SNAPSHOT_KEY_COLUMNS):
             return None
         known[at] = True
         stored += block.num_rows
     if stored == 0 or int(known.sum()) != stored:  # empty, or a sha256 stored twice: the snapshot is rewritten whole
         return None
-    return curated.filter(pa.array(~known))
+    return curated.subset(~known)
 
 
 def _galleries(settings: Settings, plan: Plan, raw_version: int, config_hash: str) -> dict[str, str]:

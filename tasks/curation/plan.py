@@ -49,6 +49,7 @@ from tasks.curation.curation_features import (
 from tasks.curation.dedupe import dedupe_component
 from tasks.curation.fastdup_optional import require_embedding
 from tasks.curation.groups import Groups
+from tasks.curation.kept_facts import KEPT_FACTS_SCHEMA, KeptFacts
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
 from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
 from tasks.curation.outliers import constant_images, screen
@@ -78,7 +79,7 @@ log = logging.getLogger("tasks.curation.curate")  # one logger for the whole cur
 class Plan:
     """Everything a curation decides, before anything is written (pure given its inputs)."""
 
-    curated: pa.Table  # the kept rows without their image bytes: ``snapshot_batches`` adds them a block at a time
+    curated: KeptFacts  # the kept rows without their image bytes: ``snapshot_batches`` adds them a block at a time
     images: RawImages  # the raw version's images (those of the scored pairs held): the snapshot's bytes
     dropped: list[dict[str, Any]]
     assignments: RecordAfter  # the whole record after this curation (the record read, this curation's rows over it)
@@ -128,7 +129,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, dropped, reuse)
     dropped.extend(bridge_rows(bridges, by_sha, record, decisions["abstain"]))
     decisions = _decisions(decisions, kept_bad, by_sha)
-    curated = _kept_facts(graph.eligible, {d["sha256"] for d in dropped}, by_sha, assignments)
+    curated = _kept_facts(asked, graph.eligible, {d["sha256"] for d in dropped}, by_sha, assignments)
 
     dropped.sort(key=lambda d: (d["component"], d["sha256"]))
     outliers.sort(key=lambda o: (o[1], (o[3].blur if o[1] == "blurry" else o[3].mean) or 0.0, o[0]))
@@ -173,24 +174,15 @@ FEATURE_CHUNK = 20_000  # images decoded per call: their bytes and row dicts are
 ROW_BLOCK = 65_536  # rows a block: the snapshot's batches, candidate pairs read, this many at once
 
 
-KEPT_FACTS_SCHEMA = CURATED_SCHEMA.remove(CURATED_SCHEMA.get_field_index("image"))
+def _kept_facts(asked: Keys, eligible: list[str], dropped: Collection[str], by_sha: RawRows,
+                assignments: Mapping[str, Assignment]) -> KeptFacts:
+    """Every eligible image (sorted; ``asked``: their byte array) that was not ``dropped`` (the walk's drops and the
+    split bridges), by position (``tasks.curation.kept_facts``: an Arrow table of every kept row was the end of the
+    plan's high at a million images)."""
+    return KeptFacts.of(asked, eligible, dropped, by_sha, assignments)
 
 
-def _kept_facts(eligible: list[str], dropped: Collection[str], by_sha: RawRows,
-                assignments: Mapping[str, Assignment]) -> pa.Table:
-    """The curated snapshot's rows without their image bytes (the snapshot's columns but ``image``), in sha256 order:
-    every eligible image (sorted) that was not ``dropped`` (the walk's drops and the split bridges). Built a column at
-    a time from the plan's maps: no row is held for each kept image through the walk (a named tuple each was about
-    100 bytes an image at a batch's peak)."""
-    kept = [s for s in eligible if s not in dropped]
-    at = by_sha.positions(kept)
-    columns = [pa.array(kept, pa.string()), pa.array(by_sha.labels_at(at), pa.string()),
-               pa.array([assignments[s].split for s in kept], pa.string()),
-               pa.array(by_sha.width[at], pa.int32()), pa.array(by_sha.height[at], pa.int32())]
-    return pa.Table.from_arrays(columns, schema=KEPT_FACTS_SCHEMA)
-
-
-def snapshot_batches(facts: pa.Table, images: RawImages) -> Iterator[pa.RecordBatch]:
+def snapshot_batches(facts: KeptFacts, images: RawImages) -> Iterator[pa.RecordBatch]:
     """The curated snapshot's rows, ``ROW_BLOCK`` at a time, each block's image bytes gathered as it goes.
 
     From the images held for the copy scores when they hold every kept row (a batch's new rows, a full
@@ -198,15 +190,15 @@ def snapshot_batches(facts: pa.Table, images: RawImages) -> Iterator[pa.RecordBa
     at most. The snapshot is never a second copy
     of the dataset's images in memory (at a million images that copy set the curation's peak).
     """
-    shas = facts.column("sha256").to_pylist()
+    shas = facts.shas()
     if images.holds(shas):
         step = min(ROW_BLOCK, images.rows_within(BLOCK_BYTES))  # ROW_BLOCK photos would be GBs
         for start in range(0, facts.num_rows, step):
-            yield _with_images(facts.slice(start, step), images.column(shas[start:start + step]))
+            yield _with_images(facts.table(slice(start, start + step)), images.column(shas[start:start + step]))
         return
-    kept = facts.column("sha256").combine_chunks()
-    for block in images.blocks(kept, position="at"):  # each row's place among the kept: no lookup a block
-        rows = facts.take(block.column("at"))
+    del shas
+    for block in images.blocks(facts.sha_column(), position="at"):  # each row's place among the kept: no lookup a block
+        rows = facts.table(block.column("at").to_numpy())
         for start in range(0, rows.num_rows, ROW_BLOCK):
             yield _with_images(rows.slice(start, ROW_BLOCK), block.column("image").slice(start, ROW_BLOCK))
 

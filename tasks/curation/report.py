@@ -100,10 +100,12 @@ def existing_galleries(settings: Settings, raw_version: int, config_hash: str) -
 
 
 def report_body(
-    settings: Settings, raw_version: int, config_hash: str, version: int, curated: pa.Table,
+    settings: Settings, raw_version: int, config_hash: str, version: int,
+    kept: tuple[int, dict[str, int], dict[str, dict[str, int]]],
     dropped: list[dict[str, Any]], metadata: dict[str, Any], extra: dict[str, Any],
 ) -> dict[str, Any]:
-    by_split, by_label = count_by_split(curated)
+    """The report's JSON; ``kept``: (images kept, by split, by split and label)."""
+    kept_rows, by_split, by_label = kept
     return {
         "step": "curate",
         "raw_table": settings.raw_table,
@@ -142,7 +144,7 @@ def report_body(
                           f"copies: copy score of each new image's {settings.curation.copy_candidates} nearest "
                           f"neighbours (embedding and blurred embedding) >= {settings.curation.copy_similarity}",
         },
-        "kept": curated.num_rows,
+        "kept": kept_rows,
         "counts_by_split": by_split,
         "counts_by_split_and_label": by_label,
         "dropped_by_reason": count_reasons(dropped),

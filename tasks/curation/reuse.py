@@ -45,7 +45,8 @@ def reuse_prior(
     dropped = stored or []
     galleries = existing_galleries(settings, raw_version, config_hash)
     if not report.exists():  # reports folder wiped: the Delta report is the record, the JSON its copy
-        write_json(report, report_body(settings, raw_version, config_hash, prior.version, table, dropped,
+        write_json(report, report_body(settings, raw_version, config_hash, prior.version,
+                                       (table.num_rows, *count_by_split(table)), dropped,
                                        prior.metadata, {"galleries": galleries, "rebuilt_from": REPORT_TABLE}))
     folder = run_dir(settings, raw_version, config_hash)
     # A missing page is rebuilt without thumbnails: answering a finished curation reads no image.

@@ -26,10 +26,11 @@ from tasks.curation.assignments import read_record
 from tasks.curation.copy_pairs import PAIRS_TABLE, CopyScores
 from tasks.curation.curate import _appended, _record_assignments, curate
 from tasks.curation.curation_features import feature_config
+from tasks.curation.kept_facts import KEPT_FACTS_SCHEMA, KeptFacts
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, full_nearest, read_summary, update_nearest
 from tasks.curation.neighbours import index_dir
 from tasks.curation.pixel_keys import PixelKeys
-from tasks.curation.plan import KEPT_FACTS_SCHEMA, gallery_shas, plan_in_workdir, store_caches
+from tasks.curation.plan import gallery_shas, plan_in_workdir, store_caches
 from tasks.curation.tables import COMPONENTS_TABLE, RawFacts, RawRows
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
@@ -240,8 +241,8 @@ def test_a_snapshot_that_holds_the_component_is_written_whole_once_then_batches_
     assert _tables(old_settings, migrated) == _tables(plain_settings, plain)
 
     # From now on a batch that keeps every stored row as it is appends: nothing in the table asks for a rewrite.
-    facts = lake.read(uri, migrated.curated_version, columns=KEPT_FACTS_SCHEMA.names)
-    assert _appended(lake.open_table(uri), facts).num_rows == 0
+    facts = lake.read(uri, migrated.curated_version, columns=KEPT_FACTS_SCHEMA.names).sort_by("sha256")
+    assert _appended(lake.open_table(uri), KeptFacts.of_table(facts)).num_rows == 0
 
 
 def test_a_second_batch_over_an_appended_summary_decides_as_a_full_recomputation(batch_home, tmp_path) -> None:

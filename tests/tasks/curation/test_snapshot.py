@@ -8,20 +8,26 @@ import pytest
 
 from tasks.curation import plan, raw_images
 from tasks.curation.curate import _appended
-from tasks.curation.plan import KEPT_FACTS_SCHEMA, snapshot_batches
+from tasks.curation.kept_facts import KEPT_FACTS_SCHEMA, KeptFacts
+from tasks.curation.plan import snapshot_batches
 from tasks.curation.raw_images import RawImages
 from tasks.curation.tables import CURATED_SCHEMA
 from tasks.data import lake
 
 
-def _facts(rows: list[tuple[str, str, str]]) -> pa.Table:
+def _table(rows: list[tuple[str, str, str]]) -> pa.Table:
     return pa.Table.from_pylist([{"sha256": s, "label": label, "split": split, "width": 8, "height": 8}
                                  for s, label, split in rows], schema=KEPT_FACTS_SCHEMA)
 
 
+def _facts(rows: list[tuple[str, str, str]]) -> KeptFacts:
+    """What a plan keeps: ``rows`` in sha256 order."""
+    return KeptFacts.of_table(_table(sorted(rows)))
+
+
 def _stored(tmp_path, rows: list[tuple[str, str, str]], component: bool = False):
     """A stored snapshot of ``rows`` (``component``: with the column snapshots had before it moved to the record)."""
-    facts = _facts(rows)
+    facts = _table(rows)
     table = facts.add_column(1, CURATED_SCHEMA.field("image"), pa.array([s.encode() for s, _, _ in rows], pa.binary()))
     if component:
         table = table.add_column(4, "component", facts.column("sha256"))
@@ -38,7 +44,7 @@ def test_rows_already_stored_unchanged_leave_only_the_new_ones_to_append(tmp_pat
     monkeypatch.setattr(lake, "LOOKUP_BLOCK_ROWS", block_rows)
     table = _stored(tmp_path, STORED)
     added = _appended(table, _facts(sorted([*STORED, ("d", "0", "val"), ("0", "1", "train")])))
-    assert added.column("sha256").to_pylist() == ["0", "d"]
+    assert added.table().column("sha256").to_pylist() == ["0", "d"]
 
 
 @pytest.mark.parametrize("block_rows", [1 << 18, 2])
@@ -66,8 +72,8 @@ def test_the_snapshot_gets_each_kept_rows_own_bytes_in_blocks_from_a_scan_or_the
     raw = lake.read(settings.raw_table, raw_digits.raw_version, columns=["sha256", "image", "label"])
     stored = {r["sha256"]: r for r in raw.to_pylist()}
     kept = sorted(stored)[::3]  # a third of the images, in sha256 order as a plan keeps them
-    facts = pa.Table.from_pylist([{"sha256": s, "label": stored[s]["label"], "split": "train", "width": 8,
-                                   "height": 8} for s in kept], schema=KEPT_FACTS_SCHEMA)
+    facts = KeptFacts.of_table(pa.Table.from_pylist([{"sha256": s, "label": stored[s]["label"], "split": "train",
+                                                      "width": 8, "height": 8} for s in kept], schema=KEPT_FACTS_SCHEMA))
     images = RawImages(settings.raw_table, raw_digits.raw_version)
     if held:
         images.hold(kept[:-1] + kept[-1:])
