@@ -266,6 +266,13 @@ class CopyScores:
         """Read the stored pairs of every eligible image (a full scan of the nearest map asks for all)."""
         self.stored.want_all()
 
+    def release_stored(self) -> None:
+        """Let the stored pairs read so far and the partners gathered go (``StoredScores.release``): a later question
+        reads them again. The pairs scored here stay."""
+        self.stored.release()
+        self._partners.clear()
+        self._none_stored.clear()
+
     def score_many(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Compute every unknown pair of ``pairs`` (in worker processes when many), a block at a time."""
         listed = list(pairs)

@@ -170,6 +170,12 @@ class StoredScores:
             self.count += len(a)
             self._index = None
 
+    def release(self) -> None:
+        """Let the pairs held go (the walk is done: at a million images, those of the components it walked); an image
+        asked for again is read again. ``count``, ``scans`` and ``seconds`` go on counting."""
+        self._parts, self._index = [], None
+        self._read[:] = False
+
     def partners(self, sha: str) -> dict[str, float]:
         """Every eligible image ``sha`` has a stored score with (read first when ``sha`` was not asked for)."""
         code = self.position(sha)

@@ -87,3 +87,20 @@ def test_no_table_reads_nothing_and_the_eligible_must_be_sorted(tmp_path) -> Non
     assert stored.partners("a") == {} and stored.scans == 0
     with pytest.raises(ValueError):
         StoredScores(None, score_config(), ["b", "a"])
+
+
+def test_released_pairs_are_read_again_when_asked_and_answer_the_same(table) -> None:
+    uri, shas, scores = table
+    stored = StoredScores(uri, score_config(), shas)
+    scored = CopyScores(lambda sha: b"", stored)
+    scored.fresh.add([(shas[0], shas[-1])], [0.25])  # a pair scored here stays through a release
+    scored.want(shas[:30])
+    before = {sha: scored.partners(sha) for sha in shas[:30]}
+    assert stored.scans == 1 and stored._parts
+    scored.release_stored()
+    assert not stored._parts and not stored._read.any() and stored.scans == 1
+    assert scored.partners(shas[0])[shas[-1]] == 0.25
+    assert stored.scans == 2  # read again: alone, as an image not asked for
+    scored.want(shas[:30])
+    assert {sha: scored.partners(sha) for sha in shas[:30]} == before
+    assert stored.scans == 3
