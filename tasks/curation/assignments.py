@@ -160,8 +160,12 @@ def read_assignments(settings: Settings, rows: RawRows) -> tuple[Record, int | N
     # at once beside the record they fill (about 0.3 GB at a million images).
     stored = 0
     legacy = "written" not in lake.column_names(uri, version)
-    for t in _blocks(uri, version):
-        text = {c: lake.interned(t.column(c)) for c in ("sha256", "component", "split", "run_id")}  # one object a value
+    slices = (block.slice(start, lake.INTERN_SLICE) for block in _blocks(uri, version)
+              for start in range(0, block.num_rows, lake.INTERN_SLICE))  # a slice's Python strings at a time
+    for t in slices:
+        text = {c: lake.interned(t.column(c)) for c in ("split", "run_id")}  # one object a value
+        text["sha256"] = t.column("sha256").to_pylist()  # a key: its position is what is held
+        text["component"] = rows.own(t.column("component").to_pylist())  # the raw rows' own strings
         for s, c, sp, v, r, w in zip(text["sha256"], text["component"], text["split"],
                                      t.column("first_raw_version").to_pylist(), text["run_id"],
                                      t.column("written").to_pylist()):

@@ -340,7 +340,7 @@ class CopyScores:
         for block in self._scan(shas):
             for start in range(0, block.num_rows, SIGN_ROWS):
                 part = block.slice(start, SIGN_ROWS)
-                self._signed(lake.interned(part.column("sha256")),  # the keys the plan holds: one object each
+                self._signed(part.column("sha256").to_pylist(),  # let go as the scoring passes them
                              run.signatures(part.column("image").to_pylist()))
 
     def _signed(self, shas: list[str], results: list[tuple[bytes | None, str | None]]) -> None:

@@ -360,8 +360,9 @@ def _as_features(table: pa.Table) -> Features:
     return Features(FeatureFacts.of_table(table), *computed_vectors(table))
 
 
-def computed_vectors(table: pa.Table) -> tuple[dict[str, int], np.ndarray]:
-    """(sha256 -> its row of the matrix, the unit embeddings) of ``table``'s rows that have one and no error."""
+def computed_vectors(table: pa.Table, rows: RawRows | None = None) -> tuple[dict[str, int], np.ndarray]:
+    """(sha256 -> its row of the matrix, the unit embeddings) of ``table``'s rows that have one and no error; the
+    keys are ``rows``' own strings when given (a first curation embeds every image), else interned."""
     empty: tuple[dict[str, int], np.ndarray] = ({}, np.zeros((0, 1), dtype=np.float32))
     if "embedding" not in table.column_names:  # facts only: the vectors are read from their file
         return empty
@@ -372,7 +373,8 @@ def computed_vectors(table: pa.Table) -> tuple[dict[str, int], np.ndarray]:
     valid = np.flatnonzero(ok)
     if not len(valid):
         return empty
-    shas = lake.interned(table.column("sha256").take(pa.array(valid)))  # the raw rows' keys: one object each
+    column = table.column("sha256").take(pa.array(valid))
+    shas = rows.own(column.to_pylist()) if rows is not None else lake.interned(column)  # one object each
     return {s: r for r, s in enumerate(shas)}, _unit_rows(emb, ok, len(valid))
 
 

@@ -220,11 +220,11 @@ def _with_legacy(part: pa.Table, columns: list[str]) -> pa.Table:
 
 
 def _slices(stored: pa.Table | StoredRows, columns: list[str]) -> Iterator[list[list]]:
-    """The stored rows' ``columns`` as Python lists, about ``WRITE_ROWS`` rows at a time (the sha256 interned)."""
+    """The stored rows' ``columns`` as Python lists, about ``WRITE_ROWS`` rows at a time."""
     parts = stored.blocks(columns) if isinstance(stored, StoredRows) else \
         (_with_legacy(stored.slice(start, WRITE_ROWS), columns) for start in range(0, stored.num_rows, WRITE_ROWS))
     for part in parts:
-        yield [lake.interned(part.column(c)) if c == "sha256" else part.column(c).to_pylist() for c in columns]
+        yield [part.column(c).to_pylist() for c in columns]
 
 
 @dataclass

@@ -225,7 +225,7 @@ def _features(settings: Settings, rows: RawRows, images: RawImages, run_id: str,
     if fresh.num_rows:
         store_features(uri, fresh, {**cache_meta, "feature_config": feature_config(cfg), "step": "curate_features"})
     facts = facts_in_order(stored, fresh, found, rows)
-    return Features(facts, *computed_vectors(fresh)), fresh.num_rows, stored.num_rows
+    return Features(facts, *computed_vectors(fresh, rows)), fresh.num_rows, stored.num_rows
 
 
 def _computed(cfg: Any, images: RawImages, missing: list[str], total: int, work: Path, run_id: str) -> pa.Table:

@@ -87,7 +87,7 @@ class RawImages:
             block = block.filter(pa.array([s not in self._row for s in block.column("sha256").to_pylist()]))
         first = sum(len(c) for c in self._chunks)
         self._chunks += block.column("image").chunks
-        self._row.update((sha, first + i) for i, sha in enumerate(lake.interned(block.column("sha256"))))
+        self._row.update((sha, first + i) for i, sha in enumerate(block.column("sha256").to_pylist()))
 
     def release(self) -> None:
         self._chunks: list[pa.Array] = []

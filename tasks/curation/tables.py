@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -115,6 +116,13 @@ class RawRows(ByPosition[RawFacts]):
     def label(self, sha: str) -> str:
         return self.names[self.label_codes[self.at[sha]]]
 
+    def own(self, values: Iterable[str]) -> list[str]:
+        """``values`` (read from another table) as these rows' own string objects where they hold the sha256; any
+        other value interned (few: a record's component named after an image not in this raw version). A copy of each
+        sha256 would be 113 bytes an image."""
+        shas, get = self.shas, self.at.get
+        return [sys.intern(v) if (i := get(v)) is None else shas[i] for v in values]
+
     def labels_at(self, positions: np.ndarray) -> list[str]:
         """The labels of these positions, in their order (one shared string a class)."""
         return [self.names[c] for c in self.codes[positions].tolist()]
@@ -131,14 +139,16 @@ class RawRows(ByPosition[RawFacts]):
 
 def raw_facts(raw: pa.Table) -> RawRows:
     """``read_raw``'s rows by sha256, in sha256 order (a sha256 given twice: the greatest row, as sorting the tuples
-    would); the sha256 interned (``lake.interned``): the features and the record hold the same key objects."""
+    would). The sha256 strings are the raw rows' own: the readers of the other tables hold these objects
+    (``RawRows.own``), not copies, and none is interned (Python's table of interned strings, about 30 bytes an image,
+    is never given back)."""
     order = pc.sort_indices(raw, sort_keys=[(c, "ascending") for c in ("sha256", "label", "width", "height")])
     raw = raw.take(order)
-    shas = lake.interned(raw.column("sha256"))
-    last = np.fromiter((a != b for a, b in zip(shas, shas[1:])), dtype=bool, count=max(len(shas) - 1, 0))
-    keep = np.flatnonzero(np.append(last, True)) if shas else np.zeros(0, dtype=np.int64)
+    column = raw.column("sha256").combine_chunks()
+    last = pc.not_equal(column.slice(0, max(len(column) - 1, 0)), column.slice(1)).to_numpy(zero_copy_only=False)
+    keep = np.flatnonzero(np.append(last, True)) if len(column) else np.zeros(0, dtype=np.int64)
     labels = raw.column("label").combine_chunks().take(pa.array(keep)).dictionary_encode()
-    return RawRows([shas[i] for i in keep.tolist()], labels.indices.to_numpy(zero_copy_only=False).astype(np.int32),
+    return RawRows(column.take(pa.array(keep)).to_pylist(), labels.indices.to_numpy(zero_copy_only=False).astype(np.int32),
                    lake.interned(labels.dictionary),
                    raw.column("width").to_numpy()[keep].astype(np.int32),
                    raw.column("height").to_numpy()[keep].astype(np.int32))

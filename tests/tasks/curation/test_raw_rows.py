@@ -28,6 +28,16 @@ def test_raw_rows_are_the_map_of_sorted_tuples_they_replace():
         assert rows[4].sha256 in got and "nope" not in got and len(got) == 50
 
 
+def test_strings_read_elsewhere_become_the_raw_rows_own_objects():
+    table = pa.Table.from_pylist([{"sha256": _sha(str(i)), "label": "a", "width": 8, "height": 8} for i in range(20)])
+    got = raw_facts(table)
+    read = pa.array([_sha("3"), _sha("outside"), _sha("17"), _sha("outside")]).to_pylist()  # new objects
+    own = got.own(read)
+    assert own == read
+    assert own[0] is got.shas[got.at[_sha("3")]] and own[2] is got.shas[got.at[_sha("17")]]
+    assert own[1] is own[3]  # not held: one (interned) object a value
+
+
 def test_an_empty_raw_version_reads_as_no_rows():
     empty = raw_facts(pa.table({"sha256": pa.array([], pa.string()), "label": pa.array([], pa.string()),
                                 "width": pa.array([], pa.int64()), "height": pa.array([], pa.int64())}))
