@@ -4,7 +4,7 @@ A curation keeps most of its raw version's images. As one Arrow table of every k
 height) the kept facts were about 86 bytes an image, built at the end of the plan and held through the writes (at a
 million images the high of a 1% batch, bench/README.md run 28), and counting them by split and label made two Python
 strings a row. Here a kept image is its position among the eligible images (whose sha256 byte array the plan holds,
-``sha_list.Keys``) and among the raw rows (its label and size), and a split code: 13 bytes an image. Rows are made as
+``sha_list.Keys``) and among the raw rows (its label and size), and a split code: 9 bytes an image. Rows are made as
 Arrow a block at a time: the snapshot's writer's, the rows a batch appends, the kept rows a batch compares with the
 stored ones.
 """
@@ -41,9 +41,9 @@ class KeptFacts:
         if dropped:
             at = keys.positions(pa.array(sorted(dropped), pa.string()))
             keep[at[at >= 0]] = False  # a dropped image that was not eligible (a bad image) is not among them
-        kept = np.flatnonzero(keep)
+        kept = np.flatnonzero(keep).astype(np.int32)  # int32: a table of 2**31 images is not held here
         code = {name: k for k, name in enumerate(SPLITS)}
-        raw, split = np.empty(len(kept), dtype=np.int64), np.empty(len(kept), dtype=np.int8)
+        raw, split = np.empty(len(kept), dtype=np.int32), np.empty(len(kept), dtype=np.int8)
         for start in range(0, len(kept), CODE_BLOCK):  # Python strings a block at a time
             shas = [eligible[i] for i in kept[start:start + CODE_BLOCK].tolist()]
             raw[start:start + len(shas)] = rows.positions(shas)
@@ -60,7 +60,7 @@ class KeptFacts:
             shas, *(table.column(c).to_pylist() for c in ("label", "width", "height"))))
         code = {name: k for k, name in enumerate(SPLITS)}
         split = np.array([code[s] for s in table.column("split").to_pylist()], dtype=np.int8)
-        every = np.arange(len(shas), dtype=np.int64)
+        every = np.arange(len(shas), dtype=np.int32)
         return cls(Keys.of(shas), every, every, rows, split)
 
     @property
@@ -90,10 +90,10 @@ class KeptFacts:
 
     def find(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """Each sha256 of ``column``'s index among the kept images, -1 where it is not kept (int64)."""
-        at = self.keys.positions(column)
+        at = self.keys.positions(column).astype(self.kept.dtype)  # the needles in the kept's own dtype: no cast of it
         i = np.minimum(np.searchsorted(self.kept, at), max(len(self.kept) - 1, 0))
         found = (at >= 0) & (self.kept[i] == at) if len(self.kept) else np.zeros(len(at), dtype=bool)
-        return np.where(found, i, -1)
+        return np.where(found, i, -1).astype(np.int64)
 
     def subset(self, mask: np.ndarray) -> KeptFacts:
         """The kept images where ``mask`` is True."""
