@@ -20,6 +20,7 @@ import pyarrow as pa
 
 WRITE_ROWS = 65_536  # lines joined at a time when a list is written
 _LINE = 65  # a sha256's 64 hex digits and a newline: the fast read
+PREFIX_ROWS = 1 << 16  # keys made contiguous at a time for their prefixes
 
 
 def keys(shas: Sequence[str] | np.ndarray) -> np.ndarray:
@@ -68,11 +69,15 @@ def prefixes(array: np.ndarray) -> np.ndarray | None:
     as fast as on the 64-byte keys."""
     if not len(array) or array.dtype.itemsize < 16:
         return None
-    digits = _HEX[np.ascontiguousarray(array).view(np.uint8).reshape(len(array), -1)[:, :16]]
-    if bool((digits == 255).any()):
-        return None
-    pairs = (digits[:, 0::2] << 4) | digits[:, 1::2]
-    return np.ascontiguousarray(pairs).view(">u8").ravel().astype(np.uint64)
+    out = np.empty(len(array), dtype=np.uint64)
+    for start in range(0, len(array), PREFIX_ROWS):  # a block's copy at a time: a mapped list is not read whole
+        block = np.ascontiguousarray(array[start:start + PREFIX_ROWS])
+        digits = _HEX[block.view(np.uint8).reshape(len(block), -1)[:, :16]]
+        if bool((digits == 255).any()):
+            return None
+        pairs = (digits[:, 0::2] << 4) | digits[:, 1::2]
+        out[start:start + len(block)] = np.ascontiguousarray(pairs).view(">u8").ravel()
+    return out
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,15 @@ class Keys:
         return ShaList(column_keys(column)).located(self)
 
 
+def _well_formed(lines: np.ndarray) -> bool:
+    """Every line of 64 characters above a space, then a newline (checked a block of lines at a time)."""
+    for start in range(0, len(lines), WRITE_ROWS):
+        block = lines[start:start + WRITE_ROWS]
+        if not bool((block[:, -1] == ord("\n")).all()) or bool((block[:, :-1] <= ord(" ")).any()):
+            return False
+    return True
+
+
 def _common(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     width = f"S{max(a.dtype.itemsize, b.dtype.itemsize)}"
     return a.astype(width, copy=False), b.astype(width, copy=False)
@@ -124,19 +138,23 @@ class ShaList:
 
     @classmethod
     def read(cls, path: Path) -> ShaList:
-        """The list in ``path`` (one sha256 a line). Lines of 64 characters are read as one buffer, no object a line."""
-        data = path.read_bytes()
-        if data and len(data) % _LINE == 0:
-            lines = np.frombuffer(data, dtype=np.uint8).reshape(-1, _LINE)
-            if bool((lines[:, -1] == ord("\n")).all()) and not bool((lines[:, :-1] <= ord(" ")).any()):
-                return cls(np.ascontiguousarray(lines[:, :-1]).view("S64").ravel())
-        return cls(keys([s.decode("ascii") for s in data.split()]))
+        """The list in ``path`` (one sha256 a line). Lines of 64 characters are the file itself, memory-mapped
+        read-only: the keys are the file's pages (the kernel's to drop, shared by concurrent curations), seen as 64
+        bytes every 65, not a copy in the process (64 MB a list at a million images, two or three lists a batch).
+        The file is never written in place (a new list is renamed over it): the mapping stays valid."""
+        size = path.stat().st_size
+        if size and size % _LINE == 0:
+            lines = np.memmap(path, dtype=np.uint8, mode="r").reshape(-1, _LINE)
+            if _well_formed(lines):
+                return cls(np.ndarray((len(lines),), dtype="S64", buffer=lines, strides=(_LINE,)))
+        return cls(keys([s.decode("ascii") for s in path.read_bytes().split()]))
 
-    def write(self, path: Path) -> None:
-        """One sha256 a line, written a block of lines at a time."""
+    def write(self, path: Path, more: Sequence[str] = ()) -> None:
+        """One sha256 a line (these, then ``more``), written a block of lines at a time."""
         with open(path, "wb") as out:
-            for start in range(0, len(self.array), WRITE_ROWS):
-                out.write(b"".join(k + b"\n" for k in self.array[start:start + WRITE_ROWS].tolist()))
+            for array in (self.array, keys(more)) if len(more) else (self.array,):
+                for start in range(0, len(array), WRITE_ROWS):
+                    out.write(b"".join(k + b"\n" for k in array[start:start + WRITE_ROWS].tolist()))
 
     def __len__(self) -> int:
         return len(self.array)

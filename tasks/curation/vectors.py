@@ -88,13 +88,12 @@ class VectorFile:
         if self.array is None or not self._append_in_place(len(shas), blocks):
             self._append_by_copy(len(shas), blocks)
         shas_tmp = self.path.with_name(f"{self.path.with_suffix('.shas').name}.{os.getpid()}.tmp")
-        listed = self.shas.extended(shas)
-        listed.write(shas_tmp)
+        self.shas.write(shas_tmp, more=shas)  # the stored list and the new lines: no joined copy of the list
         os.replace(shas_tmp, self.path.with_suffix(".shas"))  # the commit point
-        self.shas = listed
+        self.shas = ShaList.read(self.path.with_suffix(".shas"))  # mapped again
         self.array = np.load(self.path, mmap_mode="r")
-        if self.array.shape[0] != len(listed):
-            raise ValueError(f"{self.path.name}: {self.array.shape[0]} rows for {len(listed)} listed images")
+        if self.array.shape[0] != len(self.shas):
+            raise ValueError(f"{self.path.name}: {self.array.shape[0]} rows for {len(self.shas)} listed images")
 
     def _append_in_place(self, new: int, blocks: Iterator[np.ndarray]) -> bool:
         """The new rows written after the committed ones in the file itself (rows an earlier append left uncommitted

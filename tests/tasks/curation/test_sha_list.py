@@ -104,3 +104,25 @@ def test_keys_that_share_their_first_sixteen_digits_are_still_told_apart():
     assert apart.positions(pa.array(asked)).tolist() == [-1, -1, _shas(50, seed=4).index(eligible[7]), -1]  # given order
     upper = Keys.of([s.upper() for s in _shas(5, seed=4)])  # not lowercase hex: whole keys
     assert upper.prefix is None and upper.positions(pa.array([_shas(5, seed=4)[2].upper()])).tolist() != [-1]
+
+
+def test_a_read_list_is_the_file_mapped_and_answers_as_one_held_in_memory(tmp_path, monkeypatch):
+    from tasks.curation import sha_list
+
+    monkeypatch.setattr(sha_list, "PREFIX_ROWS", 7)  # prefixes made a few keys at a time
+    monkeypatch.setattr(sha_list, "WRITE_ROWS", 5)  # lines checked and written a few at a time
+    shas = _shas(300, 4)
+    path = tmp_path / "x.shas"
+    ShaList.of(shas[:200]).write(path, more=shas[200:])  # a stored list and its new lines, in one file
+    mapped, held = ShaList.read(path), ShaList.of(shas)
+    assert not mapped.array.flags.owndata and not mapped.array.flags.c_contiguous  # 64 bytes of every 65 of the file
+    assert isinstance(mapped.array.base, np.memmap) or isinstance(mapped.array.base.base, np.memmap)
+    assert _strings(mapped) == shas
+    rng = random.Random(3)
+    eligible = Keys.of(sorted(rng.sample(shas, 120) + _shas(40, 5)))
+    assert np.array_equal(mapped.located(eligible), held.located(eligible))
+    assert np.array_equal(mapped.rows_of(eligible), held.rows_of(eligible))
+    assert np.array_equal(sha_list.prefixes(mapped.array), sha_list.prefixes(held.array))
+    path.write_bytes(path.read_bytes()[:65 * 10] + b"x" * 30 + b" " + b"y" * 33 + b"\n")  # 65 bytes, not a sha256
+    assert len(path.read_bytes()) == 65 * 11
+    assert _strings(ShaList.read(path)) == [*shas[:10], "x" * 30, "y" * 33]  # read one by one

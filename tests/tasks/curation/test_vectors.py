@@ -170,7 +170,7 @@ def test_a_header_that_cannot_grow_is_copied_and_a_rebuild_never_pairs_an_old_li
     store.path.write_bytes(b"\x93NUMPY torn")  # a torn header: not read, rebuilt
     rebuilding = VectorFile.open(tmp_path, "v;view=0")
     assert rebuilding.array is None
-    monkeypatch.setattr(vectors.ShaList, "write", lambda self, path: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(vectors.ShaList, "write", lambda self, path, more=(): (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):
         rebuilding.append(shas[::-1], iter([m[::-1]]))
     monkeypatch.undo()
