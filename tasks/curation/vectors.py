@@ -175,7 +175,8 @@ class RowView:
     """The rows of ``eligible`` (by position) in a memory-mapped file: gathers only the rows asked for."""
 
     def __init__(self, array: np.ndarray, rows: np.ndarray) -> None:
-        self._array, self._rows = array, rows
+        # int32 where the file's rows allow: 4 bytes an eligible image a view, held through the plan
+        self._array, self._rows = array, rows.astype(np.int32) if len(array) < 2**31 else rows
         self.shape = (len(rows), array.shape[1])
 
     def __len__(self) -> int:
