@@ -266,6 +266,11 @@ class CopyScores:
         """Read the stored pairs of every eligible image (a full scan of the nearest map asks for all)."""
         self.stored.want_all()
 
+    def forget_partners(self) -> None:
+        """Let the partners gathered so far go (a phase or a component is done with them: at a million images the
+        candidates' and a walk's were 50-70 MB of dicts); the pairs stay, a later question gathers them again."""
+        self._partners.clear()
+
     def release_stored(self) -> None:
         """Let the stored pairs read so far and the partners gathered go (``StoredScores.release``): a later question
         reads them again. The pairs scored here stay."""

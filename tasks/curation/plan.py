@@ -104,10 +104,10 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     and splits, then each component deduplicated.
     """
     cfg = settings.curation
-    images = RawImages(settings.raw_table, raw_version)
     # The raw version's table of facts lives only while its columns are made (Arrow's sha256 strings alone are 68 bytes
     # an image: it was held from here to the galleries, for the labels of the few dozen images they show).
     by_sha = raw_facts(read_raw(settings, raw_version))
+    images = RawImages(settings.raw_table, raw_version, own=by_sha.own)  # the held images keyed by the raw rows' strings
     features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta)
     record, record_version = read_assignments(settings, by_sha)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
@@ -124,6 +124,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
         graph.components(), graph.eligible, record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), by_sha, pixels,
                           graph.eligible, graph.scores)
+    graph.scores.forget_partners()  # the summary's images' partners: the walk gathers its own
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
     decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, dropped, reuse)
@@ -290,6 +291,7 @@ def _group(settings: Settings, eligible: list[str], asked: Keys, record: dict[st
                         scan=images.blocks_holding)
     scores.want(eligible[i] for i in np.union1d(candidates.ravel(), pending).tolist())
     copy_edges = _link_copies(cfg, eligible, candidates, scores, sets)
+    scores.forget_partners()
     return _Graph(eligible, sets, len(pending), scores, found, [(eligible[a], eligible[b], s) for a, b, s in best],
                   len(candidates), copy_edges, search)
 
@@ -437,6 +439,7 @@ def _dedupe(keys: list[str], *, groups: Groups, assignments: Mapping[str, Assign
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
         _, removed = dedupe_component(order, pixels, {s: by_sha.label(s) for s in order}, scores, threshold,
                                          abstain, possible)
+        scores.forget_partners()  # a component's members are no other's
         dropped.extend(drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
     return dropped, possible
 

@@ -21,7 +21,7 @@ a column of a million images holds more than a binary array's 2 GB of offsets.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +37,9 @@ HOLD_BUDGET = 256 << 20  # bytes of images a scan for the signatures may leave h
 class RawImages:
     """The encoded images of one raw version by sha256; only those held (``hold``) answer ``__call__``."""
 
-    def __init__(self, uri: str, version: int) -> None:
-        self.uri, self.version = uri, version
+    def __init__(self, uri: str, version: int, own: Callable[[list[str]], list[str]] | None = None) -> None:
+        """``own``: the held images' sha256s as the caller's own string objects (``RawRows.own``: no copy of each)."""
+        self.uri, self.version, self._own = uri, version, own
         self.release()
 
     def blocks(self, wanted: Collection[str] | pa.Array | None = None, position: str | None = None
@@ -87,7 +88,8 @@ class RawImages:
             block = block.filter(pa.array([s not in self._row for s in block.column("sha256").to_pylist()]))
         first = sum(len(c) for c in self._chunks)
         self._chunks += block.column("image").chunks
-        self._row.update((sha, first + i) for i, sha in enumerate(block.column("sha256").to_pylist()))
+        shas = block.column("sha256").to_pylist()
+        self._row.update((sha, first + i) for i, sha in enumerate(shas if self._own is None else self._own(shas)))
 
     def release(self) -> None:
         self._chunks: list[pa.Array] = []

@@ -97,6 +97,8 @@ def test_released_pairs_are_read_again_when_asked_and_answer_the_same(table) -> 
     scored.want(shas[:30])
     before = {sha: scored.partners(sha) for sha in shas[:30]}
     assert stored.scans == 1 and stored._parts
+    scored.forget_partners()  # the gathered partners go, the pairs stay: the same answers, no scan
+    assert {sha: scored.partners(sha) for sha in shas[:30]} == before and stored.scans == 1
     scored.release_stored()
     assert not stored._parts and not stored._read.any() and stored.scans == 1
     assert scored.partners(shas[0])[shas[-1]] == 0.25
