@@ -20,7 +20,7 @@ import pyarrow as pa
 
 WRITE_ROWS = 65_536  # lines joined at a time when a list is written
 _LINE = 65  # a sha256's 64 hex digits and a newline: the fast read
-PREFIX_ROWS = 1 << 16  # keys made contiguous at a time for their prefixes
+PREFIX_ROWS = 1 << 16  # keys made contiguous at a time for their prefixes, and located at a time
 
 
 def keys(shas: Sequence[str] | np.ndarray) -> np.ndarray:
@@ -121,6 +121,18 @@ def _well_formed(lines: np.ndarray) -> bool:
     return True
 
 
+def _located(block: np.ndarray, wanted: np.ndarray, among: Keys) -> np.ndarray:
+    """Each key of ``block`` among ``among`` (``wanted``: its array, of the block's width), or -1."""
+    order = among.order
+    mine = prefixes(block) if among.prefix is not None else None
+    if mine is not None:  # the one key with this prefix, if any (``Keys.prefix`` tells every key apart)
+        at = np.minimum(np.searchsorted(among.prefix, mine), len(wanted) - 1)
+    else:
+        at = np.minimum(np.searchsorted(wanted, block, sorter=order), len(wanted) - 1)
+    at = at if order is None else order[at]
+    return np.where(wanted[at] == block, at, -1)
+
+
 def _common(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     width = f"S{max(a.dtype.itemsize, b.dtype.itemsize)}"
     return a.astype(width, copy=False), b.astype(width, copy=False)
@@ -170,16 +182,13 @@ class ShaList:
         """Each row's position in ``among`` (one binary search a row), or -1: the int64 positions of this list's
         images among them."""
         array, wanted = _common(self.array, among.array)
+        out = np.full(len(array), -1, dtype=np.int64)
         if not len(array) or not len(wanted):
-            return np.full(len(array), -1, dtype=np.int64)
-        order = among.order
-        mine = prefixes(array) if among.prefix is not None else None
-        if mine is not None:  # the one key with this prefix, if any (``Keys.prefix`` tells every key apart)
-            at = np.minimum(np.searchsorted(among.prefix, mine), len(wanted) - 1)
-        else:
-            at = np.minimum(np.searchsorted(wanted, array, sorter=order), len(wanted) - 1)
-        at = at if order is None else order[at]
-        return np.where(wanted[at] == array, at, -1).astype(np.int64, copy=False)
+            return out
+        for start in range(0, len(array), PREFIX_ROWS):  # a block's prefixes and gathered keys at a time (whole, a
+            block = array[start:start + PREFIX_ROWS]  # million's list gathered 64 MB of keys to compare)
+            out[start:start + len(block)] = _located(block, wanted, among)
+        return out
 
     def rows_of(self, among: Keys) -> np.ndarray:
         """The row of each of ``among`` in this list (the first, if listed twice), or -1."""

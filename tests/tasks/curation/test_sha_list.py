@@ -121,6 +121,8 @@ def test_a_read_list_is_the_file_mapped_and_answers_as_one_held_in_memory(tmp_pa
     rng = random.Random(3)
     eligible = Keys.of(sorted(rng.sample(shas, 120) + _shas(40, 5)))
     assert np.array_equal(mapped.located(eligible), held.located(eligible))
+    position = {k: i for i, k in enumerate(eligible.array.tolist())}  # located a block of 7 at a time: as one lookup
+    assert mapped.located(eligible).tolist() == [position.get(k.encode(), -1) for k in shas]
     assert np.array_equal(mapped.rows_of(eligible), held.rows_of(eligible))
     assert np.array_equal(sha_list.prefixes(mapped.array), sha_list.prefixes(held.array))
     path.write_bytes(path.read_bytes()[:65 * 10] + b"x" * 30 + b" " + b"y" * 33 + b"\n")  # 65 bytes, not a sha256
