@@ -58,6 +58,22 @@ def test_pixel_keys_give_back_each_key_and_group_the_equal_ones():
     assert pixels.first_alike(np.zeros(0, dtype=np.int64)).tolist() == []
 
 
+def test_the_first_alike_of_a_few_is_the_first_alike_of_all():
+    import random
+
+    rng = random.Random(5)
+    shas = sorted(_sha(f"image{i}") for i in range(300))
+    at = {s: i for i, s in enumerate(shas)}
+    head = "ab" * 8  # keys that share their first 8 bytes and differ after them
+    keys = [head + _sha(f"tail{rng.randrange(20)}")[16:] if i % 3 else _sha(f"pixels{rng.randrange(40)}")
+            for i in range(298)] + ["not a digest", shas[299].upper()]
+    pixels = PixelKeys.of(at, keys)
+    order = np.array(rng.sample(range(300), 250), dtype=np.int64)
+    everyone = pixels.first_alike(order)
+    for among in (np.array(sorted(rng.sample(range(250), 30))), np.arange(250), np.zeros(0, dtype=np.int64)):
+        assert pixels.first_alike(order, among=among).tolist() == everyone[among].tolist()
+
+
 def test_a_pixel_keys_token_is_equal_exactly_when_the_keys_are():
     shas = sorted(_sha(f"image{i}") for i in range(4))
     keys = [_sha("pixels0"), _sha("pixels0"), _sha("pixels1"), "odd key"]
