@@ -275,7 +275,7 @@ class CopyScores:
         """Let the stored pairs read so far and the partners gathered go (``StoredScores.release``): a later question
         reads them again. The pairs scored here stay."""
         self.stored.release()
-        self._partners.clear()
+        self.forget_partners()
         self._none_stored.clear()
 
     def score_many(self, pairs: Iterable[tuple[str, str]]) -> None:

@@ -149,21 +149,12 @@ class PixelKeys(ByPosition[str]):
             packed[i] = np.frombuffer(raw, dtype=np.uint8)
         return cls(at, packed.tobytes(), odd)
 
-    def first_alike(self, positions: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
-        """For each of ``positions`` (or each of ``among``: indices into ``positions``), the index (into
-        ``positions``) of the first one with the same key.
+    def first_alike(self, positions: np.ndarray, among: np.ndarray) -> np.ndarray:
+        """For each of ``among`` (indices into ``positions``: a batch's new images), the index (into ``positions``) of
+        the first one with the same key.
 
-        With ``among`` (a batch's new images), only the positions whose key's first 8 bytes are one of theirs are
-        read whole: a sort of every position's 32 bytes (``np.unique``) held about 100 MB at a million images."""
-        if among is not None:
-            return self._first_of(positions, among)
-        rows = np.ascontiguousarray(self.packed[positions]).view(np.dtype((np.void, DIGEST_BYTES))).ravel()
-        if not len(rows):
-            return np.zeros(0, dtype=np.int64)
-        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-        return first[inverse.ravel()]
-
-    def _first_of(self, positions: np.ndarray, among: np.ndarray) -> np.ndarray:
+        Only the positions whose key's first 8 bytes are one of theirs are read whole: a sort of every position's 32
+        bytes (``np.unique``) held about 100 MB at a million images."""
         if not len(among):
             return np.zeros(0, dtype=np.int64)
 

@@ -310,7 +310,7 @@ def _known_sets(eligible: list[str], record: Record, pixels: PixelKeys) -> tuple
         _, first, inverse = np.unique(codes[recorded], return_index=True, return_inverse=True)
         sets.attach(recorded, recorded[first][inverse.ravel()])  # a component's first image: its root
     del codes
-    for i, first in zip(pending.tolist(), pixels.first_alike(at, among=pending).tolist()):
+    for i, first in zip(pending.tolist(), pixels.first_alike(at, pending).tolist()):
         sets.union(i, first)
     return sets, pending
 
