@@ -20,6 +20,7 @@ import pyarrow as pa
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.dedupe import RecordedMembers, recorded_original
 from tasks.curation.groups import Groups, GroupsBuilder
+from tasks.curation.sha_list import SortedShas
 from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, RawRows, drop_row
 from tasks.data import lake
 from tasks.settings import Settings
@@ -58,15 +59,19 @@ class Record(Mapping[str, Assignment]):
 
     Every curation reads the whole record. As a map of named tuples it took about 118 bytes an image beside the
     sha256 (bench/README.md, run 22). Here an image of the raw version is its position in the raw rows
-    (``tables.RawRows``, whose map from sha256 to position it shares): its component (a string the record shares),
-    a split code, a run code, its first raw version and the version its row was written at, 25 bytes. A recorded image
-    that is not in the raw version keeps a named tuple in a map of its own. A lookup builds the image's tuple.
+    (``tables.RawRows``, whose map from sha256 to position it shares): its component as a code (the raw position of
+    the image it is named after, or ``-1 - k`` for the ``k``-th key that is not one of the raw rows), a split code, a
+    run code, its first raw version and the version its row was written at, 21 bytes. A recorded image that is not
+    in the raw version keeps a named tuple in a map of its own. A lookup builds the image's tuple (and its
+    component's string).
     """
 
     def __init__(self, rows: RawRows) -> None:
         n = len(rows)
         self.rows = rows
-        self.component: list[str | None] = [None] * n
+        self.component = array("i", bytes(4 * n))  # a code (above): no string held an image
+        self.outside: list[str] = []  # the component keys that are not raw rows, by their code ``-1 - k``
+        self._outside: dict[str, int] = {}
         self.split = array("b", bytes(n))  # 1 + a code into ``splits``; 0: not recorded
         self.first = array("q", bytes(8 * n))
         self.run = array("i", bytes(4 * n))  # a code into ``runs``
@@ -87,30 +92,42 @@ class Record(Mapping[str, Assignment]):
             if written >= self.others_written.get(sha, written):
                 self.others[sha], self.others_written[sha] = a, written
             return
+        j = self.rows.at.get(a.component)
+        self.add_at(i, self.outside_code(a.component) if j is None else j, a.split, a.first_raw_version, a.run_id,
+                    written)
+
+    def add_at(self, i: int, component: int, split: str, first: int, run_id: str, written: int) -> None:
+        """``add`` for raw position ``i``, its component given as a code."""
         if self.split[i] and written < self.written[i]:
             return
         self.known += not self.split[i]
         self.written[i] = written
-        self.component[i], self.first[i] = a.component, a.first_raw_version
-        self.split[i] = 1 + _code(self.splits, self._codes[0], a.split)
-        self.run[i] = _code(self.runs, self._codes[1], a.run_id)
+        self.component[i], self.first[i] = component, first
+        self.split[i] = 1 + _code(self.splits, self._codes[0], split)
+        self.run[i] = _code(self.runs, self._codes[1], run_id)
+
+    def outside_code(self, key: str) -> int:
+        """The code of a component key that is not one of the raw rows."""
+        k = self._outside.get(key)
+        if k is None:
+            k = self._outside[key] = len(self.outside)
+            self.outside.append(key)
+        return -1 - k
 
     def component_codes(self, positions: np.ndarray) -> np.ndarray:
         """Each raw position's recorded component as an integer, -1 where it is not recorded: the raw position of the
         image the component is named after, or past the raw rows for a key that is not one of them (int64)."""
-        at, split, component, outside = self.rows.at, self.split, self.component, {}
+        n = len(self.split)
+        codes = np.frombuffer(self.component, dtype=np.int32)[positions].astype(np.int64)
+        codes = np.where(codes < 0, n - 1 - codes, codes)
+        return np.where(np.frombuffer(self.split, dtype=np.int8)[positions] != 0, codes, -1)
 
-        def code(i: int) -> int:
-            if not split[i]:
-                return -1
-            j = at.get(component[i])
-            return j if j is not None else outside.setdefault(component[i], len(split) + len(outside))
-
-        return np.fromiter(map(code, positions.tolist()), dtype=np.int64, count=len(positions))
+    def _name(self, code: int) -> str:
+        return self.rows.shas[code] if code >= 0 else self.outside[-1 - code]
 
     def _at(self, i: int) -> Assignment:
-        return Assignment(self.component[i], self.splits[self.split[i] - 1], self.first[i],  # type: ignore[arg-type]
-                          self.runs[self.run[i]])
+        return Assignment(self._name(self.component[i]), self.splits[self.split[i] - 1],  # type: ignore[arg-type]
+                          self.first[i], self.runs[self.run[i]])
 
     def __getitem__(self, sha: str) -> Assignment:
         i = self.rows.at.get(sha)
@@ -163,16 +180,27 @@ def read_assignments(settings: Settings, rows: RawRows) -> tuple[Record, int | N
     slices = (block.slice(start, lake.INTERN_SLICE) for block in _blocks(uri, version)
               for start in range(0, block.num_rows, lake.INTERN_SLICE))  # a slice's Python strings at a time
     for t in slices:
-        text = {c: lake.interned(t.column(c)) for c in ("split", "run_id")}  # one object a value
-        text["sha256"] = t.column("sha256").to_pylist()  # a key: its position is what is held
-        text["component"] = rows.own(t.column("component").to_pylist())  # the raw rows' own strings
-        for s, c, sp, v, r, w in zip(text["sha256"], text["component"], text["split"],
-                                     t.column("first_raw_version").to_pylist(), text["run_id"],
-                                     t.column("written").to_pylist()):
-            record.add(s, Assignment(c, sp, int(v), r), w)
+        _add_slice(record, rows, t)
         stored += t.num_rows
     record.stored_rows = None if legacy else stored  # a table without ``written`` is written whole once
     return record, version
+
+
+def _add_slice(record: Record, rows: RawRows, t: pa.Table) -> None:
+    """A slice of stored rows into ``record``: the images and their components found among the raw rows by their
+    bytes (no Python string of either), a string made only for an image or key that is not one of them."""
+    at, component = rows.located(t.column("sha256")), rows.located(t.column("component"))
+    split, run_id = lake.interned(t.column("split")), lake.interned(t.column("run_id"))  # one object a value
+    firsts, written = t.column("first_raw_version").to_pylist(), t.column("written").to_pylist()
+    outside = np.flatnonzero((at < 0) | (component < 0)).tolist()
+    shas = dict(zip(outside, t.column("sha256").take(pa.array(outside, pa.int64())).to_pylist()))
+    keys = dict(zip(outside, t.column("component").take(pa.array(outside, pa.int64())).to_pylist()))
+    for r, (i, c) in enumerate(zip(at.tolist(), component.tolist())):
+        if i < 0:
+            record.add(shas[r], Assignment(keys[r], split[r], int(firsts[r]), run_id[r]), written[r])
+        else:
+            record.add_at(i, c if c >= 0 else record.outside_code(keys[r]), split[r], int(firsts[r]), run_id[r],
+                          written[r])
 
 
 def _blocks(uri: str, version: int) -> Iterator[pa.Table]:
@@ -298,6 +326,25 @@ class RecordAfter(Mapping[str, Assignment]):
 
     def __len__(self) -> int:
         return len(self.record) + sum(1 for s in self.changes if s not in self.record)
+
+    def split_codes(self, shas: SortedShas, at: np.ndarray) -> np.ndarray:
+        """Each of ``shas``' split as a code into ``SPLITS`` (-1: none; ``at``: their raw positions, -1 for none):
+        the record's codes taken by position, this curation's rows laid over them (a lookup an image was about
+        4 us at a million, its component's string made)."""
+        out = np.full(len(at), -1, dtype=np.int8)
+        code = {name: k for k, name in enumerate(SPLITS)}
+        if isinstance(self.record, Record):
+            table = np.array([-1] + [code[name] for name in self.record.splits], dtype=np.int8)
+            found = np.flatnonzero(at >= 0)
+            out[found] = table[np.frombuffer(self.record.split, dtype=np.int8)[at[found]]]
+        else:  # a record given as a map (tests): every image looked up
+            for i, sha in enumerate(shas):
+                if sha in self.record:
+                    out[i] = code[self.record[sha].split]
+        for sha, a in self.changes.items():
+            if (i := shas.index_of(sha)) is not None:
+                out[i] = code[a.split]
+        return out
 
     def changed(self) -> set[str]:
         """The rows that differ from the record read (added, or renamed by a merge)."""

@@ -44,6 +44,7 @@ import logging
 import shutil
 import warnings
 from array import array
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -94,7 +95,7 @@ class Features:
     """Features of a set of images: facts by sha256 and unit-length embeddings, one row each."""
 
     by_sha: FeatureFacts  # sha256 -> its facts (columns by position: ``tasks.curation.feature_facts``)
-    row_of: dict[str, int]  # sha256 -> row of ``matrix``; images with an error have no row
+    row_of: Mapping[str, int]  # sha256 -> row of ``matrix``; images with an error have no row
     matrix: np.ndarray  # float32, L2-normalised rows
 
     def pixel_keys(self, rows: RawRows) -> PixelKeys:
@@ -360,10 +361,11 @@ def _as_features(table: pa.Table) -> Features:
     return Features(FeatureFacts.of_table(table), *computed_vectors(table))
 
 
-def computed_vectors(table: pa.Table, rows: RawRows | None = None) -> tuple[dict[str, int], np.ndarray]:
-    """(sha256 -> its row of the matrix, the unit embeddings) of ``table``'s rows that have one and no error; the
-    keys are ``rows``' own strings when given (a first curation embeds every image), else interned."""
-    empty: tuple[dict[str, int], np.ndarray] = ({}, np.zeros((0, 1), dtype=np.float32))
+def computed_vectors(table: pa.Table, rows: RawRows | None = None) -> tuple[Mapping[str, int], np.ndarray]:
+    """(sha256 -> its row of the matrix, the unit embeddings) of ``table``'s rows that have one and no error; by the
+    raw rows' positions when ``rows`` are given (a first curation embeds every image: a dict and a string an image
+    were about 200 bytes), else a dict of interned strings."""
+    empty: tuple[Mapping[str, int], np.ndarray] = ({}, np.zeros((0, 1), dtype=np.float32))
     if "embedding" not in table.column_names:  # facts only: the vectors are read from their file
         return empty
     emb = table.column("embedding")
@@ -374,8 +376,42 @@ def computed_vectors(table: pa.Table, rows: RawRows | None = None) -> tuple[dict
     if not len(valid):
         return empty
     column = table.column("sha256").take(pa.array(valid))
-    shas = rows.own(column.to_pylist()) if rows is not None else lake.interned(column)  # one object each
-    return {s: r for r, s in enumerate(shas)}, _unit_rows(emb, ok, len(valid))
+    if rows is None:
+        return {s: r for r, s in enumerate(lake.interned(column))}, _unit_rows(emb, ok, len(valid))
+    return RowOf.of(rows, rows.located(column)), _unit_rows(emb, ok, len(valid))
+
+
+class RowOf(Mapping[str, int]):
+    """sha256 -> its row of a matrix, held as each raw position's row (-1: none), 4 bytes an image."""
+
+    def __init__(self, at: Mapping[str, int], row: np.ndarray) -> None:
+        self.at, self.row = at, row
+
+    @classmethod
+    def of(cls, rows: RawRows, positions: np.ndarray) -> RowOf:
+        """Row ``r`` is the image at raw position ``positions[r]`` (``KeyError`` for one that is not a raw row)."""
+        if bool((positions < 0).any()):
+            raise KeyError(f"{int((positions < 0).sum())} embedded images are not rows of the raw version")
+        row = np.full(len(rows), -1, dtype=np.int32)
+        row[positions] = np.arange(len(positions), dtype=np.int32)
+        return cls(rows.at, row)
+
+    def __getitem__(self, sha: str) -> int:
+        r = int(self.row[self.at[sha]])
+        if r < 0:
+            raise KeyError(sha)
+        return r
+
+    def __contains__(self, sha: object) -> bool:
+        i = self.at.get(sha)  # type: ignore[call-overload]
+        return i is not None and self.row[i] >= 0
+
+    def __iter__(self) -> Iterator[str]:
+        shas = self.at.members  # type: ignore[attr-defined]
+        return (shas[i] for i in np.flatnonzero(self.row >= 0).tolist())
+
+    def __len__(self) -> int:
+        return int((self.row >= 0).sum())
 
 
 def _unit_rows(emb: pa.ChunkedArray, ok: np.ndarray, rows: int) -> np.ndarray:

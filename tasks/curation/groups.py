@@ -16,12 +16,15 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from tasks.curation.by_position import SortedRank
+from tasks.curation.sha_list import SortedShas, keys
+
+KEY_BLOCK = 65_536  # component keys held as strings at a time
 
 
 class Groups(Mapping[str, list[str]]):
     """Final component key -> its eligible members (ascending, as the eligible images), keys in ascending order."""
 
-    def __init__(self, eligible: Sequence[str], keys: list[str], starts: np.ndarray, members: np.ndarray) -> None:
+    def __init__(self, eligible: Sequence[str], keys: Sequence[str], starts: np.ndarray, members: np.ndarray) -> None:
         self.eligible = eligible
         self.ordered = SortedRank(keys)  # ascending, distinct: key -> its place
         self.starts = starts  # len(keys) + 1: the members of keys[k] are members[starts[k]:starts[k + 1]]
@@ -50,28 +53,42 @@ class Groups(Mapping[str, list[str]]):
 
 
 class GroupsBuilder:
-    """Collects (key, member positions) in any order; a key given twice gathers the members of both."""
+    """Collects (key, member positions) in any order; a key given twice gathers the members of both. The keys are
+    held as bytes (``sha_list.keys``), a block of strings at a time: a string a component was about 113 bytes an
+    image where most components are one image."""
 
     def __init__(self, eligible: Sequence[str]) -> None:
         self.eligible = eligible
-        self.keys: list[str] = []
+        self.keys: list[np.ndarray] = []
+        self.pending: list[str] = []
         self.sizes = array("q")
         self.members = array("q")
 
     def add(self, key: str, positions: Sequence[int]) -> None:
-        self.keys.append(key)
+        self.pending.append(key)
+        if len(self.pending) == KEY_BLOCK:
+            self._flush()
         self.sizes.append(len(positions))
         self.members.extend(positions)
 
+    def _flush(self) -> None:
+        self.keys.append(keys(self.pending))
+        self.pending = []
+
     def build(self) -> Groups:
         """The groups by key: one sort of the keys, one of the members (by key, then position)."""
-        if not self.keys:
+        self._flush()
+        width = max(k.dtype.itemsize for k in self.keys)
+        every = np.concatenate([k.astype(f"S{width}", copy=False) for k in self.keys])
+        self.keys = []
+        if not len(every):
             return Groups(self.eligible, [], np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
-        unique, rank = np.unique(np.array(self.keys, dtype=object), return_inverse=True)
+        unique, rank = np.unique(every, return_inverse=True)
+        del every
         sizes = np.frombuffer(self.sizes, dtype=np.int64)
         members = np.frombuffer(self.members, dtype=np.int64)
         of_member = np.repeat(rank.ravel(), sizes)
         order = np.lexsort((members, of_member))
         starts = np.zeros(len(unique) + 1, dtype=np.int64)
         np.cumsum(np.bincount(of_member, minlength=len(unique)), out=starts[1:])
-        return Groups(self.eligible, unique.tolist(), starts, members[order].copy())
+        return Groups(self.eligible, SortedShas(unique), starts, members[order].copy())

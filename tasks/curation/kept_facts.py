@@ -11,7 +11,7 @@ stored ones.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +20,6 @@ from tasks.curation.sha_list import Keys
 from tasks.curation.tables import CURATED_SCHEMA, SPLITS, RawFacts, RawRows
 
 KEPT_FACTS_SCHEMA = CURATED_SCHEMA.remove(CURATED_SCHEMA.get_field_index("image"))
-CODE_BLOCK = 65_536  # kept images whose split is looked up at a time
 
 
 class KeptFacts:
@@ -33,22 +32,17 @@ class KeptFacts:
         self.keys, self.kept, self.raw, self.rows, self.split = keys, kept, raw, rows, split
 
     @classmethod
-    def of(cls, keys: Keys, eligible: Sequence[str], dropped: Collection[str], rows: RawRows,
-           splits: Mapping[str, object]) -> KeptFacts:
-        """Every eligible image (``eligible``, sorted; ``keys`` its byte array) not ``dropped``, with its split from
-        ``splits`` (sha256 -> an assignment with a ``split``)."""
+    def of(cls, keys: Keys, raw: np.ndarray, dropped: Collection[str], rows: RawRows, split: np.ndarray) -> KeptFacts:
+        """Every eligible image (``keys``: their sorted byte array; ``raw``: each one's raw position, ``split``: its
+        split's code into ``SPLITS``) that is not ``dropped``: arrays taken by position, no string made an image."""
         keep = np.ones(len(keys), dtype=bool)
         if dropped:
             at = keys.positions(pa.array(sorted(dropped), pa.string()))
             keep[at[at >= 0]] = False  # a dropped image that was not eligible (a bad image) is not among them
         kept = np.flatnonzero(keep).astype(np.int32)  # int32: a table of 2**31 images is not held here
-        code = {name: k for k, name in enumerate(SPLITS)}
-        raw, split = np.empty(len(kept), dtype=np.int32), np.empty(len(kept), dtype=np.int8)
-        for start in range(0, len(kept), CODE_BLOCK):  # Python strings a block at a time
-            shas = [eligible[i] for i in kept[start:start + CODE_BLOCK].tolist()]
-            raw[start:start + len(shas)] = rows.positions(shas)
-            split[start:start + len(shas)] = [code[splits[s].split] for s in shas]  # type: ignore[attr-defined]
-        return cls(keys, kept, raw, rows, split)
+        if bool((split[kept] < 0).any()) or bool((raw[kept] < 0).any()):
+            raise ValueError("KeptFacts: a kept image has no split or no raw row")
+        return cls(keys, kept, raw[kept].astype(np.int32), rows, split[kept].astype(np.int8))
 
     @classmethod
     def of_table(cls, table: pa.Table) -> KeptFacts:

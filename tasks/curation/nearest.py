@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,11 +86,10 @@ class NearestMap:
     stored_rows: int | None = None  # rows in the stored table (older rows of an image included); None: unknown
 
     @classmethod
-    def over(cls, rows: RawRows, pixels: PixelKeys, eligible: Sequence[str], pairs_version: int | None) -> NearestMap:
-        """No nearest score yet for the ``eligible`` images of ``rows``."""
+    def over(cls, rows: RawRows, pixels: PixelKeys, at: np.ndarray, pairs_version: int | None) -> NearestMap:
+        """No nearest score yet for the eligible images of ``rows`` (``at``: their raw positions)."""
         mask = bytearray(len(rows))
-        for sha in eligible:
-            mask[rows.at[sha]] = 1
+        np.frombuffer(mask, dtype=np.uint8)[at] = 1
         return cls(rows, pixels, mask, array("d", [math.nan]) * len(rows), array("q", [NONE]) * len(rows), set(),
                    True, pairs_version)
 
@@ -220,15 +219,30 @@ def _with_legacy(part: pa.Table, columns: list[str]) -> pa.Table:
     return lake.with_defaults(part, columns, NEAREST_SCHEMA, LEGACY)
 
 
-def _slices(stored: pa.Table | StoredRows, columns: list[str]) -> Iterator[list[list]]:
-    """The stored rows' ``columns`` as Python lists, ``SLICE_ROWS`` rows at a time (a value an object: about 430 bytes
-    a row with the sha256, label and pixel key, 28 MB for a block of ``WRITE_ROWS``)."""
-    parts = stored.blocks(columns) if isinstance(stored, StoredRows) else \
-        (_with_legacy(stored.slice(start, WRITE_ROWS), columns) for start in range(0, stored.num_rows, WRITE_ROWS))
+def _slices(stored: pa.Table | StoredRows, columns: list[str], rows: RawRows, located: tuple[str, ...] = ("sha256",)
+            ) -> Iterator[list[list]]:
+    """The raw positions of the ``located`` columns' values (-1: a null, or not a raw row), then the stored rows'
+    ``columns`` as Python lists, ``SLICE_ROWS`` rows at a time (a value an object: about 430 bytes a row with the
+    sha256, label and pixel key, 28 MB for a block of ``WRITE_ROWS``). The positions are a binary search of the
+    slice's bytes among the raw rows' (a lookup of each string was about 2 us, up to three a row)."""
+    read = columns + [c for c in located if c not in columns]
+    parts = stored.blocks(read) if isinstance(stored, StoredRows) else \
+        (_with_legacy(stored.slice(start, WRITE_ROWS), read) for start in range(0, stored.num_rows, WRITE_ROWS))
     for part in parts:
         for start in range(0, part.num_rows, SLICE_ROWS):
             piece = part.slice(start, SLICE_ROWS)
-            yield [piece.column(c).to_pylist() for c in columns]
+            yield [_located(rows, piece.column(c)).tolist() for c in located] + \
+                [piece.column(c).to_pylist() for c in columns]
+
+
+def _located(rows: RawRows, column: pa.ChunkedArray) -> np.ndarray:
+    """Each value's raw position, -1 for a null or a value that is not a raw row."""
+    out = np.full(len(column), -1, dtype=np.int64)
+    valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else None
+    if valid is None:
+        return rows.located(column)
+    out[valid] = rows.located(column.filter(pa.array(valid)))
+    return out
 
 
 @dataclass
@@ -257,11 +271,10 @@ def _newest(m: NearestMap, stored: pa.Table | StoredRows) -> _Newest | None:
     newest = _Newest(array("q", [-1]) * n, bytearray(n), {}, {})
     names, codes = m.rows.names, m.rows.label_codes
     other: dict[int, int] = {}  # position -> version of an eligible row whose facts differ (counts if the newest)
-    for shas, labels, keys, written, eligible in _slices(stored, ["sha256", "label", "pixel_key", "written",
-                                                                  "eligible"]):
-        for sha, label, key, w, live in zip(shas, labels, keys, written, eligible):
-            i = m.rows.at.get(sha)
-            if i is None:
+    for at, shas, labels, keys, written, eligible in _slices(stored, ["sha256", "label", "pixel_key", "written",
+                                                                      "eligible"], m.rows):
+        for i, sha, label, key, w, live in zip(at, shas, labels, keys, written, eligible):
+            if i < 0:
                 if w > newest.outside.get(sha, (-1,))[0]:
                     newest.outside[sha] = (w, live, label, key)
                 continue
@@ -271,7 +284,7 @@ def _newest(m: NearestMap, stored: pa.Table | StoredRows) -> _Newest | None:
             newest.kept_out.pop(i, None)
             if live and not m.eligible[i]:
                 newest.kept_out[i] = (label, key)
-            if live and m.eligible[i] and (names[codes[i]] != label or m.pixels.token(sha) != token(key)):
+            if live and m.eligible[i] and (names[codes[i]] != label or m.pixels.token_at(i, sha) != token(key)):
                 other[i] = w
     if any(newest.written[i] == w for i, w in other.items()):
         return None
@@ -283,24 +296,25 @@ def _place(m: NearestMap, stored: pa.Table | StoredRows, newest: _Newest, gone: 
     newest row, where it is eligible then and now."""
     known = bytearray(len(m.rows))
     orphans: list[int] = []
-    for shas, scores, partners, written in _slices(stored, ["sha256", "nearest", "partner", "written"]):
-        for sha, score, partner, w in zip(shas, scores, partners, written):
-            i = m.rows.at.get(sha)
-            if i is None or not m.eligible[i] or w != newest.written[i] or not newest.live[i]:
+    for at, partner_at, scores, partners, written in _slices(stored, ["nearest", "partner", "written"], m.rows,
+                                                             ("sha256", "partner")):
+        for i, score, j, partner, w in zip(at, scores, partner_at, partners, written):
+            if i < 0 or not m.eligible[i] or w != newest.written[i] or not newest.live[i]:
                 continue
             known[i] = 1
             m.score[i] = math.nan if score is None else score
-            m.partner[i] = NONE if partner is None else m.rows.at.get(partner, NONE)
+            m.partner[i] = NONE if j < 0 else j
             if partner in gone:
                 orphans.append(i)
     return known, orphans
 
 
-def nearest_map(uri: str, pairs_uri: str, rows: RawRows, pixels: PixelKeys, eligible: Sequence[str],
+def nearest_map(uri: str, pairs_uri: str, rows: RawRows, pixels: PixelKeys, at: np.ndarray,
                 scores: CopyScores) -> NearestMap:
-    """The nearest map of this curation: the stored summary updated when it is current, else the full scan."""
+    """The nearest map of this curation (``at``: the eligible images' raw positions): the stored summary updated when
+    it is current, else the full scan."""
     pairs_version = lake.current_version(pairs_uri)
-    m = NearestMap.over(rows, pixels, eligible, pairs_version)
+    m = NearestMap.over(rows, pixels, at, pairs_version)
     stored = _stored(uri, pairs_version)
     updated = None if stored is None else update_nearest(m, stored[0], scores)
     if stored is None or updated is None:  # ``m`` is as made: a failed check fills nothing

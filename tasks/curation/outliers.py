@@ -27,6 +27,7 @@ from tasks.curation.assignments import Assignment
 from tasks.curation.bulk_limits import RULES, Verdict, judge
 from tasks.curation.curation_features import Features
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
+from tasks.curation.sha_list import SortedShas
 from tasks.curation.tables import RawRows, drop_row
 from tasks.errors import DataError
 from tasks.settings import OutlierSettings
@@ -155,7 +156,7 @@ class _Columns:
 
 
 def screen(by_sha: RawRows, features: Features, record: Mapping[str, Assignment],
-           limits: OutlierSettings) -> tuple[list[str], list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]],
+           limits: OutlierSettings) -> tuple[SortedShas, list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]],
                                              list[dict[str, str]]]:
     """(eligible shas in order, drop rows, outliers, abstentions): images without features and bad images are set aside.
 
@@ -174,7 +175,7 @@ def screen(by_sha: RawRows, features: Features, record: Mapping[str, Assignment]
         log.warning("curate: the %s rule abstains for %s images: %s", rule, family,
                     "; ".join(a["why"] for a in abstained if (a["family"], a["rule"]) == (family, rule)))
     dropped, outliers = _rows(shas, by_sha, columns, decided, features.by_sha, record)
-    eligible = [shas[k] for k in np.flatnonzero(~columns.failed & ~_marked(by_sha, decided))]
+    eligible = shas.take(np.flatnonzero(~columns.failed & ~_marked(by_sha, decided)))  # their bytes: no string
     return eligible, dropped, outliers, abstained
 
 

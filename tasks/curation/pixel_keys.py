@@ -172,9 +172,12 @@ class PixelKeys(ByPosition[str]):
 
     def token(self, sha: str) -> bytes | str:
         """``token(self[sha])``, read without making the string."""
-        i = self.at[sha] * DIGEST_BYTES
+        return self.token_at(self.at[sha], sha)
+
+    def token_at(self, i: int, sha: str) -> bytes | str:
+        """``token`` of ``sha``, whose position is ``i``."""
         odd = self.odd.get(sha) if self.odd else None
-        return odd if odd is not None else self.buffer[i:i + DIGEST_BYTES]
+        return odd if odd is not None else self.buffer[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES]
 
     def __getitem__(self, sha: str) -> str:
         held = self.token(sha)

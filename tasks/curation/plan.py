@@ -58,7 +58,7 @@ from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.separation import separation_by_class
-from tasks.curation.sha_list import Keys
+from tasks.curation.sha_list import Keys, SortedShas
 from tasks.curation.tables import (
     COMPONENTS_TABLE,
     CURATED_SCHEMA,
@@ -107,7 +107,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     # The raw version's table of facts lives only while its columns are made (Arrow's sha256 strings alone are 68 bytes
     # an image: it was held from here to the galleries, for the labels of the few dozen images they show).
     by_sha = raw_facts(read_raw(settings, raw_version))
-    images = RawImages(settings.raw_table, raw_version, own=by_sha.own)  # the held images keyed by the raw rows' strings
+    images = RawImages(settings.raw_table, raw_version)
     features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta)
     record, record_version = read_assignments(settings, by_sha)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
@@ -116,22 +116,24 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     pixels = features.pixel_keys(by_sha)  # all that is read of the facts from here on: they go before the index is built
     vectors = features.vectors()
     del features
-    asked = Keys.of(eligible)  # how the stored lists look them up: built once
+    asked = Keys.of(eligible)  # how the stored lists look them up: their own bytes
+    raw_at = by_sha.positions_of(eligible)  # each eligible image's raw position (the pixel keys' and the record's)
     views = _views(settings, eligible, asked, vectors)
     del vectors  # read from the views' files from here on: not held
-    graph = _group(settings, eligible, asked, record, pixels, images, views)
+    graph = _group(settings, eligible, asked, record, pixels, raw_at, images, views)
     assignments, groups, renamed, new_images, bridges = assign(
         graph.components(), graph.eligible, record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), by_sha, pixels,
-                          graph.eligible, graph.scores)
+                          raw_at, graph.scores)
     graph.scores.forget_partners()  # the summary's images' partners: the walk gathers its own
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
-    decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, dropped, reuse)
+    decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, dropped, reuse,
+                                   set(by_sha.labels_at(raw_at)))
     graph.scores.release_stored()  # the walk asked its last stored score: not held through the kept facts and writes
     dropped.extend(bridge_rows(bridges, by_sha, record, decisions["abstain"]))
     decisions = _decisions(decisions, kept_bad, by_sha)
-    curated = _kept_facts(asked, graph.eligible, {d["sha256"] for d in dropped}, by_sha, assignments)
+    curated = _kept_facts(asked, raw_at, {d["sha256"] for d in dropped}, by_sha, assignments.split_codes(eligible, raw_at))
 
     dropped.sort(key=lambda d: (d["component"], d["sha256"]))
     outliers.sort(key=lambda o: (o[1], (o[3].blur if o[1] == "blurry" else o[3].mean) or 0.0, o[0]))
@@ -176,12 +178,13 @@ FEATURE_CHUNK = 20_000  # images decoded per call: their bytes and row dicts are
 ROW_BLOCK = 65_536  # rows a block: the snapshot's batches, candidate pairs read, this many at once
 
 
-def _kept_facts(asked: Keys, eligible: list[str], dropped: Collection[str], by_sha: RawRows,
-                assignments: Mapping[str, Assignment]) -> KeptFacts:
-    """Every eligible image (sorted; ``asked``: their byte array) that was not ``dropped`` (the walk's drops and the
-    split bridges), by position (``tasks.curation.kept_facts``: an Arrow table of every kept row was the end of the
-    plan's high at a million images)."""
-    return KeptFacts.of(asked, eligible, dropped, by_sha, assignments)
+def _kept_facts(asked: Keys, raw_at: np.ndarray, dropped: Collection[str], by_sha: RawRows, split: np.ndarray
+                ) -> KeptFacts:
+    """Every eligible image (``asked``: their sorted byte array; ``raw_at``, ``split``: each one's raw position and
+    split code) that was not ``dropped`` (the walk's drops and the split bridges), by position
+    (``tasks.curation.kept_facts``: an Arrow table of every kept row was the end of the plan's high at a million
+    images)."""
+    return KeptFacts.of(asked, raw_at, dropped, by_sha, split)
 
 
 def snapshot_batches(facts: KeptFacts, images: RawImages) -> Iterator[pa.RecordBatch]:
@@ -245,7 +248,7 @@ def _computed(cfg: Any, images: RawImages, missing: list[str], total: int, work:
 class _Graph:
     """The component graph over the eligible images and what building it found."""
 
-    eligible: list[str]  # sorted: a component's root is its smallest sha256
+    eligible: SortedShas  # a component's root is its smallest sha256
     sets: UnionFind
     queries: int  # eligible images not in the record yet: the only ones compared
     scores: CopyScores
@@ -272,12 +275,12 @@ class _Graph:
                 yield order[start:end].tolist()
 
 
-def _group(settings: Settings, eligible: list[str], asked: Keys, record: dict[str, Assignment], pixels: PixelKeys,
-           images: RawImages, views: list[RowView]) -> _Graph:
+def _group(settings: Settings, eligible: SortedShas, asked: Keys, record: Record, pixels: PixelKeys,
+           raw_at: np.ndarray, images: RawImages, views: list[RowView]) -> _Graph:
     """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies (the
     neighbours from ``views``: the embedding's views of ``eligible``, by position)."""
     cfg = settings.curation
-    sets, pending = _known_sets(eligible, record, pixels)
+    sets, pending = _known_sets(raw_at, record, pixels)
     neighbours = _neighbours(settings, eligible, asked, views, pending)
     for a, b in _rows(neighbours.similar):
         sets.union(a, b)
@@ -296,14 +299,14 @@ def _group(settings: Settings, eligible: list[str], asked: Keys, record: dict[st
                   len(candidates), copy_edges, search)
 
 
-def _known_sets(eligible: list[str], record: Record, pixels: PixelKeys) -> tuple[UnionFind, np.ndarray]:
+def _known_sets(at: np.ndarray, record: Record, pixels: PixelKeys) -> tuple[UnionFind, np.ndarray]:
     """(the recorded components as they are, each new image joined to the first eligible image of its pixels; the
     new images' positions).
 
     A recorded image's parent is its component's first eligible image, set for all at once from the components as
-    integer codes (a map from each component to its first image, a Python int each, was about 75 MB at a million)."""
-    sets = UnionFind(len(eligible))
-    at = pixels.positions(eligible)  # raw positions
+    integer codes (a map from each component to its first image, a Python int each, was about 75 MB at a million).
+    ``at``: the eligible images' raw positions."""
+    sets = UnionFind(len(at))
     codes = record.component_codes(at)
     recorded, pending = np.flatnonzero(codes >= 0), np.flatnonzero(codes < 0)
     if len(recorded):
@@ -350,10 +353,10 @@ def _neighbours(settings: Settings, eligible: list[str], asked: Keys, views: lis
 def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assignment],
                        pixels: PixelKeys, constant: set[str], by_sha: RawRows, graph: "_Graph",
                        nearest: NearestMap,
-                       dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None
-                       ) -> dict[str, Any]:
+                       dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None,
+                       labels: set[str]) -> dict[str, Any]:
     """The decisions, with the walk's drops added to ``dropped`` (every member not dropped is kept), after the class
-    tests: separation first, then the class guard.
+    tests (of ``labels``: the eligible images' classes): separation first, then the class guard.
 
     A class whose copies do not stand out from its bulk (``tasks.curation.separation``) abstains;
     a class that would still lose more than its share (``tasks.curation.class_guard``) abstains
@@ -361,7 +364,7 @@ def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assig
     With the previous curation's walk (``reuse``: it and the components touched since), a component
     nothing touched keeps its decisions (``tasks.curation.prior_walk``); the rest are walked.
     """
-    seps = separation_by_class({by_sha.label(s) for s in graph.eligible}, nearest.by_label(), cfg.copy_similarity,
+    seps = separation_by_class(labels, nearest.by_label(), cfg.copy_similarity,
                                cfg.copy_min_separation, cfg.copy_min_class_images)
     abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
     walk = functools.partial(_dedupe, groups=groups, assignments=assignments, pixels=pixels, by_sha=by_sha,

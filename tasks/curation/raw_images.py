@@ -21,7 +21,7 @@ a column of a million images holds more than a binary array's 2 GB of offsets.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -37,9 +37,8 @@ HOLD_BUDGET = 256 << 20  # bytes of images a scan for the signatures may leave h
 class RawImages:
     """The encoded images of one raw version by sha256; only those held (``hold``) answer ``__call__``."""
 
-    def __init__(self, uri: str, version: int, own: Callable[[list[str]], list[str]] | None = None) -> None:
-        """``own``: the held images' sha256s as the caller's own string objects (``RawRows.own``: no copy of each)."""
-        self.uri, self.version, self._own = uri, version, own
+    def __init__(self, uri: str, version: int) -> None:
+        self.uri, self.version = uri, version
         self.release()
 
     def blocks(self, wanted: Collection[str] | pa.Array | None = None, position: str | None = None
@@ -89,7 +88,7 @@ class RawImages:
         first = sum(len(c) for c in self._chunks)
         self._chunks += block.column("image").chunks
         shas = block.column("sha256").to_pylist()
-        self._row.update((sha, first + i) for i, sha in enumerate(shas if self._own is None else self._own(shas)))
+        self._row.update((sha, first + i) for i, sha in enumerate(shas))
 
     def release(self) -> None:
         self._chunks: list[pa.Array] = []

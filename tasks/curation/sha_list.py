@@ -11,9 +11,11 @@ curation), so no string, dict or set is made an image; the file's bytes are the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import pyarrow as pa
@@ -95,6 +97,8 @@ class Keys:
 
     @classmethod
     def of(cls, shas: Sequence[str] | np.ndarray) -> Keys:
+        if isinstance(shas, SortedShas):
+            return shas.keys  # the same bytes: no second copy
         array = keys(shas)
         order = None if bool((array[1:] >= array[:-1]).all()) else np.argsort(array, kind="stable")
         prefix = prefixes(array)
@@ -197,3 +201,70 @@ class ShaList:
         listed = np.flatnonzero(at >= 0)[::-1]  # the last assignment to a position stands: the first row, last
         rows[at[listed]] = listed
         return rows
+
+
+class SortedShas(Sequence[str]):
+    """Distinct sha256s in ascending order, held as one byte array (64 bytes an image; their prefixes, 8 more,
+    where those tell them apart), each made a ``str`` when it is read: the raw rows' and the eligible images' identity
+    (a list of Python strings was 121 bytes an image, and the eligible images' ``Keys`` a second copy of their bytes).
+
+    ``index_of`` finds one by bisection of the prefixes (a ``memoryview`` of them: no Python int held an image),
+    ``keys`` is the same bytes as ``Keys`` (for a column's lookups), ``take`` a subset (ascending positions).
+    """
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.keys = Keys.of(array)
+        if self.keys.order is not None or (len(array) > 1 and bool((array[1:] == array[:-1]).any())):
+            raise ValueError("SortedShas: the keys must be ascending and distinct")
+        prefix = self.keys.prefix
+        self._prefix = None if prefix is None else memoryview(np.ascontiguousarray(prefix)).cast("B").cast("Q")
+
+    @classmethod
+    def of(cls, shas: Iterable[str]) -> SortedShas:
+        """From strings in ascending order, distinct (``ValueError`` otherwise)."""
+        return cls(keys(list(shas)))
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [k.decode("ascii") for k in self.array[i].tolist()]
+        return self.array[i].decode("ascii")
+
+    def __iter__(self) -> Iterator[str]:
+        for start in range(0, len(self.array), WRITE_ROWS):  # a block's strings at a time
+            yield from (k.decode("ascii") for k in self.array[start:start + WRITE_ROWS].tolist())
+
+    def __contains__(self, sha: object) -> bool:
+        return isinstance(sha, str) and self.index_of(sha) is not None
+
+    def index_of(self, sha: str) -> int | None:
+        """``sha``'s position, or None: a bisection of the prefixes (about 2 us at a million, a list's bisection
+        0.9), then the one key there compared."""
+        try:
+            key = sha.encode("ascii")
+            i = bisect_left(self._prefix, int(sha[:16], 16)) if self._prefix is not None else \
+                int(np.searchsorted(self.array, key))
+        except (UnicodeEncodeError, ValueError):  # not a key of ours (a non-hex prefix, or not ASCII)
+            return None
+        return i if i < len(self.array) and self.array[i] == key else None
+
+    def union(self, more: Iterable[str]) -> SortedShas:
+        """These and ``more``, ascending and distinct."""
+        extra = keys(sorted(more))
+        if not len(extra):
+            return self
+        ours, extra = _common(self.array, extra)
+        return SortedShas(np.union1d(ours, extra))
+
+    def take(self, positions: np.ndarray) -> SortedShas:
+        """The keys at ``positions`` (ascending): a subset, in its own array."""
+        return SortedShas(self.array[np.asarray(positions, dtype=np.int64)])

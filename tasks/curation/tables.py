@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -12,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.curation.by_position import ByPosition, SortedRank
+from tasks.curation.sha_list import ShaList, SortedShas, column_keys
 from tasks.data import lake
 from tasks.errors import DataError
 from tasks.settings import Settings
@@ -90,14 +90,15 @@ class RawRows(ByPosition[RawFacts]):
     to position, which the features' facts, the pixel keys, the record and the nearest summary share (a map and a
     named tuple an image each before: 272 -> 241 bytes an image for the raw facts alone, the sha256 strings
     included; bench/README.md, run 23); the map is a bisection of the sorted sha256s since run 29 (``SortedRank``:
-    241 -> about 174 bytes). Still a read-only mapping sha256 -> ``RawFacts``: a lookup builds that
-    image's tuple; ``label`` and the columns serve the loops over every image.
+    241 -> about 174 bytes), and the sha256s one byte array since run 30 (``sha_list.SortedShas``: a string is
+    made when one is read; 121 -> 72 bytes an image). Still a read-only mapping sha256 -> ``RawFacts``: a lookup
+    builds that image's tuple; ``label`` and the columns serve the loops over every image.
     """
 
-    def __init__(self, shas: list[str], codes: np.ndarray, names: list[str], width: np.ndarray,
+    def __init__(self, shas: SortedShas | list[str], codes: np.ndarray, names: list[str], width: np.ndarray,
                  height: np.ndarray) -> None:
-        self.shas = shas  # each position's sha256 (sorted, distinct)
-        self.at = SortedRank(shas)  # by bisection of ``shas``: a dict was 67 bytes an image (67 MB at a million)
+        self.shas = shas if isinstance(shas, SortedShas) else SortedShas.of(shas)  # sorted, distinct
+        self.at = SortedRank(self.shas)  # by bisection of their prefixes: a dict was 67 bytes an image
         self.label_codes = array("i", codes.astype(np.int32).tobytes())  # a lookup reads a Python int from it
         self.codes = np.frombuffer(self.label_codes, dtype=np.int32)  # the same codes: each position's class names[codes[i]]
         self.names = names
@@ -116,12 +117,14 @@ class RawRows(ByPosition[RawFacts]):
     def label(self, sha: str) -> str:
         return self.names[self.label_codes[self.at[sha]]]
 
-    def own(self, values: Iterable[str]) -> list[str]:
-        """``values`` (read from another table) as these rows' own string objects where they hold the sha256; any
-        other value interned (few: a record's component named after an image not in this raw version). A copy of each
-        sha256 would be 113 bytes an image."""
-        shas, get = self.shas, self.at.get
-        return [sys.intern(v) if (i := get(v)) is None else shas[i] for v in values]
+    def located(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """Each value's position among these rows, or -1 (int64): one binary search a value, no string made."""
+        return self.shas.keys.positions(column)
+
+    def positions_of(self, shas: SortedShas) -> np.ndarray:
+        """Each of ``shas``' position among these rows, or -1 (int64): a binary search of their bytes (the eligible
+        images' raw positions: no lookup of a string an image)."""
+        return ShaList(shas.array).located(self.shas.keys)
 
     def labels_at(self, positions: np.ndarray) -> list[str]:
         """The labels of these positions, in their order (one shared string a class)."""
@@ -139,16 +142,15 @@ class RawRows(ByPosition[RawFacts]):
 
 def raw_facts(raw: pa.Table) -> RawRows:
     """``read_raw``'s rows by sha256, in sha256 order (a sha256 given twice: the greatest row, as sorting the tuples
-    would). The sha256 strings are the raw rows' own: the readers of the other tables hold these objects
-    (``RawRows.own``), not copies, and none is interned (Python's table of interned strings, about 30 bytes an image,
-    is never given back)."""
+    would). The sha256s are the sorted column's own bytes (``SortedShas``): no Python string an image."""
     order = pc.sort_indices(raw, sort_keys=[(c, "ascending") for c in ("sha256", "label", "width", "height")])
     raw = raw.take(order)
     column = raw.column("sha256").combine_chunks()
     last = pc.not_equal(column.slice(0, max(len(column) - 1, 0)), column.slice(1)).to_numpy(zero_copy_only=False)
     keep = np.flatnonzero(np.append(last, True)) if len(column) else np.zeros(0, dtype=np.int64)
     labels = raw.column("label").combine_chunks().take(pa.array(keep)).dictionary_encode()
-    return RawRows(column.take(pa.array(keep)).to_pylist(), labels.indices.to_numpy(zero_copy_only=False).astype(np.int32),
+    return RawRows(SortedShas(column_keys(column.take(pa.array(keep))).copy()),
+                   labels.indices.to_numpy(zero_copy_only=False).astype(np.int32),
                    lake.interned(labels.dictionary),
                    raw.column("width").to_numpy()[keep].astype(np.int32),
                    raw.column("height").to_numpy()[keep].astype(np.int32))

@@ -78,6 +78,26 @@ def test_the_record_by_the_raw_rows_positions_reads_as_the_map_it_replaces():
     assert dict(after) == {**expected, "a": Assignment("k1", "val", 4, "c4")} and after.changed() == {"a"}
 
 
+def test_split_codes_by_position_are_each_images_split_as_looked_up():
+    import numpy as np
+
+    from tasks.curation.assignments import Record
+    from tasks.curation.sha_list import SortedShas
+    from tasks.curation.tables import SPLITS
+
+    rows = RawRows.of(RawFacts(s, "7", 32, 32) for s in ("a", "b", "c", "d", "e"))
+    record = Record(rows)
+    for sha, split in (("b", "test"), ("c", "train"), ("d", "val"), ("e", "test")):
+        record.add(sha, Assignment(sha, split, 1, "r"))
+    after = RecordAfter(record, {"a": Assignment("a", "val", 2, "r2"), "c": Assignment("a", "test", 1, "r")})
+    eligible = SortedShas.of(["a", "b", "c", "e"])  # d not eligible
+    codes = after.split_codes(eligible, rows.positions_of(eligible))
+    assert codes.dtype == np.int8 and [SPLITS[c] for c in codes.tolist()] == [after[s].split for s in eligible]
+    assert RecordAfter(record, {}).split_codes(eligible, rows.positions_of(eligible)).tolist()[0] == -1  # a: none
+    as_map = RecordAfter(dict(record), after.changes).split_codes(eligible, rows.positions_of(eligible))
+    assert as_map.tolist() == codes.tolist()
+
+
 def test_components_as_codes_are_the_raw_position_of_the_image_named_else_one_past_the_raw_rows():
     import numpy as np
 

@@ -58,7 +58,7 @@ def test_updated_nearest_equals_the_full_scan(tmp_path, monkeypatch) -> None:
 
     def over(eligible: list[str], labels: dict[str, str] = label) -> NearestMap:
         rows = RawRows.of(RawFacts(s, labels[s], 32, 32) for s in shas)
-        return NearestMap.over(rows, PixelKeys.of(rows.at, [pixels[s] for s in rows.shas]), eligible, 1)
+        return NearestMap.over(rows, PixelKeys.of(rows.at, [pixels[s] for s in rows.shas]), rows.positions(eligible), 1)
 
     prior = full_nearest(over(before),
                          _scores({p: v for p, v in stored.items() if p[0] in before and p[1] in before}, {}))

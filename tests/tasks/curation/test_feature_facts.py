@@ -80,4 +80,4 @@ def test_the_screen_on_columns_flags_what_the_rules_flag_image_by_image():
     assert {o[0]: (o[1], o[2]) for o in outliers} == expected
     assert {d["sha256"] for d in dropped} == set(expected) | {s for s, f in rows.items() if f.error}
     assert {"too_small", "flat", "blurry"} <= {r for r, _ in expected.values()}
-    assert eligible == [s for s in raw if s not in expected and rows[s].error is None]
+    assert list(eligible) == [s for s in raw if s not in expected and rows[s].error is None]

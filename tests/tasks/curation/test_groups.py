@@ -5,10 +5,13 @@ import random
 import numpy as np
 import pytest
 
+from tasks.curation import groups as groups_module
 from tasks.curation.groups import GroupsBuilder
 
 
-def test_groups_are_the_map_a_dict_of_lists_would_be_a_key_given_twice_gathering_both():
+@pytest.mark.parametrize("block", [7, 65_536])
+def test_groups_are_the_map_a_dict_of_lists_would_be_a_key_given_twice_gathering_both(monkeypatch, block):
+    monkeypatch.setattr(groups_module, "KEY_BLOCK", block)  # keys held as bytes a block at a time
     rng = random.Random(3)
     eligible = [f"{i:04x}" for i in range(300)]
     positions = list(range(300))

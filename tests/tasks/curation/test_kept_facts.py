@@ -8,11 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.curation import kept_facts
-from tasks.curation.assignments import Assignment
+from tasks.curation.assignments import Assignment, RecordAfter
 from tasks.curation.kept_facts import KEPT_FACTS_SCHEMA, KeptFacts
 from tasks.curation.report import count_by_split
-from tasks.curation.sha_list import Keys
+from tasks.curation.sha_list import Keys, SortedShas
 from tasks.curation.tables import SPLITS, RawFacts, RawRows
 
 
@@ -30,17 +29,22 @@ def plan_like():
     return raw, eligible, dropped, splits
 
 
+def _kept(raw: RawRows, eligible: list[str], dropped: set[str], splits: dict) -> KeptFacts:
+    """``KeptFacts.of`` given what the plan gives it: each eligible image's raw position and split code."""
+    keys = SortedShas.of(eligible)
+    at = raw.positions_of(keys)
+    return KeptFacts.of(Keys.of(keys), at, dropped, raw, RecordAfter({}, splits).split_codes(keys, at))
+
+
 def _expected(raw: RawRows, eligible: list[str], dropped: set[str], splits: dict) -> pa.Table:
     kept = [s for s in eligible if s not in dropped]
     return pa.Table.from_pylist([{"sha256": s, "label": raw[s].label, "split": splits[s].split, "width": raw[s].width,
                                   "height": raw[s].height} for s in kept], schema=KEPT_FACTS_SCHEMA)
 
 
-@pytest.mark.parametrize("block", [65_536, 4])  # the splits looked up in one block, or several
-def test_kept_rows_and_counts_are_those_of_a_table_of_every_kept_row(plan_like, monkeypatch, block) -> None:
-    monkeypatch.setattr(kept_facts, "CODE_BLOCK", block)
+def test_kept_rows_and_counts_are_those_of_a_table_of_every_kept_row(plan_like) -> None:
     raw, eligible, dropped, splits = plan_like
-    facts = KeptFacts.of(Keys.of(eligible), eligible, dropped, raw, splits)
+    facts = _kept(raw, eligible, dropped, splits)
     expected = _expected(raw, eligible, dropped, splits)
     assert facts.num_rows == expected.num_rows == len(eligible) - len(set(eligible[::7]))
     assert facts.table().equals(expected)
@@ -49,13 +53,12 @@ def test_kept_rows_and_counts_are_those_of_a_table_of_every_kept_row(plan_like, 
     assert facts.table(np.array([4, 0, 2])).equals(expected.take([4, 0, 2]))
     assert facts.counts() == count_by_split(expected)
     assert facts.shas() == expected.column("sha256").to_pylist()
-    assert all(a is b for a, b in zip(facts.shas(), [raw.shas[raw.at[s]] for s in facts.shas()]))  # no new string
     assert facts.sha_column().equals(expected.column("sha256").combine_chunks())
 
 
 def test_find_gives_each_kept_image_its_index_and_minus_one_otherwise(plan_like) -> None:
     raw, eligible, dropped, splits = plan_like
-    facts = KeptFacts.of(Keys.of(eligible), eligible, dropped, raw, splits)
+    facts = _kept(raw, eligible, dropped, splits)
     kept = facts.shas()
     asked = [kept[3], sorted(dropped)[0], "not a sha256", raw.shas[0], kept[0], kept[-1], _sha(1000)]
     assert facts.find(pa.array(asked)).tolist() == [3, -1, -1, -1, 0, len(kept) - 1, -1]

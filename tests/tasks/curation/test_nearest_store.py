@@ -19,7 +19,7 @@ def test_a_full_rewrite_stores_every_row_in_sha_order_block_by_block(
     monkeypatch.setattr(nearest, "WRITE_ROWS", write_rows)
     shas = [f"{i:064x}" for i in reversed(range(21))]  # given out of order; the last is not eligible
     rows = RawRows.of(RawFacts(s, f"c{int(s, 16) % 3}", 32, 32) for s in shas)
-    m = NearestMap.over(rows, PixelKeys.of(rows.at, [f"p{i}" for i in range(21)]), shas[1:], 5)
+    m = NearestMap.over(rows, PixelKeys.of(rows.at, [f"p{i}" for i in range(21)]), rows.positions(shas[1:]), 5)
     for i in range(20):
         if i % 4:
             m.score[i], m.partner[i] = i / 10, i + 1
@@ -36,7 +36,8 @@ def test_a_full_rewrite_stores_every_row_in_sha_order_block_by_block(
 
 def _map(shas: list[str], eligible: list[str], version: int = 5) -> NearestMap:
     rows = RawRows.of(RawFacts(s, "c0", 32, 32) for s in shas)
-    return NearestMap.over(rows, PixelKeys.of(rows.at, [f"p{s[-2:]}" for s in rows.shas]), eligible, version)
+    return NearestMap.over(rows, PixelKeys.of(rows.at, [f"p{s[-2:]}" for s in rows.shas]), rows.positions(eligible),
+                          version)
 
 
 def test_a_batch_appends_its_changed_rows_and_a_marker_for_each_image_gone_and_the_newest_row_counts(

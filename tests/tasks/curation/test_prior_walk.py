@@ -12,6 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from tasks.curation.assignments import Assignment
 from tasks.curation.curate import curate
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap
@@ -67,7 +69,7 @@ def test_a_batch_reuses_untouched_components_and_decides_as_a_full_walk(settings
 
 
 def _nearest(added: set[str], gone: set[str]) -> NearestMap:
-    m = NearestMap.over(RawRows.of([]), PixelKeys.of({}, []), [], 1)
+    m = NearestMap.over(RawRows.of([]), PixelKeys.of({}, []), np.zeros(0, dtype=np.int64), 1)
     m.added, m.gone, m.written_by = added, gone, {"run_id": "c1", "raw_version": "0"}
     return m
 

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.curation.pixel_keys import Digests, PixelKeys, token
+from tasks.curation.sha_list import SortedShas
 from tasks.curation.tables import RawFacts, RawRows, raw_facts
 
 
@@ -28,14 +29,14 @@ def test_raw_rows_are_the_map_of_sorted_tuples_they_replace():
         assert rows[4].sha256 in got and "nope" not in got and len(got) == 50
 
 
-def test_strings_read_elsewhere_become_the_raw_rows_own_objects():
+def test_the_raw_rows_are_one_byte_array_and_locate_a_column_without_strings():
     table = pa.Table.from_pylist([{"sha256": _sha(str(i)), "label": "a", "width": 8, "height": 8} for i in range(20)])
     got = raw_facts(table)
-    read = pa.array([_sha("3"), _sha("outside"), _sha("17"), _sha("outside")]).to_pylist()  # new objects
-    own = got.own(read)
-    assert own == read
-    assert own[0] is got.shas[got.at[_sha("3")]] and own[2] is got.shas[got.at[_sha("17")]]
-    assert own[1] is own[3]  # not held: one (interned) object a value
+    assert isinstance(got.shas, SortedShas) and got.shas.array.dtype == np.dtype("S64")
+    assert list(got.shas) == sorted(_sha(str(i)) for i in range(20))
+    read = pa.array([_sha("3"), _sha("outside"), _sha("17"), "short"])
+    assert got.located(read).tolist() == [got.at[_sha("3")], -1, got.at[_sha("17")], -1]
+    assert got.at.get(_sha("outside")) is None and got.at.get("é" * 64) is None and got.at.get(3) is None
 
 
 def test_an_empty_raw_version_reads_as_no_rows():

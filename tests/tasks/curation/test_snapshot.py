@@ -107,15 +107,15 @@ def test_raw_images_hold_only_what_is_asked_and_answer_for_it(settings, raw_digi
     assert not images.holds(some[:1])
 
 
-def test_held_images_are_keyed_by_the_raw_rows_own_strings(settings, raw_digits):
+def test_held_images_answer_for_the_raw_rows_sha256s(settings, raw_digits):
     from tasks.curation.tables import raw_facts, read_raw
 
     rows = raw_facts(read_raw(settings, raw_digits.raw_version))
-    images = RawImages(settings.raw_table, raw_digits.raw_version, own=rows.own)
+    images = RawImages(settings.raw_table, raw_digits.raw_version)
     some = rows.shas[10:14]
     images.hold(list(some))
-    assert images.holds(some)
-    assert all(any(key is s for key in images._row) for s in some)  # the raw rows' objects, not copies
+    assert images.holds(some) and not images.holds(rows.shas[20:21])
+    assert images.column(some[::-1]).equals(images.column(some).take([3, 2, 1, 0]))
 
 
 def test_held_images_gathered_across_many_chunks_in_the_order_asked(settings, raw_digits, monkeypatch):
