@@ -125,6 +125,21 @@ class Record(Mapping[str, Assignment]):
     def _name(self, code: int) -> str:
         return self.rows.shas[code] if code >= 0 else self.outside[-1 - code]
 
+    def name_of_code(self, code: int) -> str:
+        """The component key a ``component_codes`` code names."""
+        n = len(self.split)
+        return self._name(code if code < n else n - 1 - code)
+
+    def members_of(self, keys: Collection[str]) -> list[tuple[str, Assignment]]:
+        """(sha256, assignment) of every recorded image whose component is one of ``keys`` (the raw rows found by
+        their codes, not a lookup of every image)."""
+        wanted = [self.rows.at.get(k) for k in keys]
+        wanted = [c for c in wanted if c is not None] + [-1 - self._outside[k] for k in keys if k in self._outside]
+        hit = np.flatnonzero(np.isin(np.frombuffer(self.component, dtype=np.int32), wanted) &
+                             (np.frombuffer(self.split, dtype=np.int8) != 0))
+        return [(self.rows.shas[i], self._at(i)) for i in hit.tolist()] + \
+            [(s, a) for s, a in self.others.items() if a.component in keys]
+
     def _at(self, i: int) -> Assignment:
         return Assignment(self._name(self.component[i]), self.splits[self.split[i] - 1],  # type: ignore[arg-type]
                           self.first[i], self.runs[self.run[i]])
@@ -352,11 +367,12 @@ class RecordAfter(Mapping[str, Assignment]):
 
 
 def assign(
-    components: Iterable[list[int]], eligible: Sequence[str], record: dict[str, Assignment], pixels: Mapping[str, str],
-    by_sha: RawRows, scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
+    components: Iterable[list[int]], eligible: Sequence[str], record: Record, raw_at: np.ndarray,
+    pixels: Mapping[str, str], by_sha: RawRows, scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
 ) -> tuple[RecordAfter, Groups, dict[str, str], int, list[Bridge]]:
     """Keys and splits for this curation's components (the rules in the module doc); ``components``: each one's
-    members as ascending positions into ``eligible``.
+    members as ascending positions into ``eligible`` (``raw_at``: their raw positions, where the record is read by
+    code: a string is made for a component's key and its new members, not for every recorded member).
 
     Returns (the whole record after it, final component key -> eligible members, merged key -> key,
     images assigned now, new images that would bridge splits: named by ``bridge_rows``).
@@ -365,25 +381,19 @@ def assign(
     changes: dict[str, Assignment] = {}  # rows added or renamed now, laid over the record (``RecordAfter``)
     renamed: dict[str, str] = {}
     groups = GroupsBuilder(eligible)  # final component key -> eligible members
+    codes = array("q", record.component_codes(raw_at).tobytes())  # each eligible image's component code, -1: none
+    split_at = array("b", np.frombuffer(record.split, dtype=np.int8)[raw_at].tobytes())  # 1 + a code, 0: none
     new_images = 0
     for positions in components:
-        group = [eligible[p] for p in positions]
-        recorded = sorted({record[s].component for s in group if s in record})
-        split_of = {record[s].component: record[s].split for s in group if s in record}
-        newcomers = [s for s in group if s not in record]
+        names = {c: record.name_of_code(c) for c in {codes[p] for p in positions if codes[p] >= 0}}
+        recorded = sorted(names.values())
+        split_of = {names[codes[p]]: record.splits[split_at[p] - 1] for p in positions if codes[p] >= 0}
+        newcomers = [eligible[p] for p in positions if codes[p] < 0]
         if len(set(split_of.values())) > 1:
-            named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
-            more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
-            detail = f"would join recorded components {named}{more} in different splits"
-            members = RecordedMembers([m for m in group if m in record], pixels, newcomers)  # group: ascending
-            bridges += [Bridge(s, recorded[0], detail,
-                               recorded_original(s, members, pixels, by_sha, scores, cfg.copy_similarity))
-                        for s in newcomers]
-            for s, p in zip(group, positions):
-                if s in record:
-                    groups.add(record[s].component, (p,))
+            _bridge(positions, eligible, codes, names, recorded, split_of, newcomers, pixels, by_sha, scores, cfg,
+                    bridges, groups)
             continue
-        key = recorded[0] if recorded else min(group)
+        key = recorded[0] if recorded else eligible[positions[0]]  # ascending: the first is the smallest
         split = split_of[key] if recorded else split_for(key, cfg.split_salt, dict(cfg.split_ratios))
         for other in recorded[1:]:
             renamed[other] = key
@@ -392,8 +402,22 @@ def assign(
             new_images += 1
         groups.add(key, positions)
     if renamed:  # a merge relabels every recorded member, also those outside this raw version
-        for source in (record, dict(changes)):
-            for s, a in source.items():
-                if a.component in renamed:
-                    changes[s] = a._replace(component=renamed[a.component])
+        for s, a in [*record.members_of(renamed), *((s, a) for s, a in changes.items() if a.component in renamed)]:
+            changes[s] = a._replace(component=renamed[a.component])
     return RecordAfter(record, changes), groups.build(), renamed, new_images, bridges
+
+
+def _bridge(positions: list[int], eligible: Sequence[str], codes: array, names: dict[int, str], recorded: list[str],
+            split_of: dict[str, str], newcomers: list[str], pixels: Mapping[str, str], by_sha: RawRows,
+            scores: CopyScores, cfg: Any, bridges: list[Bridge], groups: GroupsBuilder) -> None:
+    """A component whose new images would join recorded components of different splits: each new image is a
+    ``Bridge``, each recorded member stays in its own component."""
+    named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
+    more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
+    detail = f"would join recorded components {named}{more} in different splits"
+    known = [p for p in positions if codes[p] >= 0]
+    members = RecordedMembers([eligible[p] for p in known], pixels, newcomers)  # ascending
+    bridges += [Bridge(s, recorded[0], detail, recorded_original(s, members, pixels, by_sha, scores, cfg.copy_similarity))
+                for s in newcomers]
+    for p in known:
+        groups.add(names[codes[p]], (p,))

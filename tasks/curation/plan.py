@@ -122,7 +122,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     del vectors  # read from the views' files from here on: not held
     graph = _group(settings, eligible, asked, record, pixels, raw_at, images, views)
     assignments, groups, renamed, new_images, bridges = assign(
-        graph.components(), graph.eligible, record, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
+        graph.components(), graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), by_sha, pixels,
                           raw_at, graph.scores)
     graph.scores.forget_partners()  # the summary's images' partners: the walk gathers its own

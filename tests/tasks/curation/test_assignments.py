@@ -113,6 +113,10 @@ def test_components_as_codes_are_the_raw_position_of_the_image_named_else_one_pa
     fresh = Record(rows)
     fresh.add("c", Assignment("c", "val", 0, "r"))
     assert fresh.component_codes(np.array([3, 2])).tolist() == [-1, 2]  # d not recorded
+    assert [record.name_of_code(c) for c in codes.tolist()] == [record[s].component for s in "abcde"]
+    assert sorted(record.members_of({"gone", "b"})) == sorted(
+        (s, a) for s, a in record.items() if a.component in {"gone", "b"})  # z (not a raw image) is in b
+    assert record.members_of({"nothing"}) == []
 
 
 def test_an_images_newest_row_counts_in_whatever_order_the_rows_are_read():
