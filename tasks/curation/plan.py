@@ -127,7 +127,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
                           raw_at, graph.scores)
     graph.scores.forget_partners()  # the summary's images' partners: the walk gathers its own
     prior = prior_walk(settings, record, record_version, nearest)
-    reuse = None if prior is None else (prior, touched_components(groups, record, renamed, nearest))
+    reuse = None if prior is None else (prior, touched_components(groups, record, raw_at, renamed, nearest))
     decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, dropped, reuse,
                                    set(by_sha.labels_at(raw_at)))
     graph.scores.release_stored()  # the walk asked its last stored score: not held through the kept facts and writes

@@ -29,7 +29,10 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.curation.assignments import Assignment
+import numpy as np
+
+from tasks.curation.assignments import Assignment, Record
+from tasks.curation.groups import Groups
 from tasks.curation.nearest import NearestMap
 from tasks.curation.report import DROP_FIELDS, stored_report_rows
 from tasks.data import lake
@@ -86,12 +89,21 @@ def prior_walk(settings: Settings, record: dict[str, Assignment], record_version
     return PriorWalk(version, frozenset(json.loads(meta["near_duplicate_abstained"])), drops)
 
 
-def touched_components(groups: Mapping[str, list[str]], record: dict[str, Assignment], renamed: dict[str, str],
+def touched_components(groups: Groups, record: Record, raw_at: np.ndarray, renamed: dict[str, str],
                        nearest: NearestMap) -> set[str]:
-    """Keys of the components that gained, lost or merged members since the previous curation."""
-    added = nearest.added or set()
-    touched = {k for k, members in groups.items()
-               if any(s not in record or s in added or record[s].component != k for s in members)}
+    """Keys of the components that gained, lost or merged members since the previous curation (``raw_at``: the
+    eligible images' raw positions). A member not recorded, newly eligible, or recorded in another component touches
+    its component: found by code for every member at once (a lookup of every member's string and assignment was
+    about 5 us an image)."""
+    keys = groups.ordered.members
+    of_member = np.repeat(np.arange(len(keys)), np.diff(groups.starts))
+    at = raw_at[groups.members]
+    member = record.component_codes(at)
+    hit = (member < 0) | (member != record.key_codes(keys)[of_member])
+    added = [i for i in (record.rows.at.get(s) for s in nearest.added or ()) if i is not None]
+    if added:
+        hit |= np.isin(at, added)
+    touched = {keys[k] for k in np.unique(of_member[hit]).tolist()}
     touched |= set(renamed.values())
     for sha in nearest.gone or ():
         if sha in record:

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.curation.assignments import Assignment
+from tasks.curation.assignments import Assignment, Record
 from tasks.curation.curate import curate
+from tasks.curation.groups import GroupsBuilder
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap
 from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.prior_walk import PriorWalk, touched_components
-from tasks.curation.tables import RawRows
+from tasks.curation.sha_list import SortedShas
+from tasks.curation.tables import RawFacts, RawRows
 from tasks.data import lake
 from tasks.data.ingest import ingest_landing
 from tasks.settings import load_settings
@@ -75,11 +77,25 @@ def _nearest(added: set[str], gone: set[str]) -> NearestMap:
 
 
 def test_touched_components_are_those_that_gained_lost_or_merged_members() -> None:
-    record = {s: Assignment(k, "train", 0, "c1") for s, k in
-              [("a1", "a"), ("a2", "a"), ("b1", "b"), ("c1", "c"), ("d1", "d"), ("e1", "e"), ("f1", "f")]}
-    groups = {"a": ["a1", "a2"], "b": ["b1", "new"], "c": ["c1"], "d": ["d1"], "e": ["e1", "f1"]}
-    touched = touched_components(groups, record, {"f": "e"}, _nearest(added={"c1"}, gone={"a2x", "d1"}))
+    given = {s: Assignment(k, "train", 0, "c1") for s, k in
+             [("a1", "a"), ("a2", "a"), ("b1", "b"), ("c1", "c"), ("d1", "d"), ("e1", "e"), ("f1", "f")]}
+    members = {"a": ["a1", "a2"], "b": ["b1", "new"], "c": ["c1"], "d": ["d1"], "e": ["e1", "f1"]}
+    eligible = SortedShas.of(sorted(s for m in members.values() for s in m))
+    rows = RawRows.of(RawFacts(s, "1", 32, 32) for s in [*eligible, "z"])
+    record = Record(rows)
+    for s, a in given.items():
+        record.add(s, a)
+    builder = GroupsBuilder(eligible)
+    for key, shas in members.items():
+        builder.add(key, [eligible.index_of(s) for s in shas])
+    groups = builder.build()
+    touched = touched_components(groups, record, rows.positions_of(eligible), {"f": "e"},
+                                 _nearest(added={"c1"}, gone={"a2x", "d1"}))
     assert touched == {"b", "c", "d", "e"}  # b gained a new image, c a newly eligible one, d lost one, e merged f
+    record.add("z", Assignment("q", "train", 0, "c1"))  # a key no eligible image is named after: not a raw row
+    record.add("a2", Assignment("q", "train", 0, "c1"))  # a2 recorded in another component: a touches
+    again = touched_components(groups, record, rows.positions_of(eligible), {}, _nearest(set(), set()))
+    assert again == {"a", "b", "e"}  # e: f1 is recorded in f (no merge said so here)
 
 
 def test_a_class_whose_abstention_changed_walks_all_its_components() -> None:
