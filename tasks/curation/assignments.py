@@ -20,7 +20,7 @@ import pyarrow as pa
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.dedupe import RecordedMembers, recorded_original
 from tasks.curation.groups import Groups, GroupsBuilder
-from tasks.curation.sha_list import SortedShas
+from tasks.curation.sha_list import SortedShas, SortedSubset
 from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, RawRows, drop_row
 from tasks.data import lake
 from tasks.settings import Settings
@@ -353,7 +353,7 @@ class RecordAfter(Mapping[str, Assignment]):
     def __len__(self) -> int:
         return len(self.record) + sum(1 for s in self.changes if s not in self.record)
 
-    def split_codes(self, shas: SortedShas, at: np.ndarray) -> np.ndarray:
+    def split_codes(self, shas: SortedShas | SortedSubset, at: np.ndarray) -> np.ndarray:
         """Each of ``shas``' split as a code into ``SPLITS`` (-1: none; ``at``: their raw positions, -1 for none):
         the record's codes taken by position, this curation's rows laid over them (a lookup an image was about
         4 us at a million, its component's string made)."""

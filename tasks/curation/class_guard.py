@@ -32,7 +32,7 @@ from collections.abc import Collection
 from typing import Any
 
 from tasks.curation.outliers import is_constant
-from tasks.curation.sha_list import SortedShas
+from tasks.curation.sha_list import SortedSubset
 from tasks.curation.tables import RawRows
 
 BAD_IMAGE_REASONS = ("too_small", "too_dark", "too_bright", "blurry", "flat")
@@ -43,9 +43,9 @@ def budget(images: int, share: float) -> int:
     return int(math.floor(share * images + 1e-9))
 
 
-def guard_outliers(by_sha: RawRows, eligible: SortedShas, dropped: list[dict[str, Any]],
+def guard_outliers(by_sha: RawRows, eligible: SortedSubset, dropped: list[dict[str, Any]],
                    outliers: list[tuple[str, str, str, Any]], share: float
-                   ) -> tuple[SortedShas, list[dict[str, Any]], list[tuple[str, str, str, Any]], list[dict[str, Any]]]:
+                   ) -> tuple[SortedSubset, list[dict[str, Any]], list[tuple[str, str, str, Any]], list[dict[str, Any]]]:
     """(eligible, dropped, outliers, decisions) with the bad images of classes over budget kept and listed.
 
     A decision is {"rule": "bad_images", "label", "why", "kept": [{sha256, reason, detail}]}.

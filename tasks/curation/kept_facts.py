@@ -66,7 +66,7 @@ class KeptFacts:
         kept, raw, split = (self.kept, self.raw, self.split) if at is None else \
             (self.kept[at], self.raw[at], self.split[at])
         labels = pa.array(self.rows.names, pa.string()).take(pa.array(self.rows.codes[raw]))
-        columns = [_strings(self.keys.array[kept]), labels, pa.array(SPLITS, pa.string()).take(pa.array(split)),
+        columns = [_strings(self.keys.at(kept)), labels, pa.array(SPLITS, pa.string()).take(pa.array(split)),
                    pa.array(self.rows.width[raw], pa.int32()), pa.array(self.rows.height[raw], pa.int32())]
         return pa.Table.from_arrays(columns, schema=KEPT_FACTS_SCHEMA)
 
@@ -80,7 +80,7 @@ class KeptFacts:
         return [shas[i] for i in self.raw.tolist()]
 
     def sha_column(self) -> pa.Array:
-        return _strings(self.keys.array[self.kept]).combine_chunks()
+        return _strings(self.keys.at(self.kept)).combine_chunks()
 
     def find(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """Each sha256 of ``column``'s index among the kept images, -1 where it is not kept (int64)."""

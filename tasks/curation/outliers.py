@@ -27,7 +27,7 @@ from tasks.curation.assignments import Assignment
 from tasks.curation.bulk_limits import RULES, Verdict, judge
 from tasks.curation.curation_features import Features
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
-from tasks.curation.sha_list import SortedShas
+from tasks.curation.sha_list import SortedSubset
 from tasks.curation.tables import RawRows, drop_row
 from tasks.errors import DataError
 from tasks.settings import OutlierSettings
@@ -156,7 +156,7 @@ class _Columns:
 
 
 def screen(by_sha: RawRows, features: Features, record: Mapping[str, Assignment],
-           limits: OutlierSettings) -> tuple[SortedShas, list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]],
+           limits: OutlierSettings) -> tuple[SortedSubset, list[dict[str, Any]], list[tuple[str, str, str, ImageFeatures]],
                                              list[dict[str, str]]]:
     """(eligible shas in order, drop rows, outliers, abstentions): images without features and bad images are set aside.
 

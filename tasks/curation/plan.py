@@ -58,7 +58,7 @@ from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.separation import separation_by_class
-from tasks.curation.sha_list import Keys, SortedShas
+from tasks.curation.sha_list import Keys, SortedSubset
 from tasks.curation.tables import (
     COMPONENTS_TABLE,
     CURATED_SCHEMA,
@@ -248,7 +248,7 @@ def _computed(cfg: Any, images: RawImages, missing: list[str], total: int, work:
 class _Graph:
     """The component graph over the eligible images and what building it found."""
 
-    eligible: SortedShas  # a component's root is its smallest sha256
+    eligible: SortedSubset  # a component's root is its smallest sha256
     sets: UnionFind
     queries: int  # eligible images not in the record yet: the only ones compared
     scores: CopyScores
@@ -275,7 +275,7 @@ class _Graph:
                 yield order[start:end].tolist()
 
 
-def _group(settings: Settings, eligible: SortedShas, asked: Keys, record: Record, pixels: PixelKeys,
+def _group(settings: Settings, eligible: SortedSubset, asked: Keys, record: Record, pixels: PixelKeys,
            raw_at: np.ndarray, images: RawImages, views: list[RowView]) -> _Graph:
     """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies (the
     neighbours from ``views``: the embedding's views of ``eligible``, by position)."""

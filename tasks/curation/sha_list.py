@@ -88,16 +88,19 @@ class Keys:
     (``None``: sorted already, as the eligible images are), checked once where they are built, not a lookup.
 
     ``prefix``: each key's ``prefixes`` number in sorted order when those tell every key apart (found once, 8 bytes
-    a key), else None (every lookup compares whole keys).
+    a key), else None (every lookup compares whole keys). ``subset``: the keys are only these rows of ``array``
+    (ascending; a position is counted among them), the rest of it another set's (the eligible images among the raw
+    rows: no second copy of their bytes).
     """
 
     array: np.ndarray
     order: np.ndarray | None
     prefix: np.ndarray | None = field(default=None, compare=False, repr=False)
+    subset: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, shas: Sequence[str] | np.ndarray) -> Keys:
-        if isinstance(shas, SortedShas):
+        if isinstance(shas, (SortedShas, SortedSubset)):
             return shas.keys  # the same bytes: no second copy
         array = keys(shas)
         order = None if bool((array[1:] >= array[:-1]).all()) else np.argsort(array, kind="stable")
@@ -108,7 +111,20 @@ class Keys:
         return cls(array, order, prefix)
 
     def __len__(self) -> int:
-        return len(self.array)
+        return len(self.array) if self.subset is None else len(self.subset)
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """The keys (bytes) at these positions."""
+        return self.array[positions if self.subset is None else self.subset[positions]]
+
+    def within(self, rows: np.ndarray) -> np.ndarray:
+        """Rows of ``array`` (-1: none) as positions among these keys (-1: not one of them)."""
+        if self.subset is None:
+            return rows
+        if not len(self.subset):
+            return np.full(len(rows), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.subset, rows), len(self.subset) - 1)
+        return np.where((rows >= 0) & (self.subset[at] == rows), at, -1)
 
     def positions(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """Each value's position among these keys, or -1 (int64): a binary search a value, no hash of the keys
@@ -187,11 +203,11 @@ class ShaList:
         images among them."""
         array, wanted = _common(self.array, among.array)
         out = np.full(len(array), -1, dtype=np.int64)
-        if not len(array) or not len(wanted):
+        if not len(array) or not len(among):
             return out
         for start in range(0, len(array), PREFIX_ROWS):  # a block's prefixes and gathered keys at a time (whole, a
             block = array[start:start + PREFIX_ROWS]  # million's list gathered 64 MB of keys to compare)
-            out[start:start + len(block)] = _located(block, wanted, among)
+            out[start:start + len(block)] = among.within(_located(block, wanted, among))
         return out
 
     def rows_of(self, among: Keys) -> np.ndarray:
@@ -265,6 +281,57 @@ class SortedShas(Sequence[str]):
         ours, extra = _common(self.array, extra)
         return SortedShas(np.union1d(ours, extra))
 
-    def take(self, positions: np.ndarray) -> SortedShas:
-        """The keys at ``positions`` (ascending): a subset, in its own array."""
-        return SortedShas(self.array[np.asarray(positions, dtype=np.int64)])
+    def take(self, positions: np.ndarray) -> SortedSubset:
+        """The keys at ``positions`` (ascending, distinct): a subset held as those positions (4 bytes a key when
+        there are fewer than 2**31), its bytes these."""
+        return SortedSubset(self, positions)
+
+
+class SortedSubset(Sequence[str]):
+    """Some of a ``SortedShas`` (``base``), held as their ascending positions in it: read as a sequence of strings,
+    looked up as ``Keys`` (``keys``: the base's bytes, counted among the subset)."""
+
+    def __init__(self, base: SortedShas, positions: np.ndarray) -> None:
+        positions = np.asarray(positions)
+        kind = np.int32 if len(base) < 2**31 else np.int64
+        self.base, self.positions = base, positions.astype(kind)
+        if len(positions) > 1 and not bool((positions[1:] > positions[:-1]).all()):
+            raise ValueError("SortedSubset: the positions must be ascending and distinct")
+        self.keys = Keys(base.array, None, base.keys.prefix, subset=self.positions)
+        self._bisect = memoryview(np.ascontiguousarray(self.positions)).cast("B").cast("i" if kind is np.int32 else "q")
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [k.decode("ascii") for k in self.base.array[self.positions[i]].tolist()]
+        return self.base.array[self.positions[i]].decode("ascii")
+
+    def __iter__(self) -> Iterator[str]:
+        for start in range(0, len(self.positions), WRITE_ROWS):  # a block's strings at a time
+            yield from (k.decode("ascii") for k in self.base.array[self.positions[start:start + WRITE_ROWS]].tolist())
+
+    def __contains__(self, sha: object) -> bool:
+        return isinstance(sha, str) and self.index_of(sha) is not None
+
+    def index_of(self, sha: str) -> int | None:
+        """``sha``'s position in the subset, or None."""
+        j = self.base.index_of(sha)
+        if j is None:
+            return None
+        i = bisect_left(self._bisect, j)
+        return i if i < len(self.positions) and self._bisect[i] == j else None
+
+    def union(self, more: Iterable[str]) -> SortedSubset:
+        """These and ``more`` (each one of the base's: ``KeyError`` otherwise), ascending and distinct."""
+        extra = [self.base.index_of(s) for s in more]
+        if any(j is None for j in extra):
+            raise KeyError("SortedSubset.union: a key that is not one of the base's")
+        return SortedSubset(self.base, np.union1d(self.positions, np.array(extra, dtype=np.int64)))

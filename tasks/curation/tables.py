@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.curation.by_position import ByPosition, SortedRank
-from tasks.curation.sha_list import ShaList, SortedShas, column_keys
+from tasks.curation.sha_list import ShaList, SortedShas, SortedSubset, column_keys
 from tasks.data import lake
 from tasks.errors import DataError
 from tasks.settings import Settings
@@ -121,10 +121,12 @@ class RawRows(ByPosition[RawFacts]):
         """Each value's position among these rows, or -1 (int64): one binary search a value, no string made."""
         return self.shas.keys.positions(column)
 
-    def positions_of(self, shas: SortedShas) -> np.ndarray:
-        """Each of ``shas``' position among these rows, or -1 (int64): a binary search of their bytes (the eligible
-        images' raw positions: no lookup of a string an image)."""
-        return ShaList(shas.array).located(self.shas.keys)
+    def positions_of(self, shas: SortedShas | SortedSubset) -> np.ndarray:
+        """Each of ``shas``' position among these rows, or -1 (int64): a subset of them is its positions, other keys
+        a binary search of their bytes (no lookup of a string an image)."""
+        if isinstance(shas, SortedSubset) and shas.base is self.shas:
+            return shas.positions.astype(np.int64)
+        return ShaList(shas.keys.at(np.arange(len(shas)))).located(self.shas.keys)
 
     def labels_at(self, positions: np.ndarray) -> list[str]:
         """The labels of these positions, in their order (one shared string a class)."""

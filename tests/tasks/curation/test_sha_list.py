@@ -128,3 +128,37 @@ def test_a_read_list_is_the_file_mapped_and_answers_as_one_held_in_memory(tmp_pa
     path.write_bytes(path.read_bytes()[:65 * 10] + b"x" * 30 + b" " + b"y" * 33 + b"\n")  # 65 bytes, not a sha256
     assert len(path.read_bytes()) == 65 * 11
     assert _strings(ShaList.read(path)) == [*shas[:10], "x" * 30, "y" * 33]  # read one by one
+
+
+@pytest.mark.parametrize("width", [64, 3])  # sha256s (looked up by their prefixes), and short names
+def test_sorted_shas_and_a_subset_of_them_read_and_look_up_as_sorted_lists(width):
+    import pyarrow as pa
+
+    from tasks.curation.sha_list import SortedShas
+
+    every = sorted({s[:width] for s in _shas(3000, 5)})
+    base = SortedShas.of(every)
+    picked = sorted(random.Random(2).sample(range(len(every)), 700))
+    subset = base.take(np.array(picked))
+    chosen = [every[i] for i in picked]
+    assert list(base) == every and base[17] == every[17] and base[3:9] == every[3:9] and len(base) == len(every)
+    assert list(subset) == chosen and subset[5] == chosen[5] and subset[2:6] == chosen[2:6] and len(subset) == 700
+    for k in (0, 1, 350, 699):
+        assert subset.index_of(chosen[k]) == k and base.index_of(chosen[k]) == picked[k]
+    outside = every[next(i for i in range(len(every)) if i not in set(picked))]
+    assert subset.index_of(outside) is None and outside not in subset and outside in base
+    assert base.index_of("g" * width) is None and base.index_of("é") is None and subset.index_of("") is None
+    column = pa.array([chosen[3], outside, "zz", chosen[699]])
+    assert Keys.of(subset).positions(column).tolist() == [3, -1, -1, 699]
+    assert Keys.of(base).positions(column).tolist() == [picked[3], every.index(outside), -1, picked[699]]
+    assert len(Keys.of(subset)) == 700 and Keys.of(subset).at(np.array([0, 2])).tolist() == \
+        [chosen[0].encode(), chosen[2].encode()]
+    assert list(subset.union([outside, chosen[0]])) == sorted({*chosen, outside})
+    with pytest.raises(KeyError):
+        subset.union(["not one"])
+    with pytest.raises(ValueError):
+        SortedShas.of(every[::-1])
+    listed = ShaList.of([chosen[9], outside, chosen[1]])
+    assert listed.located(Keys.of(subset)).tolist() == [9, -1, 1]
+    assert listed.rows_of(Keys.of(subset)).tolist()[:10] == [-1, 2, -1, -1, -1, -1, -1, -1, -1, 0]
+    assert ShaList.of(chosen[:2]).located(Keys.of(base.take(np.zeros(0, dtype=np.int64)))).tolist() == [-1, -1]
