@@ -86,14 +86,16 @@ def relative_screen(images: dict[str, Measured], labels: dict[str, str], limits:
                              dtype=np.float64) for stat in STATISTICS}
     codes: dict[str, int] = {}
     family = np.array([codes.setdefault(m.family, len(codes)) for m in measured], dtype=np.int32)
-    return relative_columns(ids, np.arange(len(ids)), family, list(codes), values, labels.__getitem__, limits)
+    return relative_columns(ids, np.arange(len(ids)), family, list(codes), values,
+                            lambda at: [labels[ids[k]] for k in at.tolist()], limits)
 
 
 def relative_columns(ids: list[str], rows: np.ndarray, family: np.ndarray, names: list[str],
-                     values: dict[str, np.ndarray], label: Callable[[str], str], limits: OutlierSettings
-                     ) -> tuple[dict[str, tuple[str, str]], list[dict[str, str]]]:
+                     values: dict[str, np.ndarray], labels_at: Callable[[np.ndarray], list[str]],
+                     limits: OutlierSettings) -> tuple[dict[str, tuple[str, str]], list[dict[str, str]]]:
     """``relative_screen`` over columns: the images ``ids[rows]`` (ascending: a family's images are judged in that
-    order), by position in ``ids`` their mode family (a code into ``names``) and each statistic (``STATISTICS``)."""
+    order), by position in ``ids`` their mode family (a code into ``names``), each statistic (``STATISTICS``) and
+    their labels (``labels_at``)."""
     flagged: dict[str, tuple[str, str]] = {}
     abstained: list[dict[str, str]] = []
     for code in sorted(range(len(names)), key=names.__getitem__):
@@ -101,7 +103,7 @@ def relative_columns(ids: list[str], rows: np.ndarray, family: np.ndarray, names
         if not len(members):
             continue
         name = names[code]
-        family_labels = [label(ids[k]) for k in members]
+        family_labels = labels_at(members)
         family_values = {stat: values[stat][members] for stat in STATISTICS}  # once a family, not once a rule
         for rule in RULES:
             if _OVERRIDE.get(rule.reason) and getattr(limits, _OVERRIDE[rule.reason]) is not None:
@@ -169,7 +171,7 @@ def screen(by_sha: RawRows, features: Features, record: Mapping[str, Assignment]
     _check_override_share(decided, features.by_sha, len(by_sha), limits)
     relative, abstained = relative_columns(shas, np.flatnonzero(~columns.failed & ~_marked(by_sha, decided)),
                                            columns.family, columns.names, columns.values,
-                                           by_sha.label, limits)
+                                           by_sha.labels_at, limits)
     decided.update(relative)
     for family, rule in sorted({(a["family"], a["rule"]) for a in abstained}):
         log.warning("curate: the %s rule abstains for %s images: %s", rule, family,
