@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from tasks.curation.sha_list import SortedShas
+from tasks.curation.sha_list import SortedShas, SortedSubset
 
 V = TypeVar("V")
 
@@ -44,10 +44,10 @@ class SortedRank(Mapping[str, int]):
     rows' sha256s; the groups' keys; a component's recorded members, hundreds of thousands where the benchmark's
     augmented digits chain). A lookup is about 0.9 us against a dict's 0.4 at a million keys; the dict took about
     67 bytes a key (at a million, 67 MB held by every curation from the raw rows to the end). ``members`` as
-    ``SortedShas`` (the raw rows'): their bytes, about 2 us a lookup."""
+    ``SortedShas`` (the raw rows') or ``SortedSubset`` (the eligible images): their bytes, about 2 us a lookup."""
 
     def __init__(self, members: Sequence[str]) -> None:
-        if isinstance(members, SortedShas):  # checked ascending and distinct where it was made
+        if isinstance(members, (SortedShas, SortedSubset)):  # checked ascending and distinct where it was made
             self._find: Callable[[str], int | None] = members.index_of
         elif any(a >= b for a, b in zip(members, islice(members, 1, None))):
             raise ValueError("SortedRank: the members must be ascending and distinct")

@@ -255,8 +255,13 @@ class CopyScores:
         return got
 
     def get(self, a: str, b: str) -> float | None:
-        """The score if known (stored or computed), else None."""
-        return self.partners(a).get(b)
+        """The score if known (stored or computed), else None: a score computed here over a stored one, as
+        ``partners`` has it; ``a``'s partners are not gathered when they were not already."""
+        got = self._partners.get(a)
+        if got is not None:
+            return got.get(b)
+        fresh = self.fresh.partners(a).get(b)
+        return fresh if fresh is not None or a in self._none_stored else self.stored.score(a, b)
 
     def want(self, shas: Iterable[str]) -> None:
         """Read the stored pairs of ``shas`` in one scan, before their partners are asked for (``StoredScores``)."""

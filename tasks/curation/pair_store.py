@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.curation.by_position import SortedRank
-from tasks.curation.sha_list import Keys
+from tasks.curation.sha_list import Keys, SortedShas, SortedSubset
 from tasks.data import lake
 
 log = logging.getLogger("tasks.curation.curate")
@@ -61,6 +61,15 @@ class StoredPairs:
         code = self._code.get(sha)
         return {} if code is None else self.partners_of(code)
 
+    def score_of(self, code: int, other: int) -> float | None:
+        """The score of the pair of the images coded ``code`` and ``other`` (its last row, as ``partners_of``'s dict
+        keeps it), else None: no dict or string made."""
+        if not self.count:
+            return None
+        lo, hi = np.searchsorted(self._first, np.array([code, code + 1], dtype=self._first.dtype))
+        hits = np.flatnonzero(self._second[lo:hi] == other)
+        return float(self._scores[lo + hits[-1]]) if len(hits) else None
+
     def partners_of(self, code: int) -> dict[str, float]:
         """The partners of the image coded ``code``."""
         if not self.count:
@@ -80,7 +89,7 @@ class StoredScores:
     def __init__(self, uri: str | None, config: str, eligible: Sequence[str],
                  pairs: dict[tuple[str, str], float] | None = None, keys: Keys | None = None) -> None:
         self.eligible = eligible
-        self._rank = SortedRank(list(eligible) if not isinstance(eligible, list) else eligible)  # sorted, distinct
+        self._rank = SortedRank(eligible if isinstance(eligible, (list, SortedShas, SortedSubset)) else list(eligible))
         self._keys = keys  # ``eligible`` as a byte array (the plan's own; else made at the first scan)
         self._uri, self._config = uri, config
         self._version = lake.current_version(uri) if uri is not None else None
@@ -186,9 +195,24 @@ class StoredScores:
             self.want([sha])
         if not self._parts:
             return {}
+        return self._pairs().partners_of(code)
+
+    def score(self, a: str, b: str) -> float | None:
+        """The stored score of the pair (a, b) when both are eligible (read first when ``a`` was not asked for), else
+        None: ``partners(a).get(b)`` without gathering ``a``'s partners (their strings: a phase that asks for
+        single pairs, as the candidates' check, made one an eligible image)."""
+        code, other = self.position(a), self.position(b)
+        if code is None or other is None:
+            return None
+        if not self._read[code]:
+            log.debug("curate: stored pairs of %s read alone (not asked for before)", a[:12])
+            self.want([a])
+        return self._pairs().score_of(code, other) if self._parts else None
+
+    def _pairs(self) -> StoredPairs:
         if self._index is None:
             self._index = StoredPairs(self.eligible, *joined(self._parts))
-        return self._index.partners_of(code)
+        return self._index
 
 
 def joined(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -106,3 +106,25 @@ def test_released_pairs_are_read_again_when_asked_and_answer_the_same(table) -> 
     scored.want(shas[:30])
     assert {sha: scored.partners(sha) for sha in shas[:30]} == before
     assert stored.scans == 3
+
+
+def test_a_single_pair_is_scored_as_the_partners_would_answer_without_gathering_them(table) -> None:
+    uri, shas, scores = table
+    eligible = sorted(shas[::2] + shas[1::4])
+    stored = StoredScores(uri, score_config(), eligible)
+    stored.want(eligible[:30])
+    rng = random.Random(3)
+    asked = [(a, b) for a, b in scores][:300] + [tuple(rng.sample(shas, 2)) for _ in range(300)]
+    for a, b in asked:  # read alone when not asked for; none for a pair with an image not eligible
+        assert stored.score(a, b) == stored.partners(a).get(b) == _expected(a, set(eligible), scores).get(b)
+    assert stored.score("f" * 32, eligible[0]) is None and stored.score(eligible[0], "f" * 32) is None
+
+    copies = CopyScores(lambda sha: b"", StoredScores(uri, score_config(), eligible))
+    fresh_pair = CopyScores.key(*[p for p in scores if set(p) <= set(eligible)][0])
+    copies.fresh.add([fresh_pair], [2.0])  # a score computed here answers over the stored one
+    for a, b in [fresh_pair, fresh_pair[::-1], *asked[:100]]:
+        got = copies.get(a, b)
+        assert got == copies.partners(a).get(b)
+        copies.forget_partners()
+        assert copies.get(a, b) == got
+    assert copies.get(*fresh_pair) == 2.0 and not copies._partners
