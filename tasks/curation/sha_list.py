@@ -11,6 +11,7 @@ curation), so no string, dict or set is made an image; the file's bytes are the 
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -219,7 +220,35 @@ class ShaList:
         return rows
 
 
-class SortedShas(Sequence[str]):
+class _HeldStrings(Sequence[str]):
+    """Strings held as one byte array: each made a ``str`` when it is read (``_bytes``: the keys at an index)."""
+
+    @abstractmethod
+    def _bytes(self, i: int | slice) -> np.ndarray: ...
+
+    @abstractmethod
+    def index_of(self, sha: str) -> int | None: ...
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [k.decode("ascii") for k in self._bytes(i).tolist()]
+        return self._bytes(i).decode("ascii")
+
+    def __iter__(self) -> Iterator[str]:
+        for start in range(0, len(self), WRITE_ROWS):  # a block's strings at a time
+            yield from (k.decode("ascii") for k in self._bytes(slice(start, start + WRITE_ROWS)).tolist())
+
+    def __contains__(self, sha: object) -> bool:
+        return isinstance(sha, str) and self.index_of(sha) is not None
+
+
+class SortedShas(_HeldStrings):
     """Distinct sha256s in ascending order, held as one byte array (64 bytes an image; their prefixes, 8 more,
     where those tell them apart), each made a ``str`` when it is read: the raw rows' and the eligible images' identity
     (a list of Python strings was 121 bytes an image, and the eligible images' ``Keys`` a second copy of their bytes).
@@ -244,23 +273,8 @@ class SortedShas(Sequence[str]):
     def __len__(self) -> int:
         return len(self.array)
 
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [k.decode("ascii") for k in self.array[i].tolist()]
-        return self.array[i].decode("ascii")
-
-    def __iter__(self) -> Iterator[str]:
-        for start in range(0, len(self.array), WRITE_ROWS):  # a block's strings at a time
-            yield from (k.decode("ascii") for k in self.array[start:start + WRITE_ROWS].tolist())
-
-    def __contains__(self, sha: object) -> bool:
-        return isinstance(sha, str) and self.index_of(sha) is not None
+    def _bytes(self, i: int | slice) -> np.ndarray:
+        return self.array[i]
 
     def index_of(self, sha: str) -> int | None:
         """``sha``'s position, or None: a bisection of the prefixes (about 2 us at a million, a list's bisection
@@ -287,7 +301,7 @@ class SortedShas(Sequence[str]):
         return SortedSubset(self, positions)
 
 
-class SortedSubset(Sequence[str]):
+class SortedSubset(_HeldStrings):
     """Some of a ``SortedShas`` (``base``), held as their ascending positions in it: read as a sequence of strings,
     looked up as ``Keys`` (``keys``: the base's bytes, counted among the subset)."""
 
@@ -303,23 +317,8 @@ class SortedSubset(Sequence[str]):
     def __len__(self) -> int:
         return len(self.positions)
 
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [k.decode("ascii") for k in self.base.array[self.positions[i]].tolist()]
-        return self.base.array[self.positions[i]].decode("ascii")
-
-    def __iter__(self) -> Iterator[str]:
-        for start in range(0, len(self.positions), WRITE_ROWS):  # a block's strings at a time
-            yield from (k.decode("ascii") for k in self.base.array[self.positions[start:start + WRITE_ROWS]].tolist())
-
-    def __contains__(self, sha: object) -> bool:
-        return isinstance(sha, str) and self.index_of(sha) is not None
+    def _bytes(self, i: int | slice) -> np.ndarray:
+        return self.base.array[self.positions[i]]
 
     def index_of(self, sha: str) -> int | None:
         """``sha``'s position in the subset, or None."""
