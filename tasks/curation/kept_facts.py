@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterator
 import numpy as np
 import pyarrow as pa
 
-from tasks.curation.sha_list import Keys
+from tasks.curation.sha_list import Keys, SortedSubset
 from tasks.curation.tables import CURATED_SCHEMA, SPLITS, RawFacts, RawRows
 
 KEPT_FACTS_SCHEMA = CURATED_SCHEMA.remove(CURATED_SCHEMA.get_field_index("image"))
@@ -74,10 +74,9 @@ class KeptFacts:
         for start in range(0, self.num_rows, rows):
             yield self.table(slice(start, start + rows))
 
-    def shas(self) -> list[str]:
-        """The kept images' sha256s, the raw rows' own strings (no new one)."""
-        shas = self.rows.shas
-        return [shas[i] for i in self.raw.tolist()]
+    def shas(self) -> SortedSubset:
+        """The kept images' sha256s, read as strings from the raw rows' bytes (no string held an image)."""
+        return self.rows.shas.take(self.raw)
 
     def sha_column(self) -> pa.Array:
         return _strings(self.keys.at(self.kept)).combine_chunks()
