@@ -125,12 +125,11 @@ class Record(Mapping[str, Assignment]):
     def _name(self, code: int) -> str:
         return self.rows.shas[code] if code >= 0 else self.outside[-1 - code]
 
-    def key_codes(self, keys: Sequence[str]) -> np.ndarray:
-        """Each component key's code as ``component_codes`` gives it, -2 for a key no image is recorded in
-        (``keys`` as ``SortedShas``: found by their bytes)."""
+    def key_codes(self, keys: SortedShas) -> np.ndarray:
+        """Each component key's code as ``component_codes`` gives it, -2 for a key no image is recorded in (found
+        among the raw rows by their bytes)."""
         n = len(self.split)
-        at = self.rows.positions_of(keys) if isinstance(keys, SortedShas) else \
-            np.array([-1 if (i := self.rows.at.get(k)) is None else i for k in keys], dtype=np.int64)
+        at = self.rows.positions_of(keys)
         for i in np.flatnonzero(at < 0).tolist():
             k = self._outside.get(keys[i])
             at[i] = -2 if k is None else n + k

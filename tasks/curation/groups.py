@@ -24,7 +24,7 @@ KEY_BLOCK = 65_536  # component keys held as strings at a time
 class Groups(Mapping[str, list[str]]):
     """Final component key -> its eligible members (ascending, as the eligible images), keys in ascending order."""
 
-    def __init__(self, eligible: Sequence[str], keys: Sequence[str], starts: np.ndarray, members: np.ndarray) -> None:
+    def __init__(self, eligible: Sequence[str], keys: SortedShas, starts: np.ndarray, members: np.ndarray) -> None:
         self.eligible = eligible
         self.ordered = SortedRank(keys)  # ascending, distinct: key -> its place
         self.starts = starts  # len(keys) + 1: the members of keys[k] are members[starts[k]:starts[k + 1]]
@@ -82,7 +82,7 @@ class GroupsBuilder:
         every = np.concatenate([k.astype(f"S{width}", copy=False) for k in self.keys])
         self.keys = []
         if not len(every):
-            return Groups(self.eligible, [], np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
+            return Groups(self.eligible, SortedShas(every), np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
         unique, rank = np.unique(every, return_inverse=True)
         del every
         sizes = np.frombuffer(self.sizes, dtype=np.int64)

@@ -237,10 +237,10 @@ def _slices(stored: pa.Table | StoredRows, columns: list[str], rows: RawRows, lo
 
 def _located(rows: RawRows, column: pa.ChunkedArray) -> np.ndarray:
     """Each value's raw position, -1 for a null or a value that is not a raw row."""
-    out = np.full(len(column), -1, dtype=np.int64)
-    valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else None
-    if valid is None:
+    if not column.null_count:
         return rows.located(column)
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    out = np.full(len(column), -1, dtype=np.int64)
     out[valid] = rows.located(column.filter(pa.array(valid)))
     return out
 

@@ -221,10 +221,10 @@ class ShaList:
 
 
 class _HeldStrings(Sequence[str]):
-    """Strings held as one byte array: each made a ``str`` when it is read (``_bytes``: the keys at an index)."""
+    """Strings held as one byte array: each made a ``str`` when it is read (``bytes_at``: the keys at an index)."""
 
     @abstractmethod
-    def _bytes(self, i: int | slice) -> np.ndarray: ...
+    def bytes_at(self, i: int | slice) -> np.ndarray: ...
 
     @abstractmethod
     def index_of(self, sha: str) -> int | None: ...
@@ -237,12 +237,12 @@ class _HeldStrings(Sequence[str]):
 
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
-            return [k.decode("ascii") for k in self._bytes(i).tolist()]
-        return self._bytes(i).decode("ascii")
+            return [k.decode("ascii") for k in self.bytes_at(i).tolist()]
+        return self.bytes_at(i).decode("ascii")
 
     def __iter__(self) -> Iterator[str]:
         for start in range(0, len(self), WRITE_ROWS):  # a block's strings at a time
-            yield from (k.decode("ascii") for k in self._bytes(slice(start, start + WRITE_ROWS)).tolist())
+            yield from (k.decode("ascii") for k in self.bytes_at(slice(start, start + WRITE_ROWS)).tolist())
 
     def __contains__(self, sha: object) -> bool:
         return isinstance(sha, str) and self.index_of(sha) is not None
@@ -273,7 +273,7 @@ class SortedShas(_HeldStrings):
     def __len__(self) -> int:
         return len(self.array)
 
-    def _bytes(self, i: int | slice) -> np.ndarray:
+    def bytes_at(self, i: int | slice) -> np.ndarray:
         return self.array[i]
 
     def index_of(self, sha: str) -> int | None:
@@ -286,14 +286,6 @@ class SortedShas(_HeldStrings):
         except (UnicodeEncodeError, ValueError):  # not a key of ours (a non-hex prefix, or not ASCII)
             return None
         return i if i < len(self.array) and self.array[i] == key else None
-
-    def union(self, more: Iterable[str]) -> SortedShas:
-        """These and ``more``, ascending and distinct."""
-        extra = keys(sorted(more))
-        if not len(extra):
-            return self
-        ours, extra = _common(self.array, extra)
-        return SortedShas(np.union1d(ours, extra))
 
     def take(self, positions: np.ndarray) -> SortedSubset:
         """The keys at ``positions`` (ascending, distinct): a subset held as those positions (4 bytes a key when
@@ -317,7 +309,7 @@ class SortedSubset(_HeldStrings):
     def __len__(self) -> int:
         return len(self.positions)
 
-    def _bytes(self, i: int | slice) -> np.ndarray:
+    def bytes_at(self, i: int | slice) -> np.ndarray:
         return self.base.array[self.positions[i]]
 
     def index_of(self, sha: str) -> int | None:

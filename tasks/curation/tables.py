@@ -126,7 +126,7 @@ class RawRows(ByPosition[RawFacts]):
         a binary search of their bytes (no lookup of a string an image)."""
         if isinstance(shas, SortedSubset) and shas.base is self.shas:
             return shas.positions.astype(np.int64)
-        return ShaList(shas.keys.at(np.arange(len(shas)))).located(self.shas.keys)
+        return ShaList(shas.bytes_at(slice(None))).located(self.shas.keys)  # a SortedShas' own array: no copy
 
     def labels_at(self, positions: np.ndarray) -> list[str]:
         """The labels of these positions, in their order (one shared string a class)."""

@@ -16,7 +16,6 @@ from PIL import Image
 from tasks.curation.class_guard import budget, guard_outliers
 from tasks.curation.curate import curate
 from tasks.curation.separation import separation
-from tasks.curation.sha_list import SortedShas
 from tasks.curation.tables import RawFacts, RawRows
 from tasks.data.ingest import ingest_landing
 from tasks.data.sample_data import photo_sources
@@ -121,7 +120,8 @@ def test_bad_images_beyond_a_class_share_are_kept_and_listed():
     outliers = [(s, "blurry", "blur 1 < min_blur 50", None) for s in flagged]
     dropped = [{"sha256": s, "reason": "blurry", "label": by_sha[s].label} for s in flagged]
     eligible = sorted(set(by_sha) - set(flagged))
-    eligible2, dropped2, outliers2, decisions = guard_outliers(by_sha, SortedShas.of(eligible), dropped, outliers, 0.02)
+    eligible2, dropped2, outliers2, decisions = guard_outliers(by_sha, by_sha.shas.take(by_sha.positions(eligible)), dropped,
+                                                               outliers, 0.02)
     assert [d["sha256"] for d in dropped2] == ["a00"] and [o[0] for o in outliers2] == ["a00"]
     assert list(eligible2) == sorted(set(eligible) | {"b00", "b01"})
     [d] = decisions
