@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 from tasks.curation.by_position import SortedRank
 from tasks.curation.copy_pairs import CopyScores
+from tasks.curation.groups import Groups
+from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.tables import RawRows
 
 # ``pixels`` below: each image's pixel key (``Features.pixel_keys``: its decoded pixels' digest, or its sha256).
@@ -31,9 +35,11 @@ def _copies_of(sha: str, among: Mapping[str, Any] | set[str], by_digest: dict[st
                    if v >= threshold and o in among and pixels[o] != digest]
 
 
-def _strongest(sha: str, copies: list[tuple[str, str]], scores: CopyScores, rank: Mapping[str, int]) -> tuple[str, str]:
-    """The copy ``sha`` is most surely a copy of: same pixels, then the highest score, then the first in ``rank``."""
-    return max(copies, key=lambda c: (c[1] == "same pixels", scores.get(sha, c[0]) or 0.0, -rank[c[0]]))
+def _strongest(sha: str, copies: list[tuple[str, str]], scores: CopyScores, rank: Mapping[str, Any]
+               ) -> tuple[str, str]:
+    """The copy ``sha`` is most surely a copy of: same pixels, then the highest score, then the first in ``rank``
+    (each copy's place in the component's order: a number, or ``(first raw version, sha256)``)."""
+    return min(copies, key=lambda c: (c[1] != "same pixels", -(scores.get(sha, c[0]) or 0.0), rank[c[0]]))
 
 
 class RecordedMembers:
@@ -130,3 +136,90 @@ def dedupe_component(order: list[str], pixels: Mapping[str, str], labels: dict[s
         else:
             removed.append((sha, "near_duplicate", original, f"{how} to the kept image (drop at >= {threshold})"))
     return [order[i] for i in kept], removed
+
+
+
+class GrownComponent:
+    """One component as its last walk left it, for the walk of the members it gained (``extend_component``): its
+    membership a bisection (``Groups.holds``), the members sharing pixels with a new one found once by their pixel
+    keys' bytes (``raw_at``: the eligible images' raw positions), what was kept then everything not ``dropped``."""
+
+    def __init__(self, key: str, groups: Groups, new: np.ndarray, raw_at: np.ndarray, pixels: PixelKeys,
+                 label_of: Callable[[str], str], first_version: Callable[[str], int], dropped: Collection[str]
+                 ) -> None:
+        self.key, self.groups, self.pixels = key, groups, pixels
+        self.label_of, self.first_version = label_of, first_version
+        self.dropped = set(dropped)
+        members = groups.positions(key)
+        at = raw_at[members]
+        hits = np.flatnonzero(np.isin(pixels.heads(at), pixels.heads(raw_at[new])))  # a few: read whole
+        self.alike: dict[bytes | str, list[str]] = {}
+        for p, i in zip(members[hits].tolist(), at[hits].tolist()):
+            sha = groups.eligible[p]
+            self.alike.setdefault(pixels.token_at(i, sha), []).append(sha)
+
+    def kept(self, sha: str) -> bool:
+        """Whether an earlier member was kept by the last walk."""
+        return sha not in self.dropped
+
+    def copies_of(self, sha: str, scores: CopyScores, threshold: float) -> list[tuple[str, str]]:
+        """``_copies_of`` among the whole component's members: same pixels first, then scored pairs."""
+        digest = self.pixels.token(sha)
+        same = [(o, "same pixels") for o in self.alike.get(digest, ()) if o != sha]
+        return same + [(o, f"copy score {v:.4f}") for o, v in scores.partners(sha).items()
+                       if v >= threshold and self.groups.holds(self.key, o) and self.pixels.token(o) != digest]
+
+
+class _Order(Mapping[str, tuple[int, str]]):
+    """A member's place in its component's walk, ``(first raw version, sha256)``, read for the few compared."""
+
+    def __init__(self, first_version: Callable[[str], int]) -> None:
+        self.first_version = first_version
+
+    def __getitem__(self, sha: str) -> tuple[int, str]:
+        return self.first_version(sha), sha
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def extend_component(new: list[str], before: GrownComponent, scores: CopyScores, threshold: float,
+                     abstain: Collection[str] = (), possible: list[tuple[str, str, float]] | None = None,
+                     ) -> list[tuple[str, str, str | None, str]] | None:
+    """``dedupe_component``'s drops among ``new`` (ascending), the members a component gained after its last walk.
+
+    They come last in the walk's order (first assigned now), so every earlier member decides as it did then
+    (``before``: what it kept) unless one of them is a known copy of a new member with another label: a clash
+    that quarantines both. Then None: the component must be walked whole. Otherwise each new member is walked
+    as ``dedupe_component`` walks it, against the members kept before it, reading only its own partners and
+    the members sharing its pixels (never the component's size in strings or pairs). ``possible`` gets the new
+    members' possible copies only (the earlier members' were listed by the walk that decided them).
+    """
+    order = _Order(before.first_version)
+    kept: set[str] = set()
+    removed: list[tuple[str, str, str | None, str]] = []
+    found: list[tuple[str, str, float]] = []
+    fresh = set(new)
+    for sha in new:
+        copies = before.copies_of(sha, scores, threshold)
+        label = before.label_of(sha)
+        if any(before.label_of(o) != label for o, _ in copies):
+            return None
+        originals = [(o, how) for o, how in copies if (o in kept if o in fresh else before.kept(o))]
+        if not originals:
+            kept.add(sha)
+            continue
+        original, how = _strongest(sha, originals, scores, order)
+        if how != "same pixels" and label in abstain:
+            found.append((sha, original, scores.get(sha, original) or 0.0))
+            kept.add(sha)
+        elif how == "same pixels":
+            removed.append((sha, "exact_duplicate", original, "same decoded pixels as the kept image"))
+        else:
+            removed.append((sha, "near_duplicate", original, f"{how} to the kept image (drop at >= {threshold})"))
+    if possible is not None:
+        possible.extend(found)
+    return removed

@@ -149,6 +149,10 @@ class PixelKeys(ByPosition[str]):
             packed[i] = np.frombuffer(raw, dtype=np.uint8)
         return cls(at, packed.tobytes(), odd)
 
+    def heads(self, positions: np.ndarray) -> np.ndarray:
+        """Each position's key's first 8 bytes as one number (equal keys, equal heads: a sieve before the whole key)."""
+        return np.ascontiguousarray(self.packed[positions, :8]).view(np.uint64).ravel()
+
     def first_alike(self, positions: np.ndarray, among: np.ndarray) -> np.ndarray:
         """For each of ``among`` (indices into ``positions``: a batch's new images), the index (into ``positions``) of
         the first one with the same key.
@@ -158,13 +162,10 @@ class PixelKeys(ByPosition[str]):
         if not len(among):
             return np.zeros(0, dtype=np.int64)
 
-        def heads(rows: np.ndarray) -> np.ndarray:  # each row's first 8 bytes as one number
-            return np.ascontiguousarray(self.packed[rows, :8]).view(np.uint64).ravel()
-
         def keys(rows: np.ndarray) -> list[bytes]:
             return [bytes(k) for k in self.packed[rows].tolist()]
 
-        hits = np.flatnonzero(np.isin(heads(positions), heads(positions[among])))  # ascending: ``among`` among them
+        hits = np.flatnonzero(np.isin(self.heads(positions), self.heads(positions[among])))  # ascending: ``among`` among them
         first: dict[bytes, int] = {}
         for i, key in zip(hits.tolist(), keys(positions[hits])):
             first.setdefault(key, i)

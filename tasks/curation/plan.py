@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -46,7 +46,7 @@ from tasks.curation.curation_features import (
     stored_rows,
     stored_vectors,
 )
-from tasks.curation.dedupe import dedupe_component
+from tasks.curation.dedupe import GrownComponent, dedupe_component, extend_component
 from tasks.curation.fastdup_optional import require_embedding
 from tasks.curation.groups import Groups
 from tasks.curation.kept_facts import KEPT_FACTS_SCHEMA, KeptFacts
@@ -55,7 +55,7 @@ from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
 from tasks.curation.outliers import constant_images, screen
 from tasks.curation.pair_store import StoredScores
 from tasks.curation.pixel_keys import PixelKeys
-from tasks.curation.prior_walk import PriorWalk, prior_walk, touched_components
+from tasks.curation.prior_walk import PriorWalk, Touched, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.separation import separation_by_class
 from tasks.curation.sha_list import Keys, SortedSubset
@@ -127,8 +127,8 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
                           raw_at, graph.scores)
     graph.scores.forget_partners()  # the summary's images' partners: the walk gathers its own
     prior = prior_walk(settings, record, record_version, nearest)
-    reuse = None if prior is None else (prior, touched_components(groups, record, raw_at, renamed, nearest))
-    decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, dropped, reuse,
+    reuse = None if prior is None else (prior, touched_components(groups, record, raw_at, renamed, nearest, raw_version))
+    decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, raw_at, dropped, reuse,
                                    set(by_sha.labels_at(raw_at)))
     graph.scores.release_stored()  # the walk asked its last stored score: not held through the kept facts and writes
     dropped.extend(bridge_rows(bridges, by_sha, record, decisions["abstain"]))
@@ -352,8 +352,8 @@ def _neighbours(settings: Settings, eligible: list[str], asked: Keys, views: lis
 
 def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assignment],
                        pixels: PixelKeys, constant: set[str], by_sha: RawRows, graph: "_Graph",
-                       nearest: NearestMap,
-                       dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, set[str]] | None,
+                       nearest: NearestMap, raw_at: np.ndarray,
+                       dropped: list[dict[str, Any]], reuse: tuple[PriorWalk, Touched] | None,
                        labels: set[str]) -> dict[str, Any]:
     """The decisions, with the walk's drops added to ``dropped`` (every member not dropped is kept), after the class
     tests (of ``labels``: the eligible images' classes): separation first, then the class guard.
@@ -362,23 +362,25 @@ def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assig
     a class that would still lose more than its share (``tasks.curation.class_guard``) abstains
     too, and the components are deduplicated again with it (scores are cached: nothing is re-scored).
     With the previous curation's walk (``reuse``: it and the components touched since), a component
-    nothing touched keeps its decisions (``tasks.curation.prior_walk``); the rest are walked.
+    nothing touched keeps its decisions (``tasks.curation.prior_walk``), one that only gained new images has its
+    walk extended with them (``dedupe.extend_component``); the rest are walked.
     """
     seps = separation_by_class(labels, nearest.by_label(), cfg.copy_similarity,
                                cfg.copy_min_separation, cfg.copy_min_class_images)
     abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
     walk = functools.partial(_dedupe, groups=groups, assignments=assignments, pixels=pixels, by_sha=by_sha,
                              scores=graph.scores, threshold=cfg.copy_similarity, abstain=abstain)
-    if reuse is None:
-        prior, keys = None, sorted(groups)
-    else:
+    prior, keys, grown = None, sorted(groups), {}
+    if reuse is not None:
         prior, touched = reuse
-        keys = prior.to_walk(groups, touched, abstain, by_sha.label)
-    removed, possible = walk(keys)
-    walked_now = set(keys)
+        keys = prior.to_walk(groups, touched.whole, abstain, by_sha.label)
+        whole = set(keys)
+        grown = {k: _Grown(new, prior.outcome(k)) for k, new in touched.grown.items() if k not in whole}
+    removed, possible, extended = walk(keys, grown=grown, raw_at=raw_at)
+    walked_now = (set(keys) | set(grown)) - extended
     if prior is not None:
         for key in groups:
-            if key not in walked_now:  # its drops as the previous curation decided them; the other members are kept
+            if key not in walked_now and key not in extended:  # as the previous curation decided; the rest kept
                 removed.extend(prior.outcome(key))
     while True:
         over = {k: v for k, v in over_budget(by_sha, dropped + removed, cfg.max_class_drop_share, constant).items()
@@ -389,12 +391,14 @@ def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assig
         # Only components with a member of a newly abstaining class can decide otherwise: they are walked again.
         again = {k for k, members in groups.items() if any(by_sha.label(s) in over for s in members)}
         rewalked = {s for k in again for s in groups[k]}
-        removed_again, possible_again = walk(sorted(again))
+        removed_again, possible_again, _ = walk(sorted(again))
         walked_now |= again
+        extended -= again
         removed = [d for d in removed if d["component"] not in again] + removed_again
         possible = [p for p in possible if p[0] not in rewalked] + possible_again
     dropped.extend(removed)
-    walked = {"walked": len(walked_now), "reused": len(groups) - len(walked_now),
+    walked = {"walked": len(walked_now), "extended": len(extended),
+              "reused": len(groups) - len(walked_now) - len(extended),
               "reused_from_curated_version": prior.curated_version if prior is not None else None}
     return {"abstain": abstain, "possible": possible,
             "separation": {label: sep.to_dict() for label, sep in seps.items()},
@@ -410,9 +414,10 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: RawR
     for p in possible:
         count[p["label"]] = count.get(p["label"], 0) + 1
     walked = dup["components"]
-    where = "" if not walked["reused"] else (f" in the {walked['walked']} components walked now (the other "
-                                             f"{walked['reused']} as curated version "
-                                             f"{walked['reused_from_curated_version']} decided)")
+    grew = f" and the new images of {walked['extended']} that grew" if walked["extended"] else ""
+    where = "" if not (walked["reused"] or walked["extended"]) else (
+        f" in the {walked['walked']} components walked now{grew} (the other members as curated version "
+        f"{walked['reused_from_curated_version']} decided)")
     abstained = [{"rule": "near_duplicate", "label": label,
                   "why": f"{why}; kept {count.get(label, 0)} possible copies{where}"}
                  for label, why in sorted(dup["abstain"].items())]
@@ -424,26 +429,52 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: RawR
                     ", ".join(sorted({a["label"] for a in abstained})), len(possible), len(outliers))
     return {"abstained": abstained, "possible_copies": possible, "possible_outliers": outliers,
             "separation": dup["separation"], "max_class_drop_share": dup["max_class_drop_share"],
-            # possible copies are listed for the components walked now; the others kept the earlier curation's
+            # possible copies are listed for the components walked now and the new members of those extended
             "components": dup["components"]}
+
+
+class _Grown(NamedTuple):
+    """A component that only gained images new to the record: those (ascending eligible positions) and the drop
+    rows of its last walk."""
+
+    new: np.ndarray
+    drops: list[dict[str, Any]]
 
 
 def _dedupe(keys: list[str], *, groups: Groups, assignments: Mapping[str, Assignment],
             pixels: PixelKeys, by_sha: RawRows, scores: CopyScores, threshold: float,
-            abstain: Collection[str] = ()
-            ) -> tuple[list[dict[str, Any]], list[tuple[str, str, float]]]:
-    """(drop rows, possible copies) of the components ``keys``, each walked first assigned first (every member
-    not dropped is kept)."""
+            abstain: Collection[str] = (), grown: Mapping[str, _Grown] | None = None,
+            raw_at: np.ndarray | None = None,
+            ) -> tuple[list[dict[str, Any]], list[tuple[str, str, float]], set[str]]:
+    """(drop rows, possible copies, the components extended) of the components ``keys``, each walked first assigned
+    first (every member not dropped is kept), and of those ``grown``, each extended with its new members (walked
+    whole when a new member clashes with an earlier one)."""
+    grown = grown or {}
+    eligible = groups.eligible
+    # the stored pairs of the members walked and of the new members of those extended, in one scan
+    scores.want([*(s for key in keys for s in groups[key]), *(eligible[p] for g in grown.values() for p in g.new.tolist())])
     dropped: list[dict[str, Any]] = []
     possible: list[tuple[str, str, float]] = []
-    scores.want(s for key in keys for s in groups[key])  # the walked members' stored pairs, in one scan
-    for key in keys:
+    first_version = lambda s: assignments[s].first_raw_version  # noqa: E731
+    extended: set[str] = set()
+    for key, g in grown.items():
+        before = GrownComponent(key, groups, g.new, raw_at, pixels, by_sha.label, first_version,
+                                [d["sha256"] for d in g.drops])
+        removed = extend_component([eligible[p] for p in g.new.tolist()], before, scores, threshold, abstain, possible)
+        scores.forget_partners()
+        if removed is not None:
+            extended.add(key)
+            dropped += g.drops + [drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed]
+    clashed = set(grown) - extended
+    scores.want(s for key in clashed for s in groups[key])  # a clash's component is walked whole: its members' pairs
+    whole = sorted({*keys, *clashed})
+    for key in whole:
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
         _, removed = dedupe_component(order, pixels, {s: by_sha.label(s) for s in order}, scores, threshold,
-                                         abstain, possible)
+                                      abstain, possible)
         scores.forget_partners()  # a component's members are no other's
         dropped.extend(drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed)
-    return dropped, possible
+    return dropped, possible, extended
 
 
 def _link_copies(cfg: Any, eligible: list[str], candidates: np.ndarray, scores: CopyScores, sets: UnionFind) -> int:

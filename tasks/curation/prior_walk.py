@@ -89,24 +89,60 @@ def prior_walk(settings: Settings, record: dict[str, Assignment], record_version
     return PriorWalk(version, frozenset(json.loads(meta["near_duplicate_abstained"])), drops)
 
 
+@dataclass(frozen=True)
+class Touched:
+    """The components a batch touched: ``whole`` are walked again from their first member; ``grown`` only gained
+    images new to the record (key -> those members, ascending positions into the eligible images), which come last
+    in the walk's order, so the previous walk is extended with them (``dedupe.extend_component``)."""
+
+    whole: set[str]
+    grown: dict[str, np.ndarray]
+
+
 def touched_components(groups: Groups, record: Record, raw_at: np.ndarray, renamed: dict[str, str],
-                       nearest: NearestMap) -> set[str]:
-    """Keys of the components that gained, lost or merged members since the previous curation (``raw_at``: the
-    eligible images' raw positions). A member not recorded, newly eligible, or recorded in another component touches
-    its component: found by code for every member at once (a lookup of every member's string and assignment was
-    about 5 us an image)."""
+                       nearest: NearestMap, raw_version: int | None = None) -> Touched:
+    """The components that gained, lost or merged members since the previous curation (``raw_at``: the eligible
+    images' raw positions), found by code for every member at once (a lookup of every member's string and assignment
+    was about 5 us an image).
+
+    A member recorded in another component (a merge), a recorded member newly eligible, a member gone or a renamed key
+    touch the component ``whole``. A component whose only change is members not recorded before has ``grown`` when
+    it has a recorded member and every recorded image was first assigned before ``raw_version`` (the new members,
+    assigned now, come last in the walk's order); without ``raw_version`` every touched component is walked whole.
+    """
     keys = groups.ordered.members
     of_member = np.repeat(np.arange(len(keys)), np.diff(groups.starts))
     at = raw_at[groups.members]
     member = record.component_codes(at)
-    hit = (member < 0) | (member != record.key_codes(keys)[of_member])
+    new = member < 0
+    moved = ~new & (member != record.key_codes(keys)[of_member])  # recorded in another component
     added = [i for i in (record.rows.at.get(s) for s in nearest.added or ()) if i is not None]
     if added:
-        hit |= np.isin(at, added)
-    touched = {keys[k] for k in np.unique(of_member[hit]).tolist()}
-    touched |= set(renamed.values())
+        moved |= ~new & np.isin(at, added)  # recorded, and eligible again
+    whole = {keys[k] for k in np.unique(of_member[moved]).tolist()} | set(renamed.values())
     for sha in nearest.gone or ():
         if sha in record:
             component = record[sha].component
-            touched.add(renamed.get(component, component))
-    return touched
+            whole.add(renamed.get(component, component))
+    gained = np.unique(of_member[new])
+    recorded = np.bincount(of_member[~new], minlength=len(keys))
+    extendable = _before(record, raw_version)
+    grown: dict[str, np.ndarray] = {}
+    for k in gained.tolist():
+        key = keys[k]
+        if key in whole:
+            continue
+        if not recorded[k] or not extendable:  # a component of new images only: walked
+            whole.add(key)
+            continue
+        lo, hi = int(groups.starts[k]), int(groups.starts[k + 1])
+        grown[key] = groups.members[lo:hi][new[lo:hi]]
+    return Touched(whole, grown)
+
+
+def _before(record: Record, raw_version: int | None) -> bool:
+    """Whether every recorded image of the raw version was first assigned before ``raw_version``."""
+    if raw_version is None:
+        return False
+    first = np.frombuffer(record.first, dtype=np.int64)[np.frombuffer(record.split, dtype=np.int8) != 0]
+    return not len(first) or int(first.max()) < raw_version

@@ -58,6 +58,7 @@ def test_a_batch_reuses_untouched_components_and_decides_as_a_full_walk(settings
     walked, everything = _decisions(part), _decisions(full)
     assert everything["components"]["reused"] == 0
     assert walked["components"]["reused"] > 0 and walked["components"]["reused_from_curated_version"] is not None
+    assert walked["components"]["extended"] == 1 and walked["components"]["walked"] == 0  # the noisy digits grew
     assert [a["label"] for a in before["abstained"]] == ["2"]
     assert [a["label"] for a in walked["abstained"]] == [a["label"] for a in everything["abstained"]] == ["2"]
     reasons = {s: d["reason"] for s, d in outcome(settings, part).items() if not d["kept"]}
@@ -90,12 +91,16 @@ def test_touched_components_are_those_that_gained_lost_or_merged_members() -> No
         builder.add(key, [eligible.index_of(s) for s in shas])
     groups = builder.build()
     touched = touched_components(groups, record, rows.positions_of(eligible), {"f": "e"},
-                                 _nearest(added={"c1"}, gone={"a2x", "d1"}))
-    assert touched == {"b", "c", "d", "e"}  # b gained a new image, c a newly eligible one, d lost one, e merged f
+                                 _nearest(added={"c1"}, gone={"a2x", "d1"}), raw_version=1)
+    assert touched.whole == {"c", "d", "e"}  # c gained a newly eligible recorded image, d lost one, e merged f
+    assert {k: v.tolist() for k, v in touched.grown.items()} == {"b": [eligible.index_of("new")]}  # b: a new image
+    at_first = touched_components(groups, record, rows.positions_of(eligible), {"f": "e"},
+                                  _nearest(added={"c1"}, gone={"a2x", "d1"}), raw_version=0)
+    assert at_first.whole == {"b", "c", "d", "e"} and not at_first.grown  # b1 was not assigned before version 0
     record.add("z", Assignment("q", "train", 0, "c1"))  # a key no eligible image is named after: not a raw row
     record.add("a2", Assignment("q", "train", 0, "c1"))  # a2 recorded in another component: a touches
     again = touched_components(groups, record, rows.positions_of(eligible), {}, _nearest(set(), set()))
-    assert again == {"a", "b", "e"}  # e: f1 is recorded in f (no merge said so here)
+    assert again.whole == {"a", "b", "e"} and not again.grown  # e: f1 is recorded in f; b: no raw version given
 
 
 def test_a_class_whose_abstention_changed_walks_all_its_components() -> None:
