@@ -140,23 +140,31 @@ def dedupe_component(order: list[str], pixels: Mapping[str, str], labels: dict[s
 
 
 class GrownComponent:
-    """One component as its last walk left it, for the walk of the members it gained (``extend_component``): its
-    membership a bisection (``Groups.holds``), the members sharing pixels with a new one found once by their pixel
-    keys' bytes (``raw_at``: the eligible images' raw positions), what was kept then everything not ``dropped``."""
+    """One component as its last walks left it, for the walk of the members it gained (``extend_component``): its
+    membership a bisection (``Groups.index_in``), the members sharing pixels with a new one found once by their pixel
+    keys' bytes (``raw_at``: the eligible images' raw positions), what was kept then everything not ``dropped``.
+    ``parts``: when recorded components were merged into it now, each member's recorded component (a code, -1 for a
+    new member, as ``groups.positions(key)`` orders them)."""
 
     def __init__(self, key: str, groups: Groups, new: np.ndarray, raw_at: np.ndarray, pixels: PixelKeys,
-                 label_of: Callable[[str], str], first_version: Callable[[str], int], dropped: Collection[str]
-                 ) -> None:
-        self.key, self.groups, self.pixels = key, groups, pixels
+                 label_of: Callable[[str], str], first_version: Callable[[str], int], dropped: Collection[str],
+                 parts: np.ndarray | None = None) -> None:
+        self.key, self.groups, self.pixels, self.parts = key, groups, pixels, parts
         self.label_of, self.first_version = label_of, first_version
         self.dropped = set(dropped)
-        members = groups.positions(key)
-        at = raw_at[members]
-        hits = np.flatnonzero(np.isin(pixels.heads(at), pixels.heads(raw_at[new])))  # a few: read whole
+        self.new = [groups.eligible[p] for p in new.tolist()]
+        self.members = groups.positions(key)
+        self.at = raw_at[self.members]
+        hits = np.flatnonzero(np.isin(pixels.heads(self.at), pixels.heads(raw_at[new])))  # a few: read whole
         self.alike: dict[bytes | str, list[str]] = {}
-        for p, i in zip(members[hits].tolist(), at[hits].tolist()):
-            sha = groups.eligible[p]
-            self.alike.setdefault(pixels.token_at(i, sha), []).append(sha)
+        for i in hits.tolist():
+            self.alike.setdefault(self._token(i), []).append(self._sha(i))
+
+    def _sha(self, i: int) -> str:
+        return self.groups.eligible[int(self.members[i])]
+
+    def _token(self, i: int) -> bytes | str:
+        return self.pixels.token_at(int(self.at[i]), self._sha(i))
 
     def kept(self, sha: str) -> bool:
         """Whether an earlier member was kept by the last walk."""
@@ -167,7 +175,49 @@ class GrownComponent:
         digest = self.pixels.token(sha)
         same = [(o, "same pixels") for o in self.alike.get(digest, ()) if o != sha]
         return same + [(o, f"copy score {v:.4f}") for o, v in scores.partners(sha).items()
-                       if v >= threshold and self.groups.holds(self.key, o) and self.pixels.token(o) != digest]
+                       if v >= threshold and self.groups.index_in(self.key, o) is not None
+                       and self.pixels.token(o) != digest]
+
+    def _checked(self) -> np.ndarray:
+        """The earlier members whose partners say whether the merged parts are apart: all but the largest part's."""
+        if self.parts is None:
+            return np.zeros(0, dtype=np.int64)
+        codes, counts = np.unique(self.parts[self.parts >= 0], return_counts=True)
+        return np.flatnonzero((self.parts >= 0) & (self.parts != codes[np.argmax(counts)]))
+
+    def to_read(self) -> list[str]:
+        """The images whose stored pairs the extension reads: the new members, and the merged parts' but the
+        largest one's."""
+        return self.new + [self._sha(i) for i in self._checked().tolist()]
+
+    def apart(self, scores: CopyScores, threshold: float) -> bool:
+        """Whether no earlier member is a known copy of an earlier member of another part (each part's last walk saw
+        only its own members): same pixels, or a scored pair at ``threshold`` or above (found from the partners of
+        every part but the largest)."""
+        if self.parts is None or self._pixels_across():
+            return self.parts is None
+        for i in self._checked().tolist():
+            for o, v in scores.partners(self._sha(i)).items():
+                j = self.groups.index_in(self.key, o) if v >= threshold else None
+                if j is not None and self.parts[j] >= 0 and self.parts[j] != self.parts[i]:
+                    return False
+        return True
+
+    def _pixels_across(self) -> bool:
+        """Whether two earlier members of different parts share their pixels (by their keys' heads, then whole)."""
+        assert self.parts is not None
+        old = np.flatnonzero(self.parts >= 0)
+        heads, part = self.pixels.heads(self.at[old]), self.parts[old]
+        order = np.lexsort((part, heads))
+        heads, part = heads[order], part[order]
+        start = np.flatnonzero(np.r_[True, heads[1:] != heads[:-1]])
+        mixed = np.minimum.reduceat(part, start) != np.maximum.reduceat(part, start)
+        for s, e in zip(start[mixed].tolist(), np.r_[start[1:], len(heads)][mixed].tolist()):
+            seen: dict[bytes | str, int] = {}
+            for k in order[s:e].tolist():
+                if seen.setdefault(self._token(int(old[k])), int(self.parts[old[k]])) != self.parts[old[k]]:
+                    return True
+        return False
 
 
 class _Order(Mapping[str, tuple[int, str]]):
@@ -186,18 +236,23 @@ class _Order(Mapping[str, tuple[int, str]]):
         return 0
 
 
-def extend_component(new: list[str], before: GrownComponent, scores: CopyScores, threshold: float,
+def extend_component(before: GrownComponent, scores: CopyScores, threshold: float,
                      abstain: Collection[str] = (), possible: list[tuple[str, str, float]] | None = None,
                      ) -> list[tuple[str, str, str | None, str]] | None:
-    """``dedupe_component``'s drops among ``new`` (ascending), the members a component gained after its last walk.
+    """``dedupe_component``'s drops among ``before.new`` (ascending), the members a component gained after its last
+    walk (or walks, of the components merged into it).
 
     They come last in the walk's order (first assigned now), so every earlier member decides as it did then
-    (``before``: what it kept) unless one of them is a known copy of a new member with another label: a clash
-    that quarantines both. Then None: the component must be walked whole. Otherwise each new member is walked
-    as ``dedupe_component`` walks it, against the members kept before it, reading only its own partners and
-    the members sharing its pixels (never the component's size in strings or pairs). ``possible`` gets the new
+    (``before``: what it kept) unless one of them is a known copy of a new member with another label (a clash
+    that quarantines both) or, after a merge, of an earlier member of another part. Then None: the component must be
+    walked whole. Otherwise each new member is walked as ``dedupe_component`` walks it, against the members kept
+    before it, reading only its own partners and the members sharing its pixels (never the component's size in
+    strings or pairs; a merge's parts but the largest are read for their partners). ``possible`` gets the new
     members' possible copies only (the earlier members' were listed by the walk that decided them).
     """
+    if not before.apart(scores, threshold):
+        return None
+    new = before.new
     order = _Order(before.first_version)
     kept: set[str] = set()
     removed: list[tuple[str, str, str | None, str]] = []

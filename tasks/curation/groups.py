@@ -29,23 +29,24 @@ class Groups(Mapping[str, list[str]]):
         self.ordered = SortedRank(keys)  # ascending, distinct: key -> its place
         self.starts = starts  # len(keys) + 1: the members of keys[k] are members[starts[k]:starts[k + 1]]
         self.members = members  # positions into ``eligible``
-        self._rank: SortedRank | None = None  # eligible image -> its position, made when ``holds`` is first asked
+        self._rank: SortedRank | None = None  # eligible image -> its position, made when ``index_in`` is first asked
 
     def positions(self, key: str) -> np.ndarray:
         """The members of ``key`` as ascending positions into ``eligible`` (no string made)."""
         k = self.ordered[key]
         return self.members[self.starts[k]:self.starts[k + 1]]
 
-    def holds(self, key: str, sha: str) -> bool:
-        """Whether ``sha`` is a member of ``key``'s component: a bisection of the eligible images, then of its members."""
+    def index_in(self, key: str, sha: str) -> int | None:
+        """``sha``'s index among ``positions(key)``, None when it is not a member: a bisection of the eligible images,
+        then of the component's members."""
         if self._rank is None:
             self._rank = SortedRank(self.eligible)
         p = self._rank.get(sha)
         if p is None:
-            return False
+            return None
         members = self.positions(key)
         i = int(np.searchsorted(members, p))
-        return i < len(members) and int(members[i]) == p
+        return i if i < len(members) and int(members[i]) == p else None
 
     def _members(self, k: int) -> list[str]:
         eligible = self.eligible

@@ -55,7 +55,7 @@ from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
 from tasks.curation.outliers import constant_images, screen
 from tasks.curation.pair_store import StoredScores
 from tasks.curation.pixel_keys import PixelKeys
-from tasks.curation.prior_walk import PriorWalk, Touched, prior_walk, touched_components
+from tasks.curation.prior_walk import Grown, PriorWalk, Touched, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.separation import separation_by_class
 from tasks.curation.sha_list import Keys, SortedSubset
@@ -375,7 +375,7 @@ def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assig
         prior, touched = reuse
         keys = prior.to_walk(groups, touched.whole, abstain, by_sha.label)
         whole = set(keys)
-        grown = {k: _Grown(new, prior.outcome(k)) for k, new in touched.grown.items() if k not in whole}
+        grown = {k: _Extension(g, prior.outcome(k, g.merged)) for k, g in touched.grown.items() if k not in whole}
     removed, possible, extended = walk(keys, grown=grown, raw_at=raw_at)
     walked_now = (set(keys) | set(grown)) - extended
     if prior is not None:
@@ -433,42 +433,40 @@ def _decisions(dup: dict[str, Any], kept_bad: list[dict[str, Any]], by_sha: RawR
             "components": dup["components"]}
 
 
-class _Grown(NamedTuple):
-    """A component that only gained images new to the record: those (ascending eligible positions) and the drop
-    rows of its last walk."""
+class _Extension(NamedTuple):
+    """A component that only grew (``prior_walk.Grown``) and the drop rows of its last walks, named after it."""
 
-    new: np.ndarray
+    grown: Grown
     drops: list[dict[str, Any]]
 
 
 def _dedupe(keys: list[str], *, groups: Groups, assignments: Mapping[str, Assignment],
             pixels: PixelKeys, by_sha: RawRows, scores: CopyScores, threshold: float,
-            abstain: Collection[str] = (), grown: Mapping[str, _Grown] | None = None,
+            abstain: Collection[str] = (), grown: Mapping[str, _Extension] | None = None,
             raw_at: np.ndarray | None = None,
             ) -> tuple[list[dict[str, Any]], list[tuple[str, str, float]], set[str]]:
     """(drop rows, possible copies, the components extended) of the components ``keys``, each walked first assigned
     first (every member not dropped is kept), and of those ``grown``, each extended with its new members (walked
-    whole when a new member clashes with an earlier one)."""
-    grown = grown or {}
-    eligible = groups.eligible
-    # the stored pairs of the members walked and of the new members of those extended, in one scan
-    scores.want([*(s for key in keys for s in groups[key]), *(eligible[p] for g in grown.values() for p in g.new.tolist())])
+    whole when the extension declines: a clash, or a merge whose parts share a copy)."""
+    first_version = lambda s: assignments[s].first_raw_version  # noqa: E731
+    before = {key: GrownComponent(key, groups, g.grown.new, raw_at, pixels, by_sha.label, first_version,
+                                  [d["sha256"] for d in g.drops], g.grown.parts) for key, g in (grown or {}).items()}
+    # the stored pairs of the members walked and of what the extensions read, in one scan
+    scores.want([*(s for key in keys for s in groups[key]), *(s for b in before.values() for s in b.to_read())])
     dropped: list[dict[str, Any]] = []
     possible: list[tuple[str, str, float]] = []
-    first_version = lambda s: assignments[s].first_raw_version  # noqa: E731
     extended: set[str] = set()
-    for key, g in grown.items():
-        before = GrownComponent(key, groups, g.new, raw_at, pixels, by_sha.label, first_version,
-                                [d["sha256"] for d in g.drops])
-        removed = extend_component([eligible[p] for p in g.new.tolist()], before, scores, threshold, abstain, possible)
+    for key, b in before.items():
+        removed = extend_component(b, scores, threshold, abstain, possible)
         scores.forget_partners()
         if removed is not None:
             extended.add(key)
-            dropped += g.drops + [drop_row(by_sha[s], reason, key, rep, detail) for s, reason, rep, detail in removed]
-    clashed = set(grown) - extended
-    scores.want(s for key in clashed for s in groups[key])  # a clash's component is walked whole: its members' pairs
-    whole = sorted({*keys, *clashed})
-    for key in whole:
+            dropped += grown[key].drops + [drop_row(by_sha[s], reason, key, rep, detail)  # type: ignore[index]
+                                           for s, reason, rep, detail in removed]
+    del before
+    declined = set(grown or ()) - extended
+    scores.want(s for key in declined for s in groups[key])  # a declined component is walked whole: its pairs
+    for key in sorted({*keys, *declined}):
         order = sorted(groups[key], key=lambda s: (assignments[s].first_raw_version, s))
         _, removed = dedupe_component(order, pixels, {s: by_sha.label(s) for s in order}, scores, threshold,
                                       abstain, possible)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from tasks.curation.assignments import Assignment, Record
 from tasks.curation.groups import Groups
 from tasks.curation.nearest import NearestMap
 from tasks.curation.report import DROP_FIELDS, stored_report_rows
+from tasks.curation.sha_list import SortedShas
 from tasks.data import lake
 from tasks.settings import Settings
 
@@ -57,9 +58,11 @@ class PriorWalk:
             touched = touched | {k for k, members in groups.items() if any(label_of(s) in changed for s in members)}
         return sorted(touched)
 
-    def outcome(self, key: str) -> list[dict[str, Any]]:
-        """The drop rows of an untouched component, as the previous curation decided (its other members are kept)."""
-        return [dict(r) for r in self.drops.get(key, ())]
+    def outcome(self, key: str, merged: Collection[str] = ()) -> list[dict[str, Any]]:
+        """The drop rows of an untouched component, as the previous curation decided (its other members are kept);
+        with ``merged``, those of the components merged into it too, named after it."""
+        return [dict(r) for r in self.drops.get(key, ())] + \
+            [{**r, "component": key} for other in merged for r in self.drops.get(other, ())]
 
 
 def prior_walk(settings: Settings, record: dict[str, Assignment], record_version: int | None,
@@ -89,14 +92,24 @@ def prior_walk(settings: Settings, record: dict[str, Assignment], record_version
     return PriorWalk(version, frozenset(json.loads(meta["near_duplicate_abstained"])), drops)
 
 
+class Grown(NamedTuple):
+    """A component that only grew since its last walk: its members new to the record (ascending positions into the
+    eligible images), the recorded components merged into it now, and, when there are any, each member's recorded
+    component as a code (``Record.component_codes``: -1 for a new member; the merge's parts)."""
+
+    new: np.ndarray
+    merged: tuple[str, ...] = ()
+    parts: np.ndarray | None = None
+
+
 @dataclass(frozen=True)
 class Touched:
     """The components a batch touched: ``whole`` are walked again from their first member; ``grown`` only gained
-    images new to the record (key -> those members, ascending positions into the eligible images), which come last
-    in the walk's order, so the previous walk is extended with them (``dedupe.extend_component``)."""
+    images new to the record or merged recorded components, whose earlier members come first in the walk's order,
+    so the previous walks are extended (``dedupe.extend_component``)."""
 
     whole: set[str]
-    grown: dict[str, np.ndarray]
+    grown: dict[str, Grown]
 
 
 def touched_components(groups: Groups, record: Record, raw_at: np.ndarray, renamed: dict[str, str],
@@ -105,39 +118,60 @@ def touched_components(groups: Groups, record: Record, raw_at: np.ndarray, renam
     images' raw positions), found by code for every member at once (a lookup of every member's string and assignment
     was about 5 us an image).
 
-    A member recorded in another component (a merge), a recorded member newly eligible, a member gone or a renamed key
-    touch the component ``whole``. A component whose only change is members not recorded before has ``grown`` when
-    it has a recorded member and every recorded image was first assigned before ``raw_version`` (the new members,
-    assigned now, come last in the walk's order); without ``raw_version`` every touched component is walked whole.
+    A member recorded in a component not merged into its own, a recorded member newly eligible or a member gone touch
+    the component ``whole``. A component whose only changes are members not recorded before and recorded components
+    merged into it (``renamed``: merged key -> key) has ``grown`` when it has a recorded member and every recorded
+    image was first assigned before ``raw_version`` (the new members, assigned now, come last in the walk's order);
+    without ``raw_version`` every touched component is walked whole.
     """
     keys = groups.ordered.members
     of_member = np.repeat(np.arange(len(keys)), np.diff(groups.starts))
     at = raw_at[groups.members]
     member = record.component_codes(at)
     new = member < 0
-    moved = ~new & (member != record.key_codes(keys)[of_member])  # recorded in another component
+    key_code = record.key_codes(keys)[of_member]
+    elsewhere = ~new & (member != key_code)  # recorded in another component: merged into this one, or moved
+    moved = elsewhere & ~_merged_into(record, renamed, member, key_code)
     added = [i for i in (record.rows.at.get(s) for s in nearest.added or ()) if i is not None]
     if added:
         moved |= ~new & np.isin(at, added)  # recorded, and eligible again
-    whole = {keys[k] for k in np.unique(of_member[moved]).tolist()} | set(renamed.values())
+    whole = {keys[k] for k in np.unique(of_member[moved]).tolist()}
     for sha in nearest.gone or ():
         if sha in record:
             component = record[sha].component
             whole.add(renamed.get(component, component))
-    gained = np.unique(of_member[new])
+    parts: dict[str, list[str]] = {}
+    for merged, key in renamed.items():
+        parts.setdefault(key, []).append(merged)
     recorded = np.bincount(of_member[~new], minlength=len(keys))
     extendable = _before(record, raw_version)
-    grown: dict[str, np.ndarray] = {}
-    for k in gained.tolist():
+    grown: dict[str, Grown] = {}
+    for k in np.unique(of_member[new | elsewhere]).tolist():
         key = keys[k]
         if key in whole:
             continue
-        if not recorded[k] or not extendable:  # a component of new images only: walked
+        if not recorded[k] or not extendable:  # a component of new images only, or a backfill: walked
             whole.add(key)
             continue
         lo, hi = int(groups.starts[k]), int(groups.starts[k + 1])
-        grown[key] = groups.members[lo:hi][new[lo:hi]]
+        merged = tuple(sorted(parts.get(key, ())))
+        grown[key] = Grown(groups.members[lo:hi][new[lo:hi]], merged, member[lo:hi].copy() if merged else None)
+    whole |= {key for key in parts if key not in grown}
     return Touched(whole, grown)
+
+
+def _merged_into(record: Record, renamed: dict[str, str], member: np.ndarray, key_code: np.ndarray) -> np.ndarray:
+    """Which members are recorded in a component merged now into the one they are in (``member``: each one's recorded
+    component code, ``key_code``: its component's key's)."""
+    if not renamed:
+        return np.zeros(len(member), dtype=bool)
+    merged = sorted(renamed)
+    into = record.key_codes(SortedShas.of(merged))  # as ``member`` codes them
+    final = dict(zip(sorted(set(renamed.values())), record.key_codes(SortedShas.of(sorted(set(renamed.values())))).tolist()))
+    order = np.argsort(into)
+    into, target = into[order], np.array([final[renamed[merged[i]]] for i in order.tolist()], dtype=np.int64)
+    i = np.minimum(np.searchsorted(into, member), len(into) - 1)
+    return (into[i] == member) & (target[i] == key_code)
 
 
 def _before(record: Record, raw_version: int | None) -> bool:

@@ -44,8 +44,10 @@ def _case(seed: int) -> dict:
              for a in every for b in every if a < b and rng.random() < 0.35}
     first = {s: (NOW if s in new else rng.randint(0, NOW - 1)) for s in every}
     abstain = {"2"} if rng.random() < 0.3 else set()
+    merged = rng.random() < 0.4  # the recorded members in two components merged now, else one
+    part = {s: (-1 if s in new else (rng.randrange(2) if merged else 0)) for s in names}
     return {"names": names, "new": new, "others": others, "every": every, "label": label, "pixels": pixels,
-            "pairs": pairs, "first": first, "abstain": abstain}
+            "pairs": pairs, "first": first, "abstain": abstain, "part": part, "merged": merged}
 
 
 def _walk(order: list[str], case: dict) -> tuple[set[tuple], set[tuple]]:
@@ -65,32 +67,46 @@ def _extended(case: dict, dropped_before: set[str]) -> tuple[set[tuple] | None, 
     pixels = PixelKeys.of(at, [case["pixels"][s] for s in every])
     raw_at = np.arange(len(every))
     new = np.array(sorted(at[s] for s in case["new"]), dtype=np.int64)
+    parts = np.array([case["part"][every[p]] for p in groups.positions(case["names"][0]).tolist()]) \
+        if case["merged"] else None
     before = GrownComponent(case["names"][0], groups, new, raw_at, pixels, case["label"].__getitem__,
-                            case["first"].__getitem__, dropped_before)
+                            case["first"].__getitem__, dropped_before, parts)
     possible: list[tuple[str, str, float]] = []
-    removed = extend_component(case["new"], before, CopyScores(lambda sha: b"", stored=case["pairs"]), THRESHOLD,
+    removed = extend_component(before, CopyScores(lambda sha: b"", stored=case["pairs"]), THRESHOLD,
                                case["abstain"], possible)
     return (None if removed is None else set(removed)), set(possible)
 
 
+def _parts_copied(case: dict) -> bool:
+    """Whether two recorded members of different parts are copies (same pixels, or a score at the threshold)."""
+    old = [s for s in case["names"] if case["part"][s] >= 0]
+    return any(case["part"][a] != case["part"][b] and
+               (case["pixels"][a] == case["pixels"][b] or case["pairs"].get(CopyScores.key(a, b), 0.0) >= THRESHOLD)
+               for a in old for b in old if a < b)
+
+
 def test_an_extended_walk_decides_as_the_whole_walk() -> None:
-    declined = extended = dropped_new = 0
-    for seed in range(400):
+    declined = extended = merged = dropped_new = 0
+    for seed in range(600):
         case = _case(seed)
         order = sorted(case["names"], key=lambda s: (case["first"][s], s))
-        recorded = [s for s in order if s not in case["new"]]
-        before, _ = _walk(recorded, case)
+        before: set[tuple] = set()
+        for part in (0, 1):  # each recorded component's own last walk
+            before |= _walk([s for s in order if case["part"][s] == part], case)[0]
         whole, whole_possible = _walk(order, case)
         removed, possible = _extended(case, {r[0] for r in before})
-        if removed is None:  # a new member clashes: the whole walk quarantines it (and the member of another label)
+        clash = bool({r[0] for r in whole if r[1] == "label_conflict"} & set(case["new"]))
+        if removed is None:
             declined += 1
-            assert {r[0] for r in whole if r[1] == "label_conflict"} & set(case["new"]), seed
+            assert clash or _parts_copied(case), seed
             continue
+        assert not clash and not _parts_copied(case), seed
         extended += 1
+        merged += case["merged"] and len(set(case["part"].values()) - {-1}) == 2
         assert whole == before | removed, seed
         assert possible == {p for p in whole_possible if p[0] in case["new"]}, seed
         dropped_new += len(removed)
-    assert extended > 200 and declined > 20 and dropped_new > 50  # the cases reach every branch
+    assert extended > 250 and merged > 30 and declined > 50 and dropped_new > 50  # the cases reach every branch
 
 
 def test_a_partner_in_another_component_is_no_copy() -> None:

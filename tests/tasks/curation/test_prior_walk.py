@@ -92,15 +92,19 @@ def test_touched_components_are_those_that_gained_lost_or_merged_members() -> No
     groups = builder.build()
     touched = touched_components(groups, record, rows.positions_of(eligible), {"f": "e"},
                                  _nearest(added={"c1"}, gone={"a2x", "d1"}), raw_version=1)
-    assert touched.whole == {"c", "d", "e"}  # c gained a newly eligible recorded image, d lost one, e merged f
-    assert {k: v.tolist() for k, v in touched.grown.items()} == {"b": [eligible.index_of("new")]}  # b: a new image
+    assert touched.whole == {"c", "d"}  # c gained a newly eligible recorded image, d lost one
+    grown = {k: (g.new.tolist(), g.merged) for k, g in touched.grown.items()}
+    assert grown == {"b": ([eligible.index_of("new")], ()), "e": ([], ("f",))}  # b: a new image; e merged f
+    parts = touched.grown["e"].parts
+    assert parts is not None and len(set(parts.tolist())) == 2  # e1 and f1: each in its recorded component
     at_first = touched_components(groups, record, rows.positions_of(eligible), {"f": "e"},
                                   _nearest(added={"c1"}, gone={"a2x", "d1"}), raw_version=0)
     assert at_first.whole == {"b", "c", "d", "e"} and not at_first.grown  # b1 was not assigned before version 0
     record.add("z", Assignment("q", "train", 0, "c1"))  # a key no eligible image is named after: not a raw row
     record.add("a2", Assignment("q", "train", 0, "c1"))  # a2 recorded in another component: a touches
-    again = touched_components(groups, record, rows.positions_of(eligible), {}, _nearest(set(), set()))
-    assert again.whole == {"a", "b", "e"} and not again.grown  # e: f1 is recorded in f; b: no raw version given
+    again = touched_components(groups, record, rows.positions_of(eligible), {}, _nearest(set(), set()), raw_version=1)
+    assert again.whole == {"a", "e"}  # a2 moved to q, f1 is recorded in f: neither merged now
+    assert set(again.grown) == {"b"}
 
 
 def test_a_class_whose_abstention_changed_walks_all_its_components() -> None:
@@ -111,3 +115,5 @@ def test_a_class_whose_abstention_changed_walks_all_its_components() -> None:
     assert prior.to_walk(groups, {"c"}, set(), label) == ["b", "c"]  # class 2 no longer abstains
     assert prior.to_walk(groups, set(), {"1", "2"}, label) == ["a"]  # class 1 starts abstaining
     assert prior.outcome("a") == [{"sha256": "a2", "reason": "near_duplicate"}]
+    merged = PriorWalk(3, frozenset(), {"a": [{"sha256": "a2", "component": "a"}], "f": [{"sha256": "f2", "component": "f"}]})
+    assert merged.outcome("a", ("f",)) == [{"sha256": "a2", "component": "a"}, {"sha256": "f2", "component": "a"}]
