@@ -36,6 +36,12 @@ class Groups(Mapping[str, list[str]]):
         k = self.ordered[key]
         return self.members[self.starts[k]:self.starts[k + 1]]
 
+    def keys_where(self, hit: np.ndarray) -> set[str]:
+        """The keys of the components with a member where ``hit`` (a bool a member, as ``members`` orders them)."""
+        of_member = np.repeat(np.arange(len(self.ordered)), np.diff(self.starts))
+        keys = self.ordered.members
+        return {keys[k] for k in np.unique(of_member[hit]).tolist()}
+
     def index_in(self, key: str, sha: str) -> int | None:
         """``sha``'s index among ``positions(key)``, None when it is not a member: a bisection of the eligible images,
         then of the component's members."""

@@ -370,10 +370,15 @@ def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assig
     abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
     walk = functools.partial(_dedupe, groups=groups, assignments=assignments, pixels=pixels, by_sha=by_sha,
                              scores=graph.scores, threshold=cfg.copy_similarity, abstain=abstain)
+    member_class = by_sha.codes[raw_at[groups.members]]  # each member's class code: no string a member
+
+    def of_classes(classes: set[str]) -> set[str]:
+        return groups.keys_where(np.isin(member_class, [i for i, n in enumerate(by_sha.names) if n in classes]))
+
     prior, keys, grown = None, sorted(groups), {}
     if reuse is not None:
         prior, touched = reuse
-        keys = prior.to_walk(groups, touched.whole, abstain, by_sha.label)
+        keys = prior.to_walk(touched.whole, abstain, of_classes)
         whole = set(keys)
         grown = {k: _Extension(g, prior.outcome(k, g.merged)) for k, g in touched.grown.items() if k not in whole}
     removed, possible, extended = walk(keys, grown=grown, raw_at=raw_at)
@@ -389,7 +394,7 @@ def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assig
             break
         abstain.update(over)
         # Only components with a member of a newly abstaining class can decide otherwise: they are walked again.
-        again = {k for k, members in groups.items() if any(by_sha.label(s) in over for s in members)}
+        again = of_classes(set(over))
         rewalked = {s for k in again for s in groups[k]}
         removed_again, possible_again, _ = walk(sorted(again))
         walked_now |= again

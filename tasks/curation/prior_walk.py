@@ -25,7 +25,7 @@ Otherwise every component is walked, as in a first curation.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -50,13 +50,12 @@ class PriorWalk:
     abstain: frozenset[str]
     drops: dict[str, list[dict[str, Any]]]
 
-    def to_walk(self, groups: Mapping[str, list[str]], touched: set[str], abstain: Collection[str],
-                label_of: Callable[[str], str]) -> list[str]:
-        """The component keys to walk: those touched, and those with a class whose abstention changed."""
+    def to_walk(self, touched: set[str], abstain: Collection[str], of_classes: Callable[[set[str]], set[str]]
+                ) -> list[str]:
+        """The component keys to walk: those touched, and those with a member of a class whose abstention changed
+        (``of_classes``: the keys of the components with a member of those classes)."""
         changed = set(abstain) ^ self.abstain
-        if changed:
-            touched = touched | {k for k, members in groups.items() if any(label_of(s) in changed for s in members)}
-        return sorted(touched)
+        return sorted(touched | of_classes(changed)) if changed else sorted(touched)
 
     def outcome(self, key: str, merged: Collection[str] = ()) -> list[dict[str, Any]]:
         """The drop rows of an untouched component, as the previous curation decided (its other members are kept);

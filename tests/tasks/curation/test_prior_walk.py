@@ -109,11 +109,21 @@ def test_touched_components_are_those_that_gained_lost_or_merged_members() -> No
 
 def test_a_class_whose_abstention_changed_walks_all_its_components() -> None:
     prior = PriorWalk(3, frozenset({"2"}), {"a": [{"sha256": "a2", "reason": "near_duplicate"}]})
-    groups = {"a": ["a1", "a2"], "b": ["b1"], "c": ["c1", "c2"]}
-    label = {"a1": "1", "a2": "1", "b1": "2", "c1": "3", "c2": "3"}.__getitem__
-    assert prior.to_walk(groups, {"c"}, {"2"}, label) == ["c"]
-    assert prior.to_walk(groups, {"c"}, set(), label) == ["b", "c"]  # class 2 no longer abstains
-    assert prior.to_walk(groups, set(), {"1", "2"}, label) == ["a"]  # class 1 starts abstaining
+    members = {"a": ["a1", "a2"], "b": ["b1"], "c": ["c1", "c2"]}
+    label = {"a1": "1", "a2": "1", "b1": "2", "c1": "3", "c2": "3"}
+    eligible = SortedShas.of(sorted(label))
+    builder = GroupsBuilder(eligible)
+    for key, shas in members.items():
+        builder.add(key, [eligible.index_of(s) for s in shas])
+    groups = builder.build()
+    classes = np.array([label[eligible[p]] for p in groups.members.tolist()])
+
+    def of_classes(wanted: set[str]) -> set[str]:
+        return groups.keys_where(np.isin(classes, sorted(wanted)))
+
+    assert prior.to_walk({"c"}, {"2"}, of_classes) == ["c"]
+    assert prior.to_walk({"c"}, set(), of_classes) == ["b", "c"]  # class 2 no longer abstains
+    assert prior.to_walk(set(), {"1", "2"}, of_classes) == ["a"]  # class 1 starts abstaining
     assert prior.outcome("a") == [{"sha256": "a2", "reason": "near_duplicate"}]
     merged = PriorWalk(3, frozenset(), {"a": [{"sha256": "a2", "component": "a"}], "f": [{"sha256": "f2", "component": "f"}]})
     assert merged.outcome("a", ("f",)) == [{"sha256": "a2", "component": "a"}, {"sha256": "f2", "component": "a"}]
