@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.curation.curation_features import FACTS_SCHEMA, Features, facts_in_order, stored_positions
+from tasks.curation.curation_features import FACTS_SCHEMA, Features, RowOf, facts_in_order, stored_positions
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
 from tasks.curation.outliers import CONSTANT_STD, Measured, constant_images, is_constant, outlier_reason, screen
 from tasks.curation.sha_list import Keys
@@ -81,3 +81,14 @@ def test_the_screen_on_columns_flags_what_the_rules_flag_image_by_image():
     assert {d["sha256"] for d in dropped} == set(expected) | {s for s, f in rows.items() if f.error}
     assert {"too_small", "flat", "blurry"} <= {r for r, _ in expected.values()}
     assert list(eligible) == [s for s in raw if s not in expected and rows[s].error is None]
+
+
+def test_rows_of_computed_vectors_are_found_by_raw_position():
+    rows = RawRows.of(RawFacts(s, "1", 8, 8) for s in ["a", "b", "c", "d", "e"])
+    row_of = RowOf.of(rows, rows.positions(["d", "b"]))  # matrix row 0 is d's, row 1 b's
+    assert (row_of["d"], row_of["b"]) == (0, 1) and dict(row_of) == {"b": 1, "d": 0} and len(row_of) == 2
+    assert "c" not in row_of and "zz" not in row_of
+    with pytest.raises(KeyError):
+        row_of["c"]  # a raw row with no computed vector
+    with pytest.raises(KeyError):
+        RowOf.of(rows, np.array([0, -1]))  # an embedded image that is no raw row
