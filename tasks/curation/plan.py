@@ -384,8 +384,8 @@ def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assig
     removed, possible, extended = walk(keys, grown=grown, raw_at=raw_at)
     walked_now = (set(keys) | set(grown)) - extended
     if prior is not None:
-        for key in groups:
-            if key not in walked_now and key not in extended:  # as the previous curation decided; the rest kept
+        for key in sorted(prior.drops):  # the components with drops then (not every key, a string each)
+            if key in groups and key not in walked_now and key not in extended:  # as decided then; the rest kept
                 removed.extend(prior.outcome(key))
     while True:
         over = {k: v for k, v in over_budget(by_sha, dropped + removed, cfg.max_class_drop_share, constant).items()
