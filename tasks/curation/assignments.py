@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from array import array
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -20,7 +20,7 @@ import pyarrow as pa
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.dedupe import RecordedMembers, recorded_original
 from tasks.curation.groups import Groups, GroupsBuilder
-from tasks.curation.sha_list import SortedShas, SortedSubset
+from tasks.curation.sha_list import SortedShas, SortedSubset, keys
 from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, RawRows, drop_row
 from tasks.data import lake
 from tasks.settings import Settings
@@ -134,6 +134,19 @@ class Record(Mapping[str, Assignment]):
             k = self._outside.get(keys[i])
             at[i] = -2 if k is None else n + k
         return at
+
+    def key_bytes(self, codes: np.ndarray) -> np.ndarray:
+        """The component keys ``component_codes`` codes name, as bytes (``sha_list.keys``): the raw rows' own bytes,
+        a string made only for a key that is not one of them."""
+        n = len(self.split)
+        inside = codes < n
+        if bool(inside.all()):
+            return self.rows.shas.array[codes]
+        outside = keys([self.outside[c - n] for c in codes[~inside].tolist()])
+        width = max(outside.dtype.itemsize, self.rows.shas.array.dtype.itemsize)
+        out = np.empty(len(codes), dtype=f"S{width}")
+        out[inside], out[~inside] = self.rows.shas.array[codes[inside]], outside
+        return out
 
     def name_of_code(self, code: int) -> str:
         """The component key a ``component_codes`` code names."""
@@ -377,12 +390,13 @@ class RecordAfter(Mapping[str, Assignment]):
 
 
 def assign(
-    components: Iterable[list[int]], eligible: Sequence[str], record: Record, raw_at: np.ndarray,
+    roots: np.ndarray, eligible: Sequence[str], record: Record, raw_at: np.ndarray,
     pixels: Mapping[str, str], by_sha: RawRows, scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
 ) -> tuple[RecordAfter, Groups, dict[str, str], int, list[Bridge]]:
-    """Keys and splits for this curation's components (the rules in the module doc); ``components``: each one's
-    members as ascending positions into ``eligible`` (``raw_at``: their raw positions, where the record is read by
-    code: a string is made for a component's key and its new members, not for every recorded member).
+    """Keys and splits for this curation's components (the rules in the module doc); ``roots``: each eligible image's
+    component, as the position of its first member (``raw_at``: their raw positions, where the record is read by
+    code). A component that is one recorded component as it was keeps its key, all such at once (``as_recorded``);
+    the others are assigned one at a time, a string made for a component's key and its new members only.
 
     Returns (the whole record after it, final component key -> eligible members, merged key -> key,
     images assigned now, new images that would bridge splits: named by ``bridge_rows``).
@@ -391,10 +405,16 @@ def assign(
     changes: dict[str, Assignment] = {}  # rows added or renamed now, laid over the record (``RecordAfter``)
     renamed: dict[str, str] = {}
     groups = GroupsBuilder(eligible)  # final component key -> eligible members
-    codes = array("q", record.component_codes(raw_at).tobytes())  # each eligible image's component code, -1: none
+    coded = record.component_codes(raw_at)  # each eligible image's component code, -1: none
+    same = as_recorded(roots, coded)
+    kept = np.flatnonzero(same)
+    key_codes, sizes = np.unique(coded[kept], return_counts=True)
+    groups.add_many(record.key_bytes(key_codes), sizes, kept[np.argsort(coded[kept], kind="stable")])
+    codes = array("q", coded.tobytes())
+    del coded, kept
     split_at = array("b", np.frombuffer(record.split, dtype=np.int8)[raw_at].tobytes())  # 1 + a code, 0: none
     new_images = 0
-    for positions in components:
+    for positions in components_of(roots, ~same):
         names = {c: record.name_of_code(c) for c in {codes[p] for p in positions if codes[p] >= 0}}
         recorded = sorted(names.values())
         split_of = {names[codes[p]]: record.splits[split_at[p] - 1] for p in positions if codes[p] >= 0}
@@ -415,6 +435,37 @@ def assign(
         for s, a in [*record.members_of(renamed), *((s, a) for s, a in changes.items() if a.component in renamed)]:
             changes[s] = a._replace(component=renamed[a.component])
     return RecordAfter(record, changes), groups.build(), renamed, new_images, bridges
+
+
+def as_recorded(roots: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Which images lie in a component (``roots``: each one's) that is one recorded component as it was: every member
+    recorded in the same component (``codes``: ``Record.component_codes``), none new. Such a component keeps its key
+    and split and changes nothing: it needs no string and no loop."""
+    if not len(roots):
+        return np.zeros(0, dtype=bool)
+    order = np.argsort(roots, kind="stable")
+    ordered = roots[order]
+    start = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    by_root = codes[order]
+    low, high = np.minimum.reduceat(by_root, start), np.maximum.reduceat(by_root, start)
+    out = np.empty(len(roots), dtype=bool)
+    out[order] = np.repeat((low == high) & (low >= 0), np.diff(np.r_[start, len(order)]))
+    return out
+
+
+def components_of(roots: np.ndarray, among: np.ndarray) -> Iterator[list[int]]:
+    """The components of the images ``among`` (a bool an image), each one's members as ascending positions, by their
+    first member. The bounds are made Python ints a block at a time (two lists of every component's were about 80 MB
+    at a million singletons)."""
+    picked = np.flatnonzero(among)
+    order = picked[np.argsort(roots[picked], kind="stable")]
+    if not len(order):
+        return
+    edges = np.concatenate([[0], np.flatnonzero(np.diff(roots[order])) + 1, [len(order)]])
+    for first in range(0, len(edges) - 1, WRITE_ROWS):
+        cut = edges[first:first + WRITE_ROWS + 1].tolist()
+        for start, end in zip(cut, cut[1:]):
+            yield order[start:end].tolist()
 
 
 def _bridge(positions: list[int], eligible: Sequence[str], codes: array, names: dict[int, str], recorded: list[str],

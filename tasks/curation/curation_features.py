@@ -472,7 +472,14 @@ class UnionFind:
         np.frombuffer(self.parent, dtype=np.int32 if self.parent.typecode == "i" else np.int64)[children] = roots
 
     def roots(self) -> np.ndarray:
-        return np.fromiter((self.find(i) for i in range(len(self.parent))), dtype=np.int64, count=len(self.parent))
+        """Each index's root (int64), by pointer jumping over the whole array at once (a ``find`` an index was a
+        second at a million images)."""
+        parent = np.frombuffer(self.parent, dtype=np.int32 if self.parent.typecode == "i" else np.int64).astype(np.int64)
+        while True:
+            up = parent[parent]
+            if np.array_equal(up, parent):
+                return parent
+            parent = up
 
 
 # ---------------------------------------------------------------- galleries

@@ -95,15 +95,24 @@ class GroupsBuilder:
         self.sizes.append(len(positions))
         self.members.extend(positions)
 
+    def add_many(self, keys: np.ndarray, sizes: np.ndarray, members: np.ndarray) -> None:
+        """``add`` for many components at once: their keys as bytes (``sha_list.keys``), their sizes, and their
+        members one component after the other."""
+        self._flush()
+        self.keys.append(keys)
+        self.sizes.extend(np.asarray(sizes, dtype=np.int64).tolist())
+        self.members.frombytes(np.ascontiguousarray(members, dtype=np.int64).tobytes())
+
     def _flush(self) -> None:
-        self.keys.append(keys(self.pending))
+        if self.pending:
+            self.keys.append(keys(self.pending))
         self.pending = []
 
     def build(self) -> Groups:
         """The groups by key: one sort of the keys, one of the members (by key, then position)."""
         self._flush()
-        width = max(k.dtype.itemsize for k in self.keys)
-        every = np.concatenate([k.astype(f"S{width}", copy=False) for k in self.keys])
+        width = max((k.dtype.itemsize for k in self.keys), default=1)
+        every = np.concatenate([np.zeros(0, dtype=f"S{width}"), *(k.astype(f"S{width}", copy=False) for k in self.keys)])
         self.keys = []
         if not len(every):
             return Groups(self.eligible, SortedShas(every), np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))

@@ -122,7 +122,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     del vectors  # read from the views' files from here on: not held
     graph = _group(settings, eligible, asked, record, pixels, raw_at, images, views)
     assignments, groups, renamed, new_images, bridges = assign(
-        graph.components(), graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
+        graph.sets.roots(), graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), by_sha, pixels,
                           raw_at, graph.scores)
     graph.scores.forget_partners()  # the summary's images' partners: the walk gathers its own
@@ -257,22 +257,6 @@ class _Graph:
     candidates: int = 0  # candidate pairs scored or found scored
     copy_edges: int = 0
     search: str = ""
-
-    def components(self) -> Iterator[list[int]]:
-        """Each component's members as ascending positions into ``eligible``, components by their first member.
-
-        The components' bounds are made Python ints a block at a time (two lists of every component's were about
-        80 MB at a million singletons, held through the whole assignment)."""
-        roots = self.sets.roots()
-        if not len(roots):
-            return
-        order = np.argsort(roots, kind="stable")
-        edges = np.concatenate([[0], np.flatnonzero(np.diff(roots[order])) + 1, [len(order)]])
-        del roots
-        for first in range(0, len(edges) - 1, ROW_BLOCK):
-            cut = edges[first:first + ROW_BLOCK + 1].tolist()
-            for start, end in zip(cut, cut[1:]):
-                yield order[start:end].tolist()
 
 
 def _group(settings: Settings, eligible: SortedSubset, asked: Keys, record: Record, pixels: PixelKeys,

@@ -38,3 +38,27 @@ def test_no_components_are_no_groups():
     groups = GroupsBuilder([]).build()
     assert dict(groups) == {} and len(groups) == 0 and list(groups.items()) == [] and "a" not in groups
     assert groups.starts.tolist() == [0] and groups.members.dtype == np.int64
+
+
+def test_roots_by_pointer_jumping_are_each_find_and_as_recorded_marks_unchanged_components():
+    from tasks.curation.assignments import as_recorded, components_of
+    from tasks.curation.curation_features import UnionFind
+
+    rng = random.Random(5)
+    sets = UnionFind(500)
+    for _ in range(400):
+        sets.union(rng.randrange(500), rng.randrange(500))
+    roots = sets.roots()
+    assert roots.tolist() == [sets.find(i) for i in range(500)]
+    codes = np.array([-1 if rng.random() < 0.05 else int(r) % 7 for r in roots.tolist()])  # a code a component, mostly
+    codes[roots == roots[3]] = -1  # a component with only new images
+    same = as_recorded(roots, codes)
+    for root in set(roots.tolist()):
+        members = codes[roots == root]
+        assert bool(same[roots == root].all()) == (len(set(members.tolist())) == 1 and members[0] >= 0)
+        assert len(set(same[roots == root].tolist())) == 1
+    walked = list(components_of(roots, ~same))
+    assert sorted(p for c in walked for p in c) == np.flatnonzero(~same).tolist()
+    assert all(c == sorted(c) and len({int(roots[p]) for p in c}) == 1 for c in walked)
+    assert [c[0] for c in walked] == sorted(c[0] for c in walked)  # by their first member
+    assert as_recorded(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).tolist() == []
