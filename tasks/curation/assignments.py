@@ -17,9 +17,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from tasks.curation.by_position import SortedRank
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.dedupe import RecordedMembers, recorded_original
 from tasks.curation.groups import Groups, GroupsBuilder
+from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.sha_list import SortedShas, SortedSubset, keys
 from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, RawRows, drop_row
 from tasks.data import lake
@@ -391,7 +393,7 @@ class RecordAfter(Mapping[str, Assignment]):
 
 def assign(
     roots: np.ndarray, eligible: Sequence[str], record: Record, raw_at: np.ndarray,
-    pixels: Mapping[str, str], by_sha: RawRows, scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
+    pixels: PixelKeys, by_sha: RawRows, scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
 ) -> tuple[RecordAfter, Groups, dict[str, str], int, list[Bridge]]:
     """Keys and splits for this curation's components (the rules in the module doc); ``roots``: each eligible image's
     component, as the position of its first member (``raw_at``: their raw positions, where the record is read by
@@ -414,14 +416,14 @@ def assign(
     del coded, kept
     split_at = array("b", np.frombuffer(record.split, dtype=np.int8)[raw_at].tobytes())  # 1 + a code, 0: none
     new_images = 0
+    context = _Context(SortedRank(eligible), raw_at, record, pixels, by_sha, scores, cfg.copy_similarity, bridges, groups)
     for positions in components_of(roots, ~same):
         names = {c: record.name_of_code(c) for c in {codes[p] for p in positions if codes[p] >= 0}}
         recorded = sorted(names.values())
         split_of = {names[codes[p]]: record.splits[split_at[p] - 1] for p in positions if codes[p] >= 0}
         newcomers = [eligible[p] for p in positions if codes[p] < 0]
         if len(set(split_of.values())) > 1:
-            _bridge(positions, eligible, codes, names, recorded, split_of, newcomers, pixels, by_sha, scores, cfg,
-                    bridges, groups)
+            _bridge(positions, codes, recorded, split_of, context)
             continue
         key = recorded[0] if recorded else eligible[positions[0]]  # ascending: the first is the smallest
         split = split_of[key] if recorded else split_for(key, cfg.split_salt, dict(cfg.split_ratios))
@@ -468,17 +470,33 @@ def components_of(roots: np.ndarray, among: np.ndarray) -> Iterator[list[int]]:
             yield order[start:end].tolist()
 
 
-def _bridge(positions: list[int], eligible: Sequence[str], codes: array, names: dict[int, str], recorded: list[str],
-            split_of: dict[str, str], newcomers: list[str], pixels: Mapping[str, str], by_sha: RawRows,
-            scores: CopyScores, cfg: Any, bridges: list[Bridge], groups: GroupsBuilder) -> None:
+def _bridge(positions: list[int], codes: array, recorded: list[str], split_of: dict[str, str], at: _Context
+            ) -> None:
     """A component whose new images would join recorded components of different splits: each new image is a
-    ``Bridge``, each recorded member stays in its own component."""
+    ``Bridge``, each recorded member stays in its own component (all at once, by code: no string a member)."""
     named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
     more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
     detail = f"would join recorded components {named}{more} in different splits"
-    known = [p for p in positions if codes[p] >= 0]
-    members = RecordedMembers([eligible[p] for p in known], pixels, newcomers)  # ascending
-    bridges += [Bridge(s, recorded[0], detail, recorded_original(s, members, pixels, by_sha, scores, cfg.copy_similarity))
-                for s in newcomers]
-    for p in known:
-        groups.add(names[codes[p]], (p,))
+    known = np.array([p for p in positions if codes[p] >= 0], dtype=np.int64)  # ascending, as ``positions``
+    newcomers = np.array([p for p in positions if codes[p] < 0], dtype=np.int64)
+    members = RecordedMembers(at.rank, known, at.raw_at, at.pixels, newcomers)
+    eligible = at.rank.members
+    at.bridges.extend(Bridge(s, recorded[0], detail, recorded_original(s, members, at.pixels, at.by_sha, at.scores,
+                                                                         at.threshold))
+                      for s in (eligible[p] for p in newcomers.tolist()))
+    at.groups.add_many(at.record.key_bytes(np.array([codes[p] for p in known.tolist()], dtype=np.int64)),
+                       np.ones(len(known), dtype=np.int64), known)
+
+
+class _Context(NamedTuple):
+    """What a bridge's assignment reads and adds to (``_bridge``)."""
+
+    rank: SortedRank  # the eligible images -> their positions
+    raw_at: np.ndarray
+    record: Record
+    pixels: PixelKeys
+    by_sha: RawRows
+    scores: CopyScores
+    threshold: float
+    bridges: list[Bridge]
+    groups: GroupsBuilder

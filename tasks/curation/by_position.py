@@ -79,3 +79,35 @@ class SortedRank(Mapping[str, int]):
 
     def __len__(self) -> int:
         return len(self.members)
+
+
+class PlaceAmong(Mapping[str, int]):
+    """Each image of ``positions`` (ascending positions into the images ``rank`` looks up) -> its index among them: a
+    bisection of the images, then of the positions (no string held a member: a component's members, hundreds of
+    thousands where the benchmark's augmented digits chain)."""
+
+    def __init__(self, rank: SortedRank, positions: np.ndarray) -> None:
+        self.rank, self.positions = rank, positions
+
+    def get(self, sha: object, default: int | None = None) -> int | None:  # type: ignore[override]
+        p = self.rank.get(sha)
+        if p is None:
+            return default
+        i = int(np.searchsorted(self.positions, p))
+        return i if i < len(self.positions) and int(self.positions[i]) == p else default
+
+    def __getitem__(self, sha: str) -> int:
+        i = self.get(sha)
+        if i is None:
+            raise KeyError(sha)
+        return i
+
+    def __contains__(self, sha: object) -> bool:
+        return self.get(sha) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        members = self.rank.members
+        return (members[p] for p in self.positions.tolist())
+
+    def __len__(self) -> int:
+        return len(self.positions)

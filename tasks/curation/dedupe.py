@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from tasks.curation.by_position import SortedRank
+from tasks.curation.by_position import PlaceAmong, SortedRank
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.groups import Groups
 from tasks.curation.pixel_keys import PixelKeys
@@ -45,17 +45,18 @@ def _strongest(sha: str, copies: list[tuple[str, str]], scores: CopyScores, rank
 class RecordedMembers:
     """The recorded members of one component, indexed once for every new image that joins it.
 
-    ``rank`` is a member's place in the component's order (ascending sha256s: ties of the strongest copy go to the
-    first); ``by_digest`` groups by decoded pixels the members that share their pixels with one of ``newcomers`` (all
-    of them when None): a new image looks up its own pixels only. Built once per component: a new image then costs
-    its own partners, never the component's size.
+    ``rank`` is a member's place in the component's order (ascending sha256s, as ``known``: ascending positions into
+    the eligible images that ``eligible`` looks up; ties of the strongest copy go to the first); ``by_digest`` groups by
+    decoded pixels the members that share their pixels with one of ``newcomers`` (positions too; ``raw_at``: the
+    eligible images' raw positions, where the pixel keys are): a new image looks up its own pixels only. Built once per
+    component from positions (no string a member): a new image then costs its own partners, never the component's size.
     """
 
-    def __init__(self, recorded: list[str], pixels: Mapping[str, str], newcomers: Iterable[str] | None = None) -> None:
-        self.rank = SortedRank(recorded)
-        wanted = None if newcomers is None else {pixels[s] for s in newcomers}
-        self.by_digest = group_by_pixels(recorded if wanted is None else [m for m in recorded if pixels[m] in wanted],
-                                         pixels)
+    def __init__(self, eligible: SortedRank, known: np.ndarray, raw_at: np.ndarray, pixels: PixelKeys,
+                 newcomers: np.ndarray) -> None:
+        self.rank = PlaceAmong(eligible, known)
+        hits = np.flatnonzero(np.isin(pixels.heads(raw_at[known]), pixels.heads(raw_at[newcomers])))
+        self.by_digest = group_by_pixels([eligible.members[p] for p in known[hits].tolist()], pixels)
 
 
 def recorded_original(sha: str, recorded: RecordedMembers, pixels: Mapping[str, str], by_sha: RawRows,

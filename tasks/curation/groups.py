@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from tasks.curation.by_position import SortedRank
+from tasks.curation.by_position import PlaceAmong, SortedRank
 from tasks.curation.sha_list import SortedShas, keys
 
 KEY_BLOCK = 65_536  # component keys held as strings at a time
@@ -42,17 +42,15 @@ class Groups(Mapping[str, list[str]]):
         keys = self.ordered.members
         return {keys[k] for k in np.unique(of_member[hit]).tolist()}
 
-    def index_in(self, key: str, sha: str) -> int | None:
-        """``sha``'s index among ``positions(key)``, None when it is not a member: a bisection of the eligible images,
-        then of the component's members."""
+    def rank(self) -> SortedRank:
+        """The eligible images -> their positions (made when first asked: a bisection of their bytes)."""
         if self._rank is None:
             self._rank = SortedRank(self.eligible)
-        p = self._rank.get(sha)
-        if p is None:
-            return None
-        members = self.positions(key)
-        i = int(np.searchsorted(members, p))
-        return i if i < len(members) and int(members[i]) == p else None
+        return self._rank
+
+    def index_in(self, key: str, sha: str) -> int | None:
+        """``sha``'s index among ``positions(key)``, None when it is not a member."""
+        return PlaceAmong(self.rank(), self.positions(key)).get(sha)
 
     def _members(self, k: int) -> list[str]:
         eligible = self.eligible
