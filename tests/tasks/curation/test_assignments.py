@@ -5,7 +5,11 @@ class, a near copy only in a class whose copies stand out. In an abstaining clas
 is named in the detail of a ``split_bridge`` (the image is set aside either way: no split can take it).
 """
 
-from tasks.curation.assignments import Assignment, Bridge, RecordAfter, bridge_rows, record_table
+import random
+
+import numpy as np
+
+from tasks.curation.assignments import Assignment, Bridge, Record, RecordAfter, bridge_rows, record_table
 from tasks.curation.tables import RawFacts, RawRows
 
 RECORD = {"r_train": Assignment("k_train", "train", 1, "c1"), "r_test": Assignment("k_test", "test", 1, "c1")}
@@ -194,3 +198,26 @@ def test_a_record_written_before_the_written_column_is_read_and_then_written_who
     table = lake.read(uri, version)
     assert table.schema.names == COMPONENTS_SCHEMA.names and table.column("sha256").to_pylist() == ["a", "b"]
     assert _stored(uri, ["a", "b"])[0].stored_rows == 2  # from now on a batch appends
+
+
+def test_many_rows_added_at_once_leave_the_record_row_by_row_would():
+    rng = random.Random(11)
+    shas = sorted(f"{i:04x}" for i in range(60))
+    rows = RawRows.of(RawFacts(s, "1", 8, 8) for s in shas)
+    at_once, one_by_one = Record(rows), Record(rows)
+    for record in (at_once, one_by_one):
+        assert [record.outside_code(k) for k in ("k0", "k1", "k2")] == [-1, -2, -3]  # keys that are no raw rows
+    for _ in range(3):  # slices read one after the other: an image's rows spread over them, written at several versions
+        n = 80
+        at = np.array([rng.randrange(60) for _ in range(n)], dtype=np.int64)
+        component = np.array([rng.choice([rng.randrange(60), -1 - rng.randrange(3)]) for _ in range(n)], dtype=np.int64)
+        split = [rng.choice(["train", "val", "test"]) for _ in range(n)]
+        run = [rng.choice(["c1", "c2"]) for _ in range(n)]
+        first = np.array([rng.randrange(4) for _ in range(n)], dtype=np.int64)
+        written = np.array([rng.randrange(4) for _ in range(n)], dtype=np.int64)
+        at_once.add_many(at, component, split, first, run, written)
+        for r in range(n):
+            one_by_one.add_at(int(at[r]), int(component[r]), split[r], int(first[r]), run[r], int(written[r]))
+    assert at_once.known == one_by_one.known and len(at_once) == len(one_by_one)
+    assert dict(at_once.items()) == dict(one_by_one.items())
+    assert list(at_once.written) == list(one_by_one.written)
