@@ -30,12 +30,14 @@ import math
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.curation.copy_pairs import CopyScores, score_config
-from tasks.curation.pixel_keys import PixelKeys, token
+from tasks.curation.pixel_keys import Digests, PixelKeys, token
 from tasks.curation.tables import RawRows
 from tasks.data import lake
 
@@ -219,20 +221,20 @@ def _with_legacy(part: pa.Table, columns: list[str]) -> pa.Table:
     return lake.with_defaults(part, columns, NEAREST_SCHEMA, LEGACY)
 
 
-def _slices(stored: pa.Table | StoredRows, columns: list[str], rows: RawRows, located: tuple[str, ...] = ("sha256",)
-            ) -> Iterator[list[list]]:
-    """The raw positions of the ``located`` columns' values (-1: a null, or not a raw row), then the stored rows'
-    ``columns`` as Python lists, ``SLICE_ROWS`` rows at a time (a value an object: about 430 bytes a row with the
-    sha256, label and pixel key, 28 MB for a block of ``WRITE_ROWS``). The positions are a binary search of the
-    slice's bytes among the raw rows' (a lookup of each string was about 2 us, up to three a row)."""
+def _pieces(stored: pa.Table | StoredRows, columns: list[str], rows: RawRows, located: tuple[str, ...] = ("sha256",)
+            ) -> Iterator[tuple[Any, pa.Table]]:
+    """The stored rows' ``columns`` (and the ``located`` ones) ``SLICE_ROWS`` rows at a time, with the raw positions
+    of the ``located`` columns' values (-1: a null, or not a raw row; one array, or a tuple of them for several): a
+    binary search of the slice's bytes among the raw rows' (a lookup of each string was about 2 us, up to three a
+    row; a Python value a row was about 430 bytes a row with the sha256, label and pixel key)."""
     read = columns + [c for c in located if c not in columns]
     parts = stored.blocks(read) if isinstance(stored, StoredRows) else \
         (_with_legacy(stored.slice(start, WRITE_ROWS), read) for start in range(0, stored.num_rows, WRITE_ROWS))
     for part in parts:
         for start in range(0, part.num_rows, SLICE_ROWS):
             piece = part.slice(start, SLICE_ROWS)
-            yield [_located(rows, piece.column(c)).tolist() for c in located] + \
-                [piece.column(c).to_pylist() for c in columns]
+            at = tuple(_located(rows, piece.column(c)) for c in located)
+            yield (at[0] if len(at) == 1 else at), piece
 
 
 def _located(rows: RawRows, column: pa.ChunkedArray) -> np.ndarray:
@@ -265,47 +267,81 @@ class _Newest:
 
 
 def _newest(m: NearestMap, stored: pa.Table | StoredRows) -> _Newest | None:
-    """Each image's newest stored row; None when the newest row of an image eligible now has another label or pixel
-    key than the image has now."""
+    """Each image's newest stored row (of two written at once the first); None when the newest row of an image
+    eligible now has another label or pixel key than the image has now. A slice of rows at a time as arrays: a
+    string is made only for a row of an image that is not a raw row, or eligible then and not now."""
     n = len(m.rows)
     newest = _Newest(array("q", [-1]) * n, bytearray(n), {}, {})
-    names, codes = m.rows.names, m.rows.label_codes
-    other: dict[int, int] = {}  # position -> version of an eligible row whose facts differ (counts if the newest)
-    for at, shas, labels, keys, written, eligible in _slices(stored, ["sha256", "label", "pixel_key", "written",
-                                                                      "eligible"], m.rows):
-        for i, sha, label, key, w, live in zip(at, shas, labels, keys, written, eligible):
-            if i < 0:
-                if w > newest.outside.get(sha, (-1,))[0]:
-                    newest.outside[sha] = (w, live, label, key)
-                continue
-            if w <= newest.written[i]:
-                continue
-            newest.written[i], newest.live[i] = w, live
-            newest.kept_out.pop(i, None)
-            if live and not m.eligible[i]:
-                newest.kept_out[i] = (label, key)
-            if live and m.eligible[i] and (names[codes[i]] != label or m.pixels.token_at(i, sha) != token(key)):
-                other[i] = w
-    if any(newest.written[i] == w for i, w in other.items()):
-        return None
-    return newest
+    written, live = np.frombuffer(newest.written, dtype=np.int64), np.frombuffer(newest.live, dtype=np.uint8)
+    eligible = np.frombuffer(m.eligible, dtype=np.uint8).astype(bool)
+    differs = np.zeros(n, dtype=bool)  # by position: the newest row so far is live and not as the image is now
+    for at, piece in _pieces(stored, ["sha256", "label", "pixel_key", "written", "eligible"], m.rows):
+        w = piece.column("written").to_numpy().astype(np.int64)
+        on = piece.column("eligible").to_numpy(zero_copy_only=False).astype(bool)
+        for r in np.flatnonzero(at < 0).tolist():  # images that are not raw rows: their strings
+            sha = piece.column("sha256")[r].as_py()
+            if w[r] > newest.outside.get(sha, (-1,))[0]:
+                newest.outside[sha] = (int(w[r]), bool(on[r]), piece.column("label")[r].as_py(),
+                                       piece.column("pixel_key")[r].as_py())
+        rows = np.flatnonzero(at >= 0)
+        order = np.lexsort((rows, -w[rows], at[rows]))  # by image, newest first, then in row order
+        first = rows[order[np.r_[True, at[rows][order][1:] != at[rows][order][:-1]]]] if len(rows) else rows
+        rows = first[w[first] > written[at[first]]]  # each image's row that is newer than any before it
+        i = at[rows]
+        written[i], live[i] = w[rows], on[rows]
+        differs[i] = on[rows] & eligible[i] & _not_as_now(m, i, piece.take(pa.array(rows)))
+        if newest.kept_out:  # a newer row of an image marked gone: what it says now counts
+            held = np.fromiter(newest.kept_out, dtype=np.int64, count=len(newest.kept_out))
+            for j in held[np.isin(held, i)].tolist():
+                del newest.kept_out[j]
+        out = np.flatnonzero(on[rows] & ~eligible[i])
+        for r, j in zip(rows[out].tolist(), i[out].tolist()):  # eligible then, not now: what marks it gone
+            newest.kept_out[j] = (piece.column("label")[r].as_py(), piece.column("pixel_key")[r].as_py())
+    return None if bool(differs.any()) else newest
+
+
+def _not_as_now(m: NearestMap, at: np.ndarray, rows: pa.Table) -> np.ndarray:
+    """Whether each stored row (of the images at raw positions ``at``) names another label or pixel key than the
+    image has now: labels by code, pixel keys by their 32 bytes (an odd key, on either side, as a string)."""
+    code = pc.index_in(rows.column("label"), value_set=pa.array(m.rows.names, pa.string()))  # null: no class now
+    relabelled = pc.fill_null(code, -1).to_numpy(zero_copy_only=False).astype(np.int64) != m.rows.codes[at]
+    digests = Digests.of_column(rows.column("pixel_key"))
+    moved = ~digests.present | (digests.packed != m.pixels.packed[at]).any(axis=1)
+    odd = set(digests.odd)
+    if m.pixels.odd:  # images whose key now is odd (tests' names)
+        odd |= set(np.flatnonzero(np.isin(at, [m.rows.at[s] for s in m.pixels.odd])).tolist())
+    for k in sorted(odd):
+        i = int(at[k])  # an odd key on either side: its token, as a string
+        moved[k] = not digests.present[k] or m.pixels.token_at(i, m.rows.shas[i]) != token(digests.value(k) or "")
+    other = relabelled | moved
+    return other
 
 
 def _place(m: NearestMap, stored: pa.Table | StoredRows, newest: _Newest, gone: set[str]) -> tuple[bytearray, list[int]]:
     """(by position: 1 where a stored row was placed; the placed rows whose nearest partner is ``gone``): each image's
-    newest row, where it is eligible then and now."""
+    newest row, where it is eligible then and now. A slice of rows at a time as arrays."""
     known = bytearray(len(m.rows))
+    placed = np.frombuffer(known, dtype=np.uint8)
     orphans: list[int] = []
-    for at, partner_at, scores, partners, written in _slices(stored, ["nearest", "partner", "written"], m.rows,
-                                                             ("sha256", "partner")):
-        for i, score, j, partner, w in zip(at, scores, partner_at, partners, written):
-            if i < 0 or not m.eligible[i] or w != newest.written[i] or not newest.live[i]:
-                continue
-            known[i] = 1
-            m.score[i] = math.nan if score is None else score
-            m.partner[i] = NONE if j < 0 else j
-            if partner in gone:
-                orphans.append(i)
+    written, live = np.frombuffer(newest.written, dtype=np.int64), np.frombuffer(newest.live, dtype=np.uint8)
+    eligible = np.frombuffer(m.eligible, dtype=np.uint8).astype(bool)
+    score, partner = np.frombuffer(m.score, dtype=np.float64), np.frombuffer(m.partner, dtype=np.int64)
+    gone_at = np.array(sorted(j for j in (m.rows.at.get(s) for s in gone) if j is not None), dtype=np.int64)
+    for (at, partner_at), piece in _pieces(stored, ["nearest", "partner", "written"], m.rows, ("sha256", "partner")):
+        w = piece.column("written").to_numpy().astype(np.int64)
+        ok = at >= 0
+        ok[ok] = eligible[at[ok]] & (w[ok] == written[at[ok]]) & (live[at[ok]] == 1)
+        rows = np.flatnonzero(ok)
+        i = at[rows]
+        placed[i] = 1
+        score[i] = piece.column("nearest").take(pa.array(rows)).to_numpy(zero_copy_only=False).astype(np.float64)
+        partner[i] = np.where(partner_at[rows] < 0, NONE, partner_at[rows])
+        hit = np.isin(partner_at[rows], gone_at)
+        outside = np.flatnonzero((partner_at[rows] < 0) & piece.column("partner").take(pa.array(rows)).is_valid()
+                                 .to_numpy(zero_copy_only=False))
+        for k in outside.tolist():  # a partner that is not a raw row: by its string
+            hit[k] = piece.column("partner")[int(rows[k])].as_py() in gone
+        orphans.extend(i[hit].tolist())
     return known, orphans
 
 

@@ -102,3 +102,57 @@ def _no_scores():
     from tasks.curation.copy_pairs import CopyScores
 
     return CopyScores(lambda sha: b"", stored={})
+
+
+def _newest_row_by_row(m: NearestMap, table) -> tuple[dict, dict, dict, bool]:
+    """The rule ``nearest._newest`` keeps, one stored row at a time: a row counts when it is newer than any before
+    it (of two written at once, the first); the newest row of an image eligible now must name its label and key."""
+    written, live, outside, kept_out, other = {}, {}, {}, {}, {}
+    for r in table.to_pylist():
+        i = m.rows.at.get(r["sha256"])
+        if i is None:
+            if r["written"] > outside.get(r["sha256"], (-1,))[0]:
+                outside[r["sha256"]] = (r["written"], r["eligible"], r["label"], r["pixel_key"])
+            continue
+        if r["written"] <= written.get(i, -1):
+            continue
+        written[i], live[i] = r["written"], r["eligible"]
+        kept_out.pop(i, None)
+        if r["eligible"] and not m.eligible[i]:
+            kept_out[i] = (r["label"], r["pixel_key"])
+        if r["eligible"] and m.eligible[i] and (m.rows.label(r["sha256"]) != r["label"]
+                                                or m.pixels[r["sha256"]] != r["pixel_key"]):
+            other[i] = r["written"]
+    return written, live, outside, kept_out, any(written[i] == w for i, w in other.items())
+
+
+@pytest.mark.parametrize("slice_rows", [5, 1_000])  # an image's rows spread over slices, or in one
+@pytest.mark.parametrize("seed", range(12))
+def test_each_images_newest_stored_row_is_the_one_a_row_by_row_pass_keeps(monkeypatch, seed: int, slice_rows: int
+                                                                          ) -> None:
+    import random
+
+    import pyarrow as pa
+
+    monkeypatch.setattr(nearest, "SLICE_ROWS", slice_rows)
+    rng = random.Random(seed)
+    shas = [f"{i:064x}" for i in range(30)]
+    m = _map(shas, [s for s in shas if rng.random() < 0.8])
+    stored = []
+    for _ in range(90):  # rows of raw images and of images gone from the raw version, versions repeated (ties)
+        sha = rng.choice(shas + [f"{99:064x}", f"{98:064x}"])
+        same = sha in m.rows.at and rng.random() < 0.95
+        stored.append({"sha256": sha, "label": "c0" if same or rng.random() < 0.5 else "c1",
+                       "pixel_key": f"p{sha[-2:]}" if same else rng.choice(["p00", "pzz"]),
+                       "nearest": None, "partner": None, "written": rng.randrange(4) if same else rng.randrange(2),
+                       "eligible": rng.random() < 0.8})
+    table = pa.Table.from_pylist(stored, schema=nearest.NEAREST_SCHEMA)
+    written, live, outside, kept_out, refused = _newest_row_by_row(m, table)
+    got = nearest._newest(m, table)
+    if refused:
+        assert got is None
+        return
+    assert got is not None
+    assert {i: w for i, w in enumerate(got.written) if w >= 0} == written
+    assert {i: bool(v) for i, v in enumerate(got.live) if i in written} == live
+    assert got.outside == outside and got.kept_out == kept_out
