@@ -435,25 +435,23 @@ def assign(
     kept = np.flatnonzero(same)
     key_codes, sizes = np.unique(coded[kept], return_counts=True)
     groups.add_many(record.key_bytes(key_codes), sizes, kept[np.argsort(coded[kept], kind="stable")])
-    codes = array("q", coded.tobytes())
-    del coded, kept
-    split_at = array("b", np.frombuffer(record.split, dtype=np.int8)[raw_at].tobytes())  # 1 + a code, 0: none
+    del kept
+    split_at = np.frombuffer(record.split, dtype=np.int8)[raw_at]  # 1 + a code, 0: none
     new_images = 0
     context = _Context(SortedRank(eligible), raw_at, record, pixels, by_sha, scores, cfg.copy_similarity, bridges, groups)
-    for positions in components_of(roots, ~same):
-        names = {c: record.name_of_code(c) for c in {codes[p] for p in positions if codes[p] >= 0}}
-        recorded = sorted(names.values())
-        split_of = {names[codes[p]]: record.splits[split_at[p] - 1] for p in positions if codes[p] >= 0}
-        newcomers = [eligible[p] for p in positions if codes[p] < 0]
+    for positions in components_of(roots, ~same):  # arrays: a component of hundreds of thousands is no Python list
+        codes = coded[positions]
+        split_of = _splits(record, codes, split_at[positions])
+        recorded = sorted(split_of)
         if len(set(split_of.values())) > 1:
             _bridge(positions, codes, recorded, split_of, context)
             continue
-        key = recorded[0] if recorded else eligible[positions[0]]  # ascending: the first is the smallest
+        key = recorded[0] if recorded else eligible[int(positions[0])]  # ascending: the first is the smallest
         split = split_of[key] if recorded else split_for(key, cfg.split_salt, dict(cfg.split_ratios))
         for other in recorded[1:]:
             renamed[other] = key
-        for s in newcomers:
-            changes[s] = Assignment(key, split, raw_version, run_id)
+        for p in positions[codes < 0].tolist():
+            changes[eligible[p]] = Assignment(key, split, raw_version, run_id)
             new_images += 1
         groups.add(key, positions)
     if renamed:  # a merge relabels every recorded member, also those outside this raw version
@@ -478,10 +476,20 @@ def as_recorded(roots: np.ndarray, codes: np.ndarray) -> np.ndarray:
     return out
 
 
-def components_of(roots: np.ndarray, among: np.ndarray) -> Iterator[list[int]]:
-    """The components of the images ``among`` (a bool an image), each one's members as ascending positions, by their
-    first member. The bounds are made Python ints a block at a time (two lists of every component's were about 80 MB
-    at a million singletons)."""
+def _splits(record: Record, codes: np.ndarray, split_at: np.ndarray) -> dict[str, str]:
+    """Each recorded component among a component's members (``codes``: theirs, -1 for a new image) -> its split
+    (``split_at``: each member's split code; of a component's members, the last one's)."""
+    recorded = codes >= 0
+    reversed_codes = codes[recorded][::-1]
+    found, last = np.unique(reversed_codes, return_index=True)
+    split = split_at[recorded][::-1][last]
+    return {record.name_of_code(int(c)): record.splits[int(k) - 1] for c, k in zip(found.tolist(), split.tolist())}
+
+
+def components_of(roots: np.ndarray, among: np.ndarray) -> Iterator[np.ndarray]:
+    """The components of the images ``among`` (a bool an image), each one's members as ascending positions (an
+    array), by their first member. The bounds are made Python ints a block at a time (two lists of every component's
+    were about 80 MB at a million singletons)."""
     picked = np.flatnonzero(among)
     order = picked[np.argsort(roots[picked], kind="stable")]
     if not len(order):
@@ -490,25 +498,24 @@ def components_of(roots: np.ndarray, among: np.ndarray) -> Iterator[list[int]]:
     for first in range(0, len(edges) - 1, WRITE_ROWS):
         cut = edges[first:first + WRITE_ROWS + 1].tolist()
         for start, end in zip(cut, cut[1:]):
-            yield order[start:end].tolist()
+            yield order[start:end]
 
 
-def _bridge(positions: list[int], codes: array, recorded: list[str], split_of: dict[str, str], at: _Context
+def _bridge(positions: np.ndarray, codes: np.ndarray, recorded: list[str], split_of: dict[str, str], at: _Context
             ) -> None:
-    """A component whose new images would join recorded components of different splits: each new image is a
-    ``Bridge``, each recorded member stays in its own component (all at once, by code: no string a member)."""
+    """A component whose new images would join recorded components of different splits (``codes``: its members',
+    -1 for a new one): each new image is a ``Bridge``, each recorded member stays in its own component (all at
+    once, by code: no string a member)."""
     named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
     more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
     detail = f"would join recorded components {named}{more} in different splits"
-    known = np.array([p for p in positions if codes[p] >= 0], dtype=np.int64)  # ascending, as ``positions``
-    newcomers = np.array([p for p in positions if codes[p] < 0], dtype=np.int64)
+    known, newcomers = positions[codes >= 0], positions[codes < 0]  # ascending, as ``positions``
     members = RecordedMembers(at.rank, known, at.raw_at, at.pixels, newcomers)
     eligible = at.rank.members
     at.bridges.extend(Bridge(s, recorded[0], detail, recorded_original(s, members, at.pixels, at.by_sha, at.scores,
                                                                          at.threshold))
                       for s in (eligible[p] for p in newcomers.tolist()))
-    at.groups.add_many(at.record.key_bytes(np.array([codes[p] for p in known.tolist()], dtype=np.int64)),
-                       np.ones(len(known), dtype=np.int64), known)
+    at.groups.add_many(at.record.key_bytes(codes[codes >= 0]), np.ones(len(known), dtype=np.int64), known)
 
 
 class _Context(NamedTuple):

@@ -86,12 +86,15 @@ class GroupsBuilder:
         self.sizes = array("q")
         self.members = array("q")
 
-    def add(self, key: str, positions: Sequence[int]) -> None:
+    def add(self, key: str, positions: Sequence[int] | np.ndarray) -> None:
         self.pending.append(key)
         if len(self.pending) == KEY_BLOCK:
             self._flush()
         self.sizes.append(len(positions))
-        self.members.extend(positions)
+        if isinstance(positions, np.ndarray):
+            self.members.frombytes(positions.astype(np.int64).tobytes())
+        else:
+            self.members.extend(positions)
 
     def add_many(self, keys: np.ndarray, sizes: np.ndarray, members: np.ndarray) -> None:
         """``add`` for many components at once: their keys as bytes (``sha_list.keys``), their sizes, and their
