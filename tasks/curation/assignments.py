@@ -515,7 +515,10 @@ def _bridge(positions: np.ndarray, codes: np.ndarray, recorded: list[str], split
     at.bridges.extend(Bridge(s, recorded[0], detail, recorded_original(s, members, at.pixels, at.by_sha, at.scores,
                                                                          at.threshold))
                       for s in (eligible[p] for p in newcomers.tolist()))
-    at.groups.add_many(at.record.key_bytes(codes[codes >= 0]), np.ones(len(known), dtype=np.int64), known)
+    recorded_codes = codes[codes >= 0]
+    by_code = np.argsort(recorded_codes, kind="stable")  # each recorded component's members together: a key each
+    found, sizes = np.unique(recorded_codes, return_counts=True)
+    at.groups.add_many(at.record.key_bytes(found), sizes, known[by_code])
 
 
 class _Context(NamedTuple):
