@@ -195,8 +195,10 @@ class GrownComponent:
         """Whether no earlier member is a known copy of an earlier member of another part (each part's last walk saw
         only its own members): same pixels, or a scored pair at ``threshold`` or above (found from the partners of
         every part but the largest)."""
-        if self.parts is None or self._pixels_across():
-            return self.parts is None
+        if self.parts is None:
+            return True
+        if self._pixels_across():
+            return False
         for i in self._checked().tolist():
             for o, v in scores.partners(self._sha(i)).items():
                 j = self.groups.index_in(self.key, o) if v >= threshold else None

@@ -284,9 +284,9 @@ def _newest(m: NearestMap, stored: pa.Table | StoredRows) -> _Newest | None:
                 newest.outside[sha] = (int(w[r]), bool(on[r]), piece.column("label")[r].as_py(),
                                        piece.column("pixel_key")[r].as_py())
         rows = np.flatnonzero(at >= 0)
-        order = np.lexsort((rows, -w[rows], at[rows]))  # by image, newest first, then in row order
-        first = rows[order[np.r_[True, at[rows][order][1:] != at[rows][order][:-1]]]] if len(rows) else rows
-        rows = first[w[first] > written[at[first]]]  # each image's row that is newer than any before it
+        rows = rows[np.lexsort((rows, -w[rows], at[rows]))]  # by image, newest first, then in row order
+        first = rows[np.r_[True, at[rows][1:] != at[rows][:-1]]] if len(rows) else rows  # each image's newest
+        rows = first[w[first] > written[at[first]]]  # ... where it is newer than any row before it
         i = at[rows]
         written[i], live[i] = w[rows], on[rows]
         differs[i] = on[rows] & eligible[i] & _not_as_now(m, i, piece.take(pa.array(rows)))
