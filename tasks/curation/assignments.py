@@ -515,6 +515,7 @@ def _bridge(positions: np.ndarray, codes: np.ndarray, recorded: list[str], split
     at.bridges.extend(Bridge(s, recorded[0], detail, recorded_original(s, members, at.pixels, at.by_sha, at.scores,
                                                                          at.threshold))
                       for s in (eligible[p] for p in newcomers.tolist()))
+    at.scores.forget_partners()  # the bridges' gathered partners (thousands of new images at a million) go now
     recorded_codes = codes[codes >= 0]
     by_code = np.argsort(recorded_codes, kind="stable")  # each recorded component's members together: a key each
     found, sizes = np.unique(recorded_codes, return_counts=True)

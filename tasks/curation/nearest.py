@@ -188,11 +188,13 @@ def update_nearest(m: NearestMap, stored: pa.Table | StoredRows, scores: CopySco
     scores.want([*(names[i] for i in orphans), *(names[i] for i in added)])  # their stored partners, in one scan
     for i in orphans + added:  # nearest partners that left, and the new images: from their own partners
         best.find(i)
+        scores.forget_partners()  # an image's gathered partners go with it (a batch's were 50-80 MB at a million)
     for i in added:
         for other, v in scores.partners(names[i]).items():
             j = m.rows.at.get(other)
             if j is not None and m.eligible[j]:
                 best.raise_to(j, names[i], v)
+        scores.forget_partners()
     for a, b, v in scores.fresh.items():
         i, j = m.rows.at.get(a), m.rows.at.get(b)
         if i is not None and j is not None and m.eligible[i] and m.eligible[j]:
