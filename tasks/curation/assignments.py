@@ -22,6 +22,7 @@ from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.dedupe import RecordedMembers, recorded_original
 from tasks.curation.groups import Groups, GroupsBuilder
 from tasks.curation.pixel_keys import PixelKeys
+from tasks.curation.runs import newest_rows, runs_of
 from tasks.curation.sha_list import SortedShas, SortedSubset, keys
 from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, RawRows, drop_row
 from tasks.data import lake
@@ -115,8 +116,7 @@ class Record(Mapping[str, Assignment]):
         the later, as row by row."""
         if not len(at):
             return
-        order = np.lexsort((np.arange(len(at)), written, at))  # by image, then written, then row: its last counts
-        last = order[np.r_[at[order][1:] != at[order][:-1], True]]
+        last = newest_rows(at, written, later_wins=True)
         i, w = at[last], written[last]
         split_now = np.frombuffer(self.split, dtype=np.int8)
         held = np.frombuffer(self.written, dtype=np.int32)
@@ -466,13 +466,9 @@ def as_recorded(roots: np.ndarray, codes: np.ndarray) -> np.ndarray:
     and split and changes nothing: it needs no string and no loop."""
     if not len(roots):
         return np.zeros(0, dtype=bool)
-    order = np.argsort(roots, kind="stable")
-    ordered = roots[order]
-    start = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    by_root = codes[order]
-    low, high = np.minimum.reduceat(by_root, start), np.maximum.reduceat(by_root, start)
+    runs = runs_of(roots, codes)
     out = np.empty(len(roots), dtype=bool)
-    out[order] = np.repeat((low == high) & (low >= 0), np.diff(np.r_[start, len(order)]))
+    out[runs.order] = np.repeat(runs.same & (runs.low >= 0), runs.end - runs.start)
     return out
 
 

@@ -11,6 +11,7 @@ from tasks.curation.by_position import PlaceAmong, SortedRank
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.groups import Groups
 from tasks.curation.pixel_keys import PixelKeys
+from tasks.curation.runs import runs_of
 from tasks.curation.tables import RawRows
 
 # ``pixels`` below: each image's pixel key (``Features.pixel_keys``: its decoded pixels' digest, or its sha256).
@@ -142,27 +143,24 @@ def dedupe_component(order: list[str], pixels: Mapping[str, str], labels: dict[s
 
 class GrownComponent:
     """One component as its last walks left it, for the walk of the members it gained (``extend_component``): its
-    membership a bisection (``Groups.index_in``), the members sharing pixels with a new one found once by their pixel
-    keys' bytes (``raw_at``: the eligible images' raw positions), what was kept then everything not ``dropped``.
-    ``parts``: when recorded components were merged into it now, each member's recorded component (a code, -1 for a
-    new member, as ``groups.positions(key)`` orders them)."""
+    members indexed once (``RecordedMembers``: a bisection of its positions, the members sharing pixels with a new one
+    grouped by their pixels; ``raw_at``: the eligible images' raw positions), what was kept then everything not
+    ``dropped``. ``parts``: when recorded components were merged into it now, each member's recorded component (a
+    code, -1 for a new member, as ``groups.positions(key)`` orders them)."""
 
     def __init__(self, key: str, groups: Groups, new: np.ndarray, raw_at: np.ndarray, pixels: PixelKeys,
                  label_of: Callable[[str], str], first_version: Callable[[str], int], dropped: Collection[str],
                  parts: np.ndarray | None = None) -> None:
-        self.key, self.groups, self.pixels, self.parts = key, groups, pixels, parts
+        self.key, self.eligible, self.pixels, self.parts = key, groups.eligible, pixels, parts
         self.label_of, self.first_version = label_of, first_version
         self.dropped = set(dropped)
         self.new = [groups.eligible[p] for p in new.tolist()]
         self.members = groups.positions(key)
         self.at = raw_at[self.members]
-        hits = np.flatnonzero(np.isin(pixels.heads(self.at), pixels.heads(raw_at[new])))  # a few: read whole
-        self.alike: dict[bytes | str, list[str]] = {}
-        for i in hits.tolist():
-            self.alike.setdefault(self._token(i), []).append(self._sha(i))
+        self.recorded = RecordedMembers(groups.rank(), self.members, raw_at, pixels, new)
 
     def _sha(self, i: int) -> str:
-        return self.groups.eligible[int(self.members[i])]
+        return self.eligible[int(self.members[i])]
 
     def _token(self, i: int) -> bytes | str:
         return self.pixels.token_at(int(self.at[i]), self._sha(i))
@@ -173,11 +171,7 @@ class GrownComponent:
 
     def copies_of(self, sha: str, scores: CopyScores, threshold: float) -> list[tuple[str, str]]:
         """``_copies_of`` among the whole component's members: same pixels first, then scored pairs."""
-        digest = self.pixels.token(sha)
-        same = [(o, "same pixels") for o in self.alike.get(digest, ()) if o != sha]
-        return same + [(o, f"copy score {v:.4f}") for o, v in scores.partners(sha).items()
-                       if v >= threshold and self.groups.index_in(self.key, o) is not None
-                       and self.pixels.token(o) != digest]
+        return _copies_of(sha, self.recorded.rank, self.recorded.by_digest, self.pixels, scores, threshold)
 
     def _checked(self) -> np.ndarray:
         """The earlier members whose partners say whether the merged parts are apart: all but the largest part's."""
@@ -201,7 +195,7 @@ class GrownComponent:
             return False
         for i in self._checked().tolist():
             for o, v in scores.partners(self._sha(i)).items():
-                j = self.groups.index_in(self.key, o) if v >= threshold else None
+                j = self.recorded.rank.get(o) if v >= threshold else None
                 if j is not None and self.parts[j] >= 0 and self.parts[j] != self.parts[i]:
                     return False
         return True
@@ -210,14 +204,11 @@ class GrownComponent:
         """Whether two earlier members of different parts share their pixels (by their keys' heads, then whole)."""
         assert self.parts is not None
         old = np.flatnonzero(self.parts >= 0)
-        heads, part = self.pixels.heads(self.at[old]), self.parts[old]
-        order = np.lexsort((part, heads))
-        heads, part = heads[order], part[order]
-        start = np.flatnonzero(np.r_[True, heads[1:] != heads[:-1]])
-        mixed = np.minimum.reduceat(part, start) != np.maximum.reduceat(part, start)
-        for s, e in zip(start[mixed].tolist(), np.r_[start[1:], len(heads)][mixed].tolist()):
+        runs = runs_of(self.pixels.heads(self.at[old]), self.parts[old])
+        mixed = ~runs.same
+        for s, e in zip(runs.start[mixed].tolist(), runs.end[mixed].tolist()):
             seen: dict[bytes | str, int] = {}
-            for k in order[s:e].tolist():
+            for k in runs.order[s:e].tolist():
                 if seen.setdefault(self._token(int(old[k])), int(self.parts[old[k]])) != self.parts[old[k]]:
                     return True
         return False

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from tasks.curation.copy_pairs import CopyScores, score_config
 from tasks.curation.pixel_keys import Digests, PixelKeys, token
+from tasks.curation.runs import newest_rows
 from tasks.curation.tables import RawRows
 from tasks.data import lake
 
@@ -286,8 +287,7 @@ def _newest(m: NearestMap, stored: pa.Table | StoredRows) -> _Newest | None:
                 newest.outside[sha] = (int(w[r]), bool(on[r]), piece.column("label")[r].as_py(),
                                        piece.column("pixel_key")[r].as_py())
         rows = np.flatnonzero(at >= 0)
-        rows = rows[np.lexsort((rows, -w[rows], at[rows]))]  # by image, newest first, then in row order
-        first = rows[np.r_[True, at[rows][1:] != at[rows][:-1]]] if len(rows) else rows  # each image's newest
+        first = rows[newest_rows(at[rows], w[rows], later_wins=False)]  # each image's newest; of a tie the first
         rows = first[w[first] > written[at[first]]]  # ... where it is newer than any row before it
         i = at[rows]
         written[i], live[i] = w[rows], on[rows]

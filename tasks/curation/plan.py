@@ -359,8 +359,10 @@ def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assig
     def of_classes(classes: set[str]) -> set[str]:
         return groups.keys_where(np.isin(member_class, [i for i, n in enumerate(by_sha.names) if n in classes]))
 
-    prior, keys, grown = None, sorted(groups), {}
-    if reuse is not None:
+    prior, grown = None, {}
+    if reuse is None:
+        keys = sorted(groups)
+    else:
         prior, touched = reuse
         keys = prior.to_walk(touched.whole, abstain, of_classes)
         whole = set(keys)
