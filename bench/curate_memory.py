@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench.memory import HighWater, peak_mb, rss_mb  # noqa: E402
+from bench.memory import HighWater, peak_mb, rss_mb, rss_split_mb  # noqa: E402
 
 PHASES = {
     "tasks.curation.curate": ["plan_in_workdir", "store_caches", "_record_assignments", "_write_snapshot",
@@ -74,11 +74,11 @@ def run_stage(root: Path, stage: str, home: Path | None = None) -> None:
     settings = load_settings("sit", home=home or root / "home")
     import pyarrow as pa  # after ``tasks``: its process defaults pick Arrow's memory pool
 
-    print(f"\n{stage}: after imports {rss_mb():.0f} MB resident, Arrow's pool {pa.default_memory_pool().backend_name}",
-          flush=True)
+    print(f"\n{stage}: after imports {rss_mb():.0f} MB resident ({_split()}), Arrow's pool "
+          f"{pa.default_memory_pool().backend_name}", flush=True)
     day = "2026-11-21" if stage == "full" else "2026-11-22"
     raw = ingest_landing(settings, run_id=f"mem-{stage}", logical_date=day, landing=root / stage).raw_version
-    print(f"{stage}: after ingest {rss_mb():.0f} MB resident, peak {peak_mb():.0f} MB", flush=True)
+    print(f"{stage}: after ingest {rss_mb():.0f} MB resident ({_split()}), peak {peak_mb():.0f} MB", flush=True)
     start = time.perf_counter()
     curate(settings, raw, run_id=f"mem-{stage}", logical_date=day)
     print(f"{stage}: curation {time.perf_counter() - start:.1f} s, peak RSS {peak_mb():.0f} MB\n")
@@ -87,6 +87,11 @@ def run_stage(root: Path, stage: str, home: Path | None = None) -> None:
     for d, name, before, after, peak, raised, seconds, anon, mapped in log:
         print(f"| {'&nbsp;' * 2 * d}{name} | {before:.0f} | {after:.0f} | {peak:.0f} | {raised:.0f} | {seconds:.2f} | "
               f"{anon:.0f} | {mapped:.0f} |")
+
+
+def _split() -> str:
+    anon, mapped = rss_split_mb()
+    return f"anonymous {anon:.0f}, file-backed {mapped:.0f}"
 
 
 def _wrapped_phases() -> list:

@@ -62,6 +62,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -135,22 +136,14 @@ def _cached(manifest_uri: str, listing: pa.Table, trust: bool = True) -> pa.Tabl
     n = listing.num_rows
     empty = pa.table({"unchanged": pa.array(np.zeros(n, dtype=bool)), "sha256": pa.nulls(n, pa.string()),
                       "content_code": pa.nulls(n, pa.string()), "content_detail": pa.nulls(n, pa.string())})
-    if not trust or not lake.exists(manifest_uri):
+    version = lake.current_version(manifest_uri) if trust else None
+    if version is None:
         return empty
-    table = DeltaTable(manifest_uri)
-    cache = lake.scan(table, columns=["source_uri", "size", "mtime_ns", "etag", "sha256", "content_code"])
-    idx = pc.index_in(listing.column("uri"), value_set=cache.column("source_uri"))
-    hit = pc.is_valid(idx)
+    rows = lake.rows_for_keys(manifest_uri, version, "source_uri", listing.column("uri"),
+                              ["source_uri", "size", "mtime_ns", "etag", "sha256", "content_code", "content_detail"])
+    hit = pc.is_valid(rows.column("source_uri"))
     if not pc.any(hit).as_py():
         return empty
-    rows = cache.take(idx)  # null index -> null row
-    del cache
-    if pc.all(pc.is_null(rows.column("content_code"))).as_py():  # no cached verdicts: skip the long column
-        details = pa.nulls(n, pa.string())
-    else:
-        verdicts = lake.scan(table, columns=["source_uri", "content_detail"])
-        details = verdicts.column("content_detail").take(
-            pc.index_in(listing.column("uri"), value_set=verdicts.column("source_uri")))
     same = pc.and_(pc.equal(listing.column("size"), rows.column("size")),
                    pc.equal(listing.column("mtime_ns"), rows.column("mtime_ns")))
     etag_same = pc.or_(pc.and_(pc.is_null(listing.column("etag")), pc.is_null(rows.column("etag"))),
@@ -158,21 +151,25 @@ def _cached(manifest_uri: str, listing: pa.Table, trust: bool = True) -> pa.Tabl
     known_stamp = pc.and_(pc.greater_equal(listing.column("size"), 0), pc.greater_equal(listing.column("mtime_ns"), 0))
     unchanged = pc.fill_null(pc.and_(pc.and_(hit, same), pc.and_(etag_same, known_stamp)), False)
     return pa.table({"unchanged": unchanged, "sha256": rows.column("sha256"),
-                     "content_code": rows.column("content_code"), "content_detail": details})
+                     "content_code": rows.column("content_code"), "content_detail": rows.column("content_detail")})
 
 
-def _known(table: DeltaTable | None) -> pa.Table:
-    """sha256 -> label of the snapshot the commit will be checked against."""
-    if table is None:
-        return pa.table({"sha256": pa.array([], pa.string()), "label": pa.array([], pa.string())})
-    return lake.scan(table, columns=["sha256", "label"])
+class _Known(NamedTuple):
+    """The raw table's labels as of the snapshot the commit is checked against (``version`` None: no table yet),
+    read by sha256 for the images asked about (never the whole table: a batch against millions of rows)."""
 
+    uri: str
+    version: int | None
 
-def _lookup(shas: pa.Array | pa.ChunkedArray, known: pa.Table) -> pa.Array | pa.ChunkedArray:
-    """The table's label for each sha (null = not in the table)."""
-    if not known.num_rows:
-        return pa.nulls(len(shas), pa.string())
-    return known.column("label").take(pc.index_in(shas, value_set=known.column("sha256")))
+    @classmethod
+    def of(cls, uri: str, table: DeltaTable | None) -> _Known:
+        return cls(uri, table.version() if table is not None else None)
+
+    def labels(self, shas: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """The table's label for each sha (null: not in the table, or no sha)."""
+        if self.version is None:
+            return pa.nulls(len(shas), pa.string())
+        return lake.rows_for_keys(self.uri, self.version, "sha256", shas, ["label"]).column("label").combine_chunks()
 
 
 def _settled(listing: pa.Table, cache: pa.Table, cached_label, allowed: set[str] | None, extensions: set[str]) -> np.ndarray:
@@ -212,14 +209,14 @@ class _Plan:
     to_insert: int
 
 
-def _plan(cands: pa.Table, known: pa.Table, uris: pa.ChunkedArray, n: int, reject) -> _Plan:
+def _plan(cands: pa.Table, known: _Known, uris: pa.ChunkedArray, n: int, reject) -> _Plan:
     """Decide the spilled candidates against the table snapshot and against each other."""
     keep = np.zeros(n, dtype=bool)
     rejects: list[dict] = []
     present = 0
     if cands.num_rows == 0:
         return _Plan(keep, rejects, 0, 0)
-    table_label = _lookup(cands.column("sha256"), known).to_pylist()
+    table_label = known.labels(cands.column("sha256")).to_pylist()
     seqs = cands.column("seq").to_pylist()
     shas = cands.column("sha256").to_pylist()
     labels = cands.column("label").to_pylist()
@@ -368,11 +365,11 @@ def _decide_file(run: _Run, part: dict[str, list], hits: dict[str, list], prior:
         rows[key].append(value)
 
 
-def _scan(run: _Run, tmp: Path, full: bool, known: pa.Table) -> _Scan:
+def _scan(run: _Run, tmp: Path, full: bool, known: _Known) -> _Scan:
     """Phase 2: decide every file the incremental state does not settle, batch by batch, spilled to disk."""
     cfg, listing = run.settings.ingest, run.listing
     cache = _cached(run.settings.table_uri(MANIFEST_TABLE), listing, trust=not full)
-    cached_label = _lookup(cache.column("sha256"), known)
+    cached_label = known.labels(cache.column("sha256"))
     settled = _settled(listing, cache, cached_label, run.allowed, run.extensions)
     todo = np.flatnonzero(~settled)
     rejects: list[dict] = []
@@ -404,7 +401,7 @@ def _scan(run: _Run, tmp: Path, full: bool, known: pa.Table) -> _Scan:
                  files_read=counts["files_read"])
 
 
-def _commit(run: _Run, scan: _Scan, snapshot: DeltaTable | None, known: pa.Table, metadata: dict
+def _commit(run: _Run, scan: _Scan, snapshot: DeltaTable | None, known: _Known, metadata: dict
             ) -> tuple[int | None, int, _Plan, int, int | None]:
     """Phase 3: the candidates not in the table yet, in ONE Delta commit (re-planned after a lost race).
 
@@ -418,7 +415,7 @@ def _commit(run: _Run, scan: _Scan, snapshot: DeltaTable | None, known: pa.Table
     def commit(attempt: int) -> tuple[int | None, int]:
         state["attempts"] = attempt
         table = snapshot if attempt == 1 else (DeltaTable(raw_uri) if lake.exists(raw_uri) else None)
-        plan = _plan(scan.cands, known if attempt == 1 else _known(table), uris, run.n, run.reject)
+        plan = _plan(scan.cands, known if attempt == 1 else _Known.of(raw_uri, table), uris, run.n, run.reject)
         state["plan"], state["planned_version"] = plan, table.version() if table is not None else None
         if plan.to_insert == 0:
             return None, 0
@@ -488,7 +485,7 @@ def ingest_landing(
         return _unchanged_zone(run, zone)
 
     snapshot = DeltaTable(raw_uri) if lake.exists(raw_uri) else None
-    known = _known(snapshot)
+    known = _Known.of(raw_uri, snapshot)
     metadata = {"run_id": run_id, "logical_date": run.logical, "step": "ingest", "source": run.source.root_uri,
                 "label_source": label_source}
     with tempfile.TemporaryDirectory(prefix="cd4ml-ingest-") as tmp:

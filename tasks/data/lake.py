@@ -270,6 +270,33 @@ def scan_keyed(uri: str, version: int, key: str, values: pa.Array, columns: list
 
 
 READ_ROWS = 128  # rows read at a time where rows may be images: 15 MB of 120 KB photos
+KEYED_ROWS, KEYED_BYTES = 1 << 16, 64 << 20  # ``rows_for_keys``' blocks: a batch's rows, whatever their size
+
+
+def rows_for_keys(uri: str, version: int, key: str, wanted: pa.Array | pa.ChunkedArray, columns: list[str]
+                  ) -> pa.Table:
+    """``columns`` of the row holding each of ``wanted`` in ``wanted``'s order (a null, or a key the table lacks: a
+    row of nulls; of two rows with one key, the first in the table's order), read by key (``scan_keyed``): the key
+    column a block at a time and only the rows asked for, never the whole table (a batch's few thousand keys against
+    a table of millions)."""
+    wanted = wanted.combine_chunks() if isinstance(wanted, pa.ChunkedArray) else wanted
+    wanted = pc.cast(wanted, pa.string())
+    values = pc.unique(wanted.drop_null())
+    found = list(scan_keyed(uri, version, key, values, columns, KEYED_ROWS, KEYED_BYTES, position="_wanted"))
+    if not found:
+        schema = pa.schema(open_table(uri, version).schema().to_arrow())
+        return pa.table({c: pa.nulls(len(wanted), _plain_type(schema.field(c).type)) for c in columns})
+    rows = pa.concat_tables(found)
+    codes, first = np.unique(rows.column("_wanted").to_numpy(), return_index=True)
+    slot = np.full(len(values), -1, dtype=np.int64)
+    slot[codes] = first
+    at = pc.index_in(wanted, value_set=values).fill_null(-1).to_numpy(zero_copy_only=False)
+    row = np.where(at >= 0, slot[np.maximum(at, 0)], -1)
+    return rows.select(columns).take(pa.array(row, mask=row < 0))
+
+
+def _plain_type(kind: pa.DataType) -> pa.DataType:
+    return pa.string() if pa.types.is_string_view(kind) else kind
 
 
 def _positions(uri: str, version: int, key: str, values: pa.Array) -> np.ndarray:
@@ -801,15 +828,19 @@ def upsert_batches(
     """Insert new keys and replace the rows of existing ones, with memory that stays flat.
 
     For bookkeeping tables (the ingest manifest). Rows with new keys are streamed in with
-    ``append_stream`` against the snapshot whose keys were checked (one commit; a concurrent
-    commit refuses it and the whole upsert is re-planned, ``make_batches`` being called again);
+    ``append_stream`` against the snapshot whose keys were checked (the stream's keys looked up in the table's key
+    column a block at a time, never the whole column held; one commit; a concurrent commit refuses it and the whole
+    upsert is re-planned, ``make_batches`` being called again);
     rows whose key exists are MERGEd ``chunk_rows`` at a time (a MERGE holds its source in
     memory). Keys must be unique within the stream. Returns the versions committed.
     """
 
     def attempt(_: int) -> list[int]:
         table = DeltaTable(uri) if exists(uri) else None
-        known = scan(table, columns=[key]).column(key) if table is not None else None
+        known = None
+        if table is not None:  # the stream's keys the table holds, its key column read a block at a time
+            stream = [b.select([key]) for b in make_batches()]
+            known = _present_keys(uri, table, pa.Table.from_batches(stream, pa.schema([schema.field(key)])), [key])
         changed: list[pa.RecordBatch] = []
 
         def new_rows():

@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from tasks.data import lake
-from tasks.data.ingest import META_COLUMNS, EmptyLandingError, ingest_landing
+from tasks.data.ingest import MANIFEST_TABLE, META_COLUMNS, EmptyLandingError, ingest_landing
 from tasks.data.sample_data import write_digits
 
 
@@ -80,6 +80,31 @@ def test_same_bytes_as_an_existing_image_under_another_label_is_rejected(setting
     (landing / "2" / "a_copy.png").write_bytes(_png(value=5))
     result = ingest_landing(settings, run_id="r2", logical_date="2026-11-22", landing=landing)
     assert not result.committed
+    assert _rejects(settings)["2/a_copy.png"]["reason"] == "same bytes already ingested with label '1'"
+
+
+def test_a_second_batch_reads_the_tables_by_key_never_whole(settings, tmp_path, monkeypatch):
+    landing = tmp_path / "landing"
+    (landing / "1").mkdir(parents=True)
+    (landing / "1" / "a.png").write_bytes(_png(value=5))
+    (landing / "1" / "b.png").write_bytes(_png(value=6))
+    ingest_landing(settings, run_id="r1", logical_date="2026-11-21", landing=landing)
+    # a batch of a few files against millions of rows: the raw table's labels and the manifest's rows are read for
+    # the files listed, not the whole table (lake.scan reads every row of the columns asked)
+    real, image_tables = lake.scan, {lake.table_name(settings.raw_table), MANIFEST_TABLE}
+
+    def whole(table, *args, **kwargs):
+        assert lake.table_name(table.table_uri) not in image_tables, "a table of a row an image was read whole"
+        return real(table, *args, **kwargs)
+
+    monkeypatch.setattr(lake, "scan", whole)
+    (landing / "1" / "b.png").write_bytes(_png(value=7))  # changed: read again
+    (landing / "2").mkdir()
+    (landing / "2" / "a_copy.png").write_bytes(_png(value=5))  # the bytes of 1/a.png: a conflict
+    (landing / "2" / "c.png").write_bytes(_png(value=8))
+    result = ingest_landing(settings, run_id="r2", logical_date="2026-11-22", landing=landing)
+    assert (result.inserted, result.already_present, result.rejected, result.files_read) == (2, 1, 1, 3)
+    monkeypatch.undo()
     assert _rejects(settings)["2/a_copy.png"]["reason"] == "same bytes already ingested with label '1'"
 
 

@@ -359,6 +359,39 @@ def test_scan_keyed_gives_the_wanted_rows_in_order_reading_only_the_row_groups_h
     assert list(lake.scan_keyed(uri, version, "k", pa.array(["k99"]), ["k"], 2, 1 << 20)) == []
 
 
+def test_rows_for_keys_aligns_a_row_to_each_key_asked_with_nulls_where_none(tmp_path):
+    uri, version = _keyed_table(tmp_path)
+    wanted = pa.chunked_array([["k33", None, "k99"], ["k03", "k33"]])  # a null, a missing key, a repeat
+    got = lake.rows_for_keys(uri, version, "k", wanted, ["k", "blob", "extra"])
+    assert got.column("k").to_pylist() == ["k33", None, None, "k03", "k33"]
+    assert got.column("blob").to_pylist() == [b"k33", None, None, b"k03", b"k33"]
+    assert got.column("extra").to_pylist() == [9, None, None, None, 9]  # written before the column: null
+    none = lake.rows_for_keys(uri, version, "k", pa.array(["k99", None]), ["k", "extra"])
+    assert none.to_pydict() == {"k": [None, None], "extra": [None, None]}
+    assert none.schema.field("k").type == pa.string() and none.schema.field("extra").type == pa.int64()
+
+
+def test_rows_for_keys_takes_the_first_of_two_rows_with_one_key(tmp_path):
+    from deltalake import write_deltalake
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"k": ["a", "b"], "v": [1, 2]}))
+    write_deltalake(uri, pa.table({"k": ["a"], "v": [3]}), mode="append")
+    order = [r["v"] for b in lake.scan_batches(uri, 1, ["v"]) for r in b.to_pylist() if r["v"] != 2]
+    assert lake.rows_for_keys(uri, 1, "k", pa.array(["a"]), ["v"]).column("v").to_pylist() == order[:1]
+
+
+def test_upsert_batches_never_reads_the_key_column_whole(tmp_path, monkeypatch):
+    uri = str(tmp_path / "m")
+    rows = pa.table({"k": ["a", "b", "c"], "v": [1, 2, 3]})
+    lake.upsert_batches(uri, rows.to_batches, rows.schema, "k", {"step": "m"})
+    monkeypatch.setattr(lake, "scan", lambda *a, **kw: pytest.fail("the table was read whole"))
+    changed = pa.table({"k": ["c", "d"], "v": [30, 4]})
+    assert lake.upsert_batches(uri, changed.to_batches, rows.schema, "k", {"step": "m"}) == [1, 2]
+    monkeypatch.undo()
+    got = dict(zip(*lake.read(uri, 2).sort_by("k").to_pydict().values()))
+    assert got == {"a": 1, "b": 2, "c": 30, "d": 4}
+
+
 def test_scan_blocks_ends_a_block_at_its_bytes(tmp_path):
     uri, version = _keyed_table(tmp_path)
     by_bytes = lake.scan_blocks(uri, version, ["k", "blob"], 1000, block_bytes=1)
