@@ -35,8 +35,9 @@ module applies them, streams and commits:
 * Incremental: the ``ingest_manifest`` table remembers, per source URI, size, mtime (ns), ETag
   and what the content was (sha256, or its reject code). A file whose size, mtime and ETag are
   unchanged is not opened again: its sha256 decides (already present, conflicting, or cached
-  reject). An unchanged zone therefore costs one listing (stat) and two small table reads, and
-  commits nothing anywhere. Unknown size or mtime (some object stores) is never "unchanged".
+  reject). The manifest's rows and the raw table's labels are read by key for the files listed
+  (``lake.rows_for_keys``), never whole. An unchanged zone therefore costs one listing (stat) and two
+  small table reads, and commits nothing anywhere. Unknown size or mtime (some object stores) is never "unchanged".
 * Settled zones (``tasks.data.ingest_zones``): after a run has decided every file, a digest of the
   whole listing and the raw version are recorded per zone; a later run whose listing has the
   same digest, while ``raw_images`` is still at that version, returns at once without reading
