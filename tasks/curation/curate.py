@@ -100,6 +100,7 @@ import pyarrow as pa
 
 from tasks.curation.assignments import store_record
 from tasks.curation.curation_features import feature_config, write_galleries
+from tasks.curation.heap import map_large_blocks
 from tasks.curation.kept_facts import KeptFacts
 from tasks.curation.plan import Plan, gallery_shas, plan_in_workdir, snapshot_batches, store_caches
 from tasks.curation.report import (
@@ -135,6 +136,7 @@ def curate(settings: Settings, raw_version: int, run_id: str, logical_date: str)
 
     Writes in crash-safe order: caches, the assignment record, the snapshot, then its reports.
     """
+    map_large_blocks()  # what a phase frees goes back before the next one reads (tasks.curation.heap)
     logical = lake.normalise_logical_date(logical_date)
     config_hash = settings.section_hash("curation")
     prior = lake.find_commit(settings.curated_table, raw_version=str(raw_version), config_hash=config_hash,
