@@ -59,7 +59,7 @@ from tasks.curation.fastdup_optional import fastdup_installed, import_fastdup
 from tasks.curation.feature_facts import FACT_COLUMNS, FeatureFacts, ImageFeatures
 from tasks.curation.image_stats import NORM_MAX_SIDE, NORM_SIDE, ImageStats, image_stats
 from tasks.curation.pixel_keys import PixelKeys
-from tasks.curation.sha_list import Keys, ShaList, column_keys
+from tasks.curation.sha_list import Keys
 from tasks.curation.tables import RawRows
 from tasks.data import lake
 from tasks.settings import CurationSettings
@@ -313,22 +313,52 @@ def stored_rows(uri: str, config: str, wanted: Keys, vectors: bool = False) -> p
     ``tasks.curation.vectors``), so memory holds the facts of these images, not the table.
     """
     columns = [*FACTS_SCHEMA.names, *(["embedding"] if vectors else [])]
-    schema = pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in [*columns, "config"]])
+    parts = [part for part, _ in _stored_parts(uri, config, wanted, columns, lake.LOOKUP_BLOCK_ROWS)]
+    return pa.concat_tables(parts) if parts else _nullable(columns).empty_table()
+
+
+FACT_BLOCK_ROWS = 1 << 16  # stored rows read at a time by ``stored_facts``
+
+
+def stored_facts(uri: str, config: str, wanted: Keys) -> tuple[pa.Table, np.ndarray]:
+    """(the facts of ``wanted``'s stored rows under ``config``, ``FACT_COLUMNS`` in the table's order; each row's
+    position among ``wanted``): what a curation reads of every image of its raw version.
+
+    No sha256 is held (68 bytes a row: a row is its position), and a block is ``FACT_BLOCK_ROWS`` rows: positions are
+    binary searches, no set is hashed a block, so a small block costs no more (a block of ``LOOKUP_BLOCK_ROWS``, with
+    each row's config string, and every row's sha256 kept were the features' high at a million images).
+    """
+    parts = list(_stored_parts(uri, config, wanted, list(FACT_COLUMNS), FACT_BLOCK_ROWS))
+    if not parts:
+        return _nullable(list(FACT_COLUMNS)).empty_table(), np.zeros(0, dtype=np.int64)
+    return pa.concat_tables([part for part, _ in parts]), np.concatenate([at for _, at in parts])
+
+
+def _nullable(columns: list[str]) -> pa.Schema:
+    return pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in columns])
+
+
+def _stored_parts(uri: str, config: str, wanted: Keys, columns: list[str], block_rows: int
+                  ) -> Iterator[tuple[pa.Table, np.ndarray]]:
+    """Each block's rows of ``wanted``'s images under ``config``: their ``columns`` and positions among ``wanted``."""
     version = lake.current_version(uri)
-    parts = []
-    if version is not None and len(wanted):
-        for block in lake.scan_blocks_with_defaults(uri, version, schema.names, lake.LOOKUP_BLOCK_ROWS, schema,
-                                                    NO_FACTS):
-            part = block.cast(schema)
-            keep = pc.and_(pc.equal(part.column("config"), config),
-                           pa.array(wanted.positions(part.column("sha256")) >= 0))
-            parts.append(part.filter(keep).drop_columns(["config"]))  # the config strings are not held
-    return pa.concat_tables(parts) if parts else schema.empty_table().drop_columns(["config"])
+    if version is None or not len(wanted):
+        return
+    schema = _nullable([*columns, *(c for c in ("sha256", "config") if c not in columns)])
+    for block in lake.scan_blocks_with_defaults(uri, version, schema.names, block_rows, schema, NO_FACTS):
+        part = block.cast(schema)
+        at = wanted.positions(part.column("sha256"))
+        keep = (at >= 0) & pc.fill_null(pc.equal(part.column("config"), config), False).to_numpy(zero_copy_only=False)
+        yield part.select(columns).filter(pa.array(keep)), at[keep]
 
 
-def stored_positions(stored: pa.Table, wanted: Keys) -> np.ndarray:
-    """Each of ``wanted``'s images' row of ``stored`` (the first, if twice), -1 where it has none (int64)."""
-    return ShaList(column_keys(stored.column("sha256"))).rows_of(wanted)
+def stored_positions(at: np.ndarray, wanted: int) -> np.ndarray:
+    """Each of ``wanted`` images' row among the stored rows (``at``: each row's image, as ``stored_facts``; the
+    first row, if twice), -1 where it has none (int64)."""
+    rows = np.full(wanted, -1, dtype=np.int64)
+    images, first = np.unique(at, return_index=True)
+    rows[images] = first
+    return rows
 
 
 def facts_in_order(stored: pa.Table, fresh: pa.Table, found: np.ndarray, rows: RawRows) -> FeatureFacts:
@@ -344,7 +374,8 @@ def facts_in_order(stored: pa.Table, fresh: pa.Table, found: np.ndarray, rows: R
         if in_fresh.null_count:
             raise KeyError(f"{in_fresh.null_count} images have neither stored nor computed features")
         at[missing] = stored.num_rows + in_fresh.to_numpy(zero_copy_only=False)
-    both = pa.concat_tables([t.select(FACTS_SCHEMA.names).cast(FACTS_SCHEMA) for t in (stored, fresh)])
+    facts = pa.schema([FACTS_SCHEMA.field(c) for c in FACT_COLUMNS])  # no sha256: ``rows`` has them
+    both = pa.concat_tables([t.select(facts.names).cast(facts) for t in (stored, fresh)])
     return FeatureFacts.of_table(both, rows.shas, rows.at, order=pa.array(at))
 
 

@@ -42,8 +42,8 @@ from tasks.curation.curation_features import (
     facts_in_order,
     feature_config,
     store_features,
+    stored_facts,
     stored_positions,
-    stored_rows,
     stored_vectors,
 )
 from tasks.curation.dedupe import GrownComponent, dedupe_component, extend_component
@@ -221,8 +221,9 @@ def _features(settings: Settings, rows: RawRows, images: RawImages, run_id: str,
     that were held to the end of the plan). The facts are in the raw rows' order and share their map (``at``)."""
     cfg, uri = settings.curation, settings.table_uri(EMBEDDINGS_TABLE)
     wanted = Keys.of(rows.shas)  # sorted: found by binary search, no hash of every sha256
-    stored = stored_rows(uri, feature_config(cfg), wanted)
-    found = stored_positions(stored, wanted)  # each image's stored row (-1: none)
+    stored, stored_at = stored_facts(uri, feature_config(cfg), wanted)
+    found = stored_positions(stored_at, len(wanted))  # each image's stored row (-1: none)
+    del stored_at
     del wanted
     missing = np.flatnonzero(found < 0)
     fresh = _computed(cfg, images, [rows.shas[i] for i in missing.tolist()], len(rows), work, run_id)

@@ -4,7 +4,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.curation.curation_features import FACTS_SCHEMA, Features, RowOf, facts_in_order, stored_positions
+from tasks.curation.curation_features import (
+    FACTS_SCHEMA,
+    Features,
+    RowOf,
+    facts_in_order,
+    stored_facts,
+    stored_positions,
+)
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
 from tasks.curation.outliers import CONSTANT_STD, Measured, constant_images, is_constant, outlier_reason, screen
 from tasks.curation.sha_list import Keys
@@ -40,7 +47,7 @@ def _table(rows: dict[str, ImageFeatures]) -> pa.Table:
 def test_facts_in_the_raw_rows_order_come_from_the_stored_rows_else_the_computed_ones_and_share_their_map():
     stored, fresh = _table({"c": OLD, "a": GOOD}), _table({"b": BLACK})
     rows = RawRows.of(RawFacts(s, "1", 32, 32) for s in "abc")
-    found = stored_positions(stored, Keys.of(rows.shas))
+    found = stored_positions(np.array([2, 0]), 3)  # the stored rows' images: c, a
     assert found.tolist() == [1, -1, 0]
     facts = facts_in_order(stored, fresh, found, rows)
     assert facts.at is rows.at and list(facts) == ["a", "b", "c"]
@@ -92,3 +99,26 @@ def test_rows_of_computed_vectors_are_found_by_raw_position():
         row_of["c"]  # a raw row with no computed vector
     with pytest.raises(KeyError):
         RowOf.of(rows, np.array([0, -1]))  # an embedded image that is no raw row
+
+
+def test_stored_facts_are_the_wanted_images_rows_under_the_config_with_their_positions(tmp_path):
+    from deltalake import write_deltalake
+
+    uri = str(tmp_path / "features")
+
+    def rows(config: str, shas: str, run: str) -> pa.Table:
+        table = _table({s: GOOD._replace(pixel_digest=f"{config}-{s}") for s in shas})
+        return (table.append_column("config", pa.array([config] * len(shas)))
+                .append_column("method", pa.array(["pixels"] * len(shas))).append_column("run_id", pa.array([run] * len(shas))))
+
+    write_deltalake(uri, rows("v1", "cab", "r1"))
+    write_deltalake(uri, rows("v2", "ad", "r2"), mode="append")
+    write_deltalake(uri, rows("v1", "e", "r3"), mode="append")  # z is asked for and not stored: no row
+    wanted = Keys.of(["a", "b", "c", "d", "e", "z"])
+    facts, at = stored_facts(uri, "v1", wanted)
+    assert "sha256" not in facts.column_names and "config" not in facts.column_names
+    digests = facts.column("pixel_digest").to_pylist()
+    assert sorted(zip(at.tolist(), digests)) == [(0, "v1-a"), (1, "v1-b"), (2, "v1-c"), (4, "v1-e")]
+    assert stored_positions(at, len(wanted)).tolist()[3] == -1
+    assert [digests[r] for r in stored_positions(at, len(wanted)) if r >= 0] == ["v1-a", "v1-b", "v1-c", "v1-e"]
+    assert stored_facts(str(tmp_path / "none"), "v1", wanted)[0].num_rows == 0
