@@ -269,7 +269,7 @@ def _add_slice(record: Record, rows: RawRows, t: pa.Table) -> None:
 def _blocks(uri: str, version: int) -> Iterator[pa.Table]:
     """The stored rows a block at a time; a table written before the ``written`` column: each image's one row,
     written at 0 (``LEGACY``)."""
-    return lake.scan_blocks_with_defaults(uri, version, COMPONENTS_SCHEMA.names, lake.LOOKUP_BLOCK_ROWS,
+    return lake.scan_blocks_with_defaults(uri, version, COMPONENTS_SCHEMA.names, lake.SEARCH_BLOCK_ROWS,
                                           COMPONENTS_SCHEMA, LEGACY)
 
 

@@ -232,7 +232,7 @@ def _appended(table: Any, curated: KeptFacts) -> KeptFacts | None:
     """The rows of ``curated`` (the kept facts) to append to ``table``'s snapshot, or None when a row there
     changes or goes, or the table's columns are not this snapshot's.
 
-    The stored key columns are read ``lake.LOOKUP_BLOCK_ROWS`` at a time (read whole, they set a batch's peak at
+    The stored key columns are read ``lake.SEARCH_BLOCK_ROWS`` at a time (read whole, they set a batch's peak at
     100,000 images); each stored row is found among the kept ones by binary search in the eligible images' byte array
     (``KeptFacts.find``: no sort of either side, no hash of every kept sha256 a block), then its key columns compared
     with the kept rows made for the block.
@@ -241,7 +241,7 @@ def _appended(table: Any, curated: KeptFacts) -> KeptFacts | None:
         return None
     known = np.zeros(curated.num_rows, dtype=bool)
     stored = 0
-    for block in lake.scan_blocks(table.table_uri, table.version(), SNAPSHOT_KEY_COLUMNS, lake.LOOKUP_BLOCK_ROWS):
+    for block in lake.scan_blocks(table.table_uri, table.version(), SNAPSHOT_KEY_COLUMNS, lake.SEARCH_BLOCK_ROWS):
         at = curated.find(block.column("sha256"))
         if (at < 0).any():  # a stored row is not kept now
             return None

@@ -317,18 +317,15 @@ def stored_rows(uri: str, config: str, wanted: Keys, vectors: bool = False) -> p
     return pa.concat_tables(parts) if parts else _nullable(columns).empty_table()
 
 
-FACT_BLOCK_ROWS = 1 << 16  # stored rows read at a time by ``stored_facts``
-
-
 def stored_facts(uri: str, config: str, wanted: Keys) -> tuple[pa.Table, np.ndarray]:
     """(the facts of ``wanted``'s stored rows under ``config``, ``FACT_COLUMNS`` in the table's order; each row's
     position among ``wanted``): what a curation reads of every image of its raw version.
 
-    No sha256 is held (68 bytes a row: a row is its position), and a block is ``FACT_BLOCK_ROWS`` rows: positions are
-    binary searches, no set is hashed a block, so a small block costs no more (a block of ``LOOKUP_BLOCK_ROWS``, with
-    each row's config string, and every row's sha256 kept were the features' high at a million images).
+    No sha256 is held (68 bytes a row: a row is its position), and a block is ``lake.SEARCH_BLOCK_ROWS`` rows
+    (positions are binary searches: a block of ``LOOKUP_BLOCK_ROWS``, with each row's config string, and every row's
+    sha256 kept were held at once).
     """
-    parts = list(_stored_parts(uri, config, wanted, list(FACT_COLUMNS), FACT_BLOCK_ROWS))
+    parts = list(_stored_parts(uri, config, wanted, list(FACT_COLUMNS), lake.SEARCH_BLOCK_ROWS))
     if not parts:
         return _nullable(list(FACT_COLUMNS)).empty_table(), np.zeros(0, dtype=np.int64)
     return pa.concat_tables([part for part, _ in parts]), np.concatenate([at for _, at in parts])

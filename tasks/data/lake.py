@@ -58,6 +58,10 @@ TAGS_TABLE = "dataset_tags"
 # Rows a set lookup checks at once (``scan_blocks``' callers): each call hashes its whole value set again, 0.43 s
 # against a million strings; 262,144 rows of keys are about 40-60 MB.
 LOOKUP_BLOCK_ROWS = 1 << 18
+# Rows read at a time where each row is found by a binary search (``sha_list.Keys``), not a set lookup: no fixed cost
+# a block, so a small block costs no more, and a block of the record's or the features' rows at LOOKUP_BLOCK_ROWS
+# held 50-70 MB while it was read.
+SEARCH_BLOCK_ROWS = 1 << 16
 _T = TypeVar("_T")
 
 
