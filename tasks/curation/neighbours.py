@@ -55,7 +55,7 @@ SEARCH_BLOCK = 1024  # query rows per exact matrix product: bounds memory at BLO
 RANK_BLOCK = 65_536  # query rows searched and ranked at a time (a few arrays of BLOCK x hits, not of every query)
 SEARCH_SLACK = 16  # neighbours asked beyond k: room for indexed images that are not eligible now
 FOLD_SHARE = 0.10  # the index takes in the eligible rows it lacks once they are more than this share of its rows
-DELTA_SCRATCH = 1 << 24  # floats of query x delta cosines computed at a time (64 MB)
+DELTA_SCRATCH = 1 << 22  # floats of query x delta cosines computed at a time (16 MB, and 32 MB of their ranks)
 HNSW_M = 32  # graph degree of the HNSW index
 HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 128  # at least; raised to twice the neighbours asked
@@ -289,9 +289,10 @@ class _Delta:
             s = np.asarray(queries[block], dtype=np.float32) @ self.vectors.T
             mine = np.flatnonzero(itself[block] >= 0)
             s[mine, itself[block][mine]] = -np.inf
-            top = np.argpartition(-s, width - 1, axis=1)[:, :width] if width < s.shape[1] else \
+            np.negative(s, out=s)  # in place: the nearest first, no second scratch
+            top = np.argpartition(s, width - 1, axis=1)[:, :width] if width < s.shape[1] else \
                 np.broadcast_to(np.arange(s.shape[1]), s.shape).copy()
-            top_s = np.take_along_axis(s, top, axis=1)
+            top_s = -np.take_along_axis(s, top, axis=1)
             real = np.isfinite(top_s)
             ids[block] = np.where(real, self.positions[top], -1)
             sims[block] = np.where(real, top_s, -np.inf)
