@@ -317,20 +317,6 @@ def stored_rows(uri: str, config: str, wanted: Keys, vectors: bool = False) -> p
     return pa.concat_tables(parts) if parts else _nullable(columns).empty_table()
 
 
-def stored_facts(uri: str, config: str, wanted: Keys) -> tuple[pa.Table, np.ndarray]:
-    """(the facts of ``wanted``'s stored rows under ``config``, ``FACT_COLUMNS`` in the table's order; each row's
-    position among ``wanted``): what a curation reads of every image of its raw version.
-
-    No sha256 is held (68 bytes a row: a row is its position), and a block is ``lake.SEARCH_BLOCK_ROWS`` rows
-    (positions are binary searches: a block of ``LOOKUP_BLOCK_ROWS``, with each row's config string, and every row's
-    sha256 kept were held at once).
-    """
-    parts = list(_stored_parts(uri, config, wanted, list(FACT_COLUMNS), lake.SEARCH_BLOCK_ROWS))
-    if not parts:
-        return _nullable(list(FACT_COLUMNS)).empty_table(), np.zeros(0, dtype=np.int64)
-    return pa.concat_tables([part for part, _ in parts]), np.concatenate([at for _, at in parts])
-
-
 def _nullable(columns: list[str]) -> pa.Schema:
     return pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in columns])
 
@@ -349,31 +335,22 @@ def _stored_parts(uri: str, config: str, wanted: Keys, columns: list[str], block
         yield part.select(columns).filter(pa.array(keep)), at[keep]
 
 
-def stored_positions(at: np.ndarray, wanted: int) -> np.ndarray:
-    """Each of ``wanted`` images' row among the stored rows (``at``: each row's image, as ``stored_facts``; the
-    first row, if twice), -1 where it has none (int64)."""
-    rows = np.full(wanted, -1, dtype=np.int64)
-    images, first = np.unique(at, return_index=True)
-    rows[images] = first
-    return rows
+def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts) -> np.ndarray:
+    """Fill ``facts`` (``FeatureFacts.blank`` over ``wanted``'s images, in their order) with their stored facts under
+    ``config``; which images have stored facts (bool; an image stored twice: its first row).
 
-
-def facts_in_order(stored: pa.Table, fresh: pa.Table, found: np.ndarray, rows: RawRows) -> FeatureFacts:
-    """The facts of each of ``rows``' images sharing their map: its row of ``stored`` where ``found``
-    (``stored_positions``) has one, else its row of ``fresh`` (``KeyError`` for neither). Taken by position in
-    Arrow, a column at a time: no Python string or map an image (the stored facts had their own map from sha256 to
-    position and their own sha256 strings, made to be dropped once aligned to the raw rows)."""
-    at = np.array(found, dtype=np.int64)
-    missing = np.flatnonzero(at < 0)
-    if len(missing):
-        unstored = pa.array([rows.shas[i] for i in missing.tolist()], pa.string())  # the batch's: few
-        in_fresh = pc.index_in(unstored, value_set=fresh.column("sha256"))
-        if in_fresh.null_count:
-            raise KeyError(f"{in_fresh.null_count} images have neither stored nor computed features")
-        at[missing] = stored.num_rows + in_fresh.to_numpy(zero_copy_only=False)
-    facts = pa.schema([FACTS_SCHEMA.field(c) for c in FACT_COLUMNS])  # no sha256: ``rows`` has them
-    both = pa.concat_tables([t.select(facts.names).cast(facts) for t in (stored, fresh)])
-    return FeatureFacts.of_table(both, rows.shas, rows.at, order=pa.array(at))
+    What a curation reads of every image of its raw version, read ``lake.SEARCH_BLOCK_ROWS`` rows at a time (a row's
+    place among ``wanted`` is a binary search, no set is hashed a block) into the columns by position: no sha256 is
+    held, nor a table of every image's facts (at a million images the stored rows with their sha256, read in blocks of
+    262,144 with each row's config string, then taken into the raw rows' order, were the features' high)."""
+    filled = np.zeros(len(wanted), dtype=bool)
+    for part, at in _stored_parts(uri, config, wanted, list(FACT_COLUMNS), lake.SEARCH_BLOCK_ROWS):
+        images, first = np.unique(at, return_index=True)  # of an image twice in the block, its first row
+        new = ~filled[images]
+        rows, images = first[new], images[new]
+        facts.fill(images, part.take(pa.array(rows)))
+        filled[images] = True
+    return filled
 
 
 def stored_vectors(uri: str, config: str, shas: list[str]) -> np.ndarray:

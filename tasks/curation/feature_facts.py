@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.curation.by_position import ByPosition
-from tasks.curation.pixel_keys import Digests
+from tasks.curation.pixel_keys import DIGEST_BYTES, Digests
 from tasks.data.lake import interned
 
 
@@ -76,6 +76,35 @@ class FeatureFacts(ByPosition[ImageFeatures]):
         numbers = {c: np.asarray(column(c).to_numpy(), dtype=np.float64) if c in table.column_names
                    else np.full(rows, np.nan) for c in NUMBERS}
         return cls(interned(column("sha256")) if shas is None else shas, digests, strings, numbers, at)
+
+    @classmethod
+    def blank(cls, shas: list[str], at: Mapping[str, int]) -> FeatureFacts:
+        """Every image of ``shas`` (``at``: their map, shared) without facts yet: ``fill`` sets them a block of rows at
+        a time (no table of every image's facts held beside the columns they fill)."""
+        n = len(shas)
+        digests = Digests(np.zeros((n, DIGEST_BYTES), dtype=np.uint8), np.zeros(n, dtype=bool), {})
+        return cls(shas, digests, {c: [None] * n for c in STRINGS}, {c: np.full(n, np.nan) for c in NUMBERS}, at)
+
+    def fill(self, positions: np.ndarray, table: pa.Table) -> None:
+        """The facts of ``table``'s rows (the fact columns it has: an older table lacks some) at ``positions``, each
+        still blank (``blank``: a position is filled once, so only the values present are set)."""
+        if not len(positions):
+            return
+        have = table.column_names
+        digests = (Digests.of_column(table.column("pixel_digest")) if "pixel_digest" in have
+                   else Digests.of_values([None] * len(positions)))
+        self.digests.packed[positions], self.digests.present[positions] = digests.packed, digests.present
+        self.digests.odd.update({int(positions[j]): key for j, key in digests.odd.items()})
+        for c in STRINGS:  # nearly all None: only the values present are set
+            column = table.column(c) if c in have else None
+            valid = np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False)) if column is not None else []
+            held = self.strings[c]
+            for i, v in zip(positions[valid].tolist(), interned(column.take(pa.array(valid, pa.int64()))) if len(valid)
+                            else ()):
+                held[i] = v
+        for c in NUMBERS:
+            self.numbers[c][positions] = np.asarray(table.column(c).to_numpy(), dtype=np.float64) if c in have \
+                else np.nan
 
     @classmethod
     def of(cls, rows: Mapping[str, ImageFeatures]) -> FeatureFacts:

@@ -39,15 +39,14 @@ from tasks.curation.curation_features import (
     clear_dir,
     compute_features,
     computed_vectors,
-    facts_in_order,
     feature_config,
+    fill_stored_facts,
     store_features,
-    stored_facts,
-    stored_positions,
     stored_vectors,
 )
 from tasks.curation.dedupe import GrownComponent, dedupe_component, extend_component
 from tasks.curation.fastdup_optional import require_embedding
+from tasks.curation.feature_facts import FeatureFacts
 from tasks.curation.groups import Groups
 from tasks.curation.kept_facts import KEPT_FACTS_SCHEMA, KeptFacts
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
@@ -221,16 +220,18 @@ def _features(settings: Settings, rows: RawRows, images: RawImages, run_id: str,
     that were held to the end of the plan). The facts are in the raw rows' order and share their map (``at``)."""
     cfg, uri = settings.curation, settings.table_uri(EMBEDDINGS_TABLE)
     wanted = Keys.of(rows.shas)  # sorted: found by binary search, no hash of every sha256
-    stored, stored_at = stored_facts(uri, feature_config(cfg), wanted)
-    found = stored_positions(stored_at, len(wanted))  # each image's stored row (-1: none)
-    del stored_at
-    del wanted
-    missing = np.flatnonzero(found < 0)
+    facts = FeatureFacts.blank(rows.shas, rows.at)  # filled a block of stored rows at a time, then the fresh ones
+    stored = fill_stored_facts(uri, feature_config(cfg), wanted, facts)
+    missing = np.flatnonzero(~stored)
     fresh = _computed(cfg, images, [rows.shas[i] for i in missing.tolist()], len(rows), work, run_id)
     if fresh.num_rows:
         store_features(uri, fresh, {**cache_meta, "feature_config": feature_config(cfg), "step": "curate_features"})
-    facts = facts_in_order(stored, fresh, found, rows)
-    return Features(facts, *computed_vectors(fresh, rows)), fresh.num_rows, stored.num_rows
+    at = wanted.positions(fresh.column("sha256"))
+    facts.fill(at[at >= 0], fresh.filter(pa.array(at >= 0)))
+    stored[at[at >= 0]] = True
+    if not stored.all():
+        raise KeyError(f"{int((~stored).sum())} images have neither stored nor computed features")
+    return Features(facts, *computed_vectors(fresh, rows)), fresh.num_rows, len(rows) - len(missing)
 
 
 def _computed(cfg: Any, images: RawImages, missing: list[str], total: int, work: Path, run_id: str) -> pa.Table:

@@ -4,18 +4,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.curation.curation_features import (
-    FACTS_SCHEMA,
-    Features,
-    RowOf,
-    facts_in_order,
-    stored_facts,
-    stored_positions,
-)
+from tasks.curation.curation_features import FACTS_SCHEMA, Features, RowOf, fill_stored_facts
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
 from tasks.curation.outliers import CONSTANT_STD, Measured, constant_images, is_constant, outlier_reason, screen
 from tasks.curation.sha_list import Keys
 from tasks.curation.tables import RawFacts, RawRows
+from tasks.data import lake
 from tasks.settings import OutlierSettings
 
 GOOD = ImageFeatures("d1", 240.0, 78.0, 0.0, 255.0, None, 30.0, "grey")
@@ -44,17 +38,22 @@ def _table(rows: dict[str, ImageFeatures]) -> pa.Table:
     return pa.Table.from_pylist([{"sha256": s, **f._asdict()} for s, f in rows.items()], schema=FACTS_SCHEMA)
 
 
-def test_facts_in_the_raw_rows_order_come_from_the_stored_rows_else_the_computed_ones_and_share_their_map():
-    stored, fresh = _table({"c": OLD, "a": GOOD}), _table({"b": BLACK})
+def test_facts_filled_by_position_from_rows_in_any_order_share_the_raw_rows_map():
     rows = RawRows.of(RawFacts(s, "1", 32, 32) for s in "abc")
-    found = stored_positions(np.array([2, 0]), 3)  # the stored rows' images: c, a
-    assert found.tolist() == [1, -1, 0]
-    facts = facts_in_order(stored, fresh, found, rows)
+    facts = FeatureFacts.blank(rows.shas, rows.at)
+    facts.fill(np.array([2, 0]), _table({"c": OLD, "a": GOOD}))
+    odd = GOOD._replace(pixel_digest="not-a-hex-digest", error="undecodable", family=None)
+    facts.fill(np.array([1]), _table({"b": odd}))
     assert facts.at is rows.at and list(facts) == ["a", "b", "c"]
-    assert dict(facts) == {"a": GOOD, "b": BLACK, "c": OLD}
-    assert facts.failed().tolist() == [False, False, False] and constant_images(facts) == {"b"}
-    with pytest.raises(KeyError, match="1 images have neither"):
-        facts_in_order(stored, _table({}), found, rows)
+    assert dict(facts) == {"a": GOOD, "b": odd, "c": OLD}
+    assert facts.failed().tolist() == [False, True, False]
+    assert constant_images(facts) == set()
+    more = FeatureFacts.blank(rows.shas, rows.at)
+    more.fill(np.array([1]), _table({"b": BLACK}))
+    more.fill(np.array([0]), pa.table({"pixel_digest": ["d4"], "blur": [1.0]}))  # written before the other facts
+    assert more["a"] == ImageFeatures("d4", 1.0, None, None, None, None, None, None)
+    assert more["b"] == BLACK and constant_images(more) == {"b"}
+    assert more["c"] == ImageFeatures(None, None, None, None, None, None, None, None)  # not filled: blank
 
 
 def test_constant_images_are_those_is_constant_names():
@@ -101,24 +100,25 @@ def test_rows_of_computed_vectors_are_found_by_raw_position():
         RowOf.of(rows, np.array([0, -1]))  # an embedded image that is no raw row
 
 
-def test_stored_facts_are_the_wanted_images_rows_under_the_config_with_their_positions(tmp_path):
+def test_stored_facts_fill_the_wanted_images_first_row_under_the_config(tmp_path):
     from deltalake import write_deltalake
 
     uri = str(tmp_path / "features")
 
-    def rows(config: str, shas: str, run: str) -> pa.Table:
-        table = _table({s: GOOD._replace(pixel_digest=f"{config}-{s}") for s in shas})
+    def rows(config: str, shas: str, run: str, blur: float = 1.0) -> pa.Table:
+        table = _table({s: GOOD._replace(pixel_digest=f"{ord(s):064x}", blur=blur) for s in shas})
         return (table.append_column("config", pa.array([config] * len(shas)))
                 .append_column("method", pa.array(["pixels"] * len(shas))).append_column("run_id", pa.array([run] * len(shas))))
 
     write_deltalake(uri, rows("v1", "cab", "r1"))
-    write_deltalake(uri, rows("v2", "ad", "r2"), mode="append")
-    write_deltalake(uri, rows("v1", "e", "r3"), mode="append")  # z is asked for and not stored: no row
-    wanted = Keys.of(["a", "b", "c", "d", "e", "z"])
-    facts, at = stored_facts(uri, "v1", wanted)
-    assert "sha256" not in facts.column_names and "config" not in facts.column_names
-    digests = facts.column("pixel_digest").to_pylist()
-    assert sorted(zip(at.tolist(), digests)) == [(0, "v1-a"), (1, "v1-b"), (2, "v1-c"), (4, "v1-e")]
-    assert stored_positions(at, len(wanted)).tolist()[3] == -1
-    assert [digests[r] for r in stored_positions(at, len(wanted)) if r >= 0] == ["v1-a", "v1-b", "v1-c", "v1-e"]
-    assert stored_facts(str(tmp_path / "none"), "v1", wanted)[0].num_rows == 0
+    write_deltalake(uri, rows("v2", "ad", "r2", blur=5.0), mode="append")  # another config: not read
+    write_deltalake(uri, rows("v1", "ea", "r3", blur=9.0), mode="append")  # a stored twice: its first row counts
+    raw = RawRows.of(RawFacts(s, "1", 32, 32) for s in "abcdez")  # d has only v2's row, z none
+    facts = FeatureFacts.blank(raw.shas, raw.at)
+    filled = fill_stored_facts(uri, "v1", Keys.of(raw.shas), facts)
+    assert filled.tolist() == [True, True, True, False, True, False]
+    assert [facts[s].pixel_digest for s in "abce"] == [f"{ord(s):064x}" for s in "abce"]
+    order = [r["blur"] for b in lake.scan_batches(uri, 2, ["sha256", "config", "blur"]) for r in b.to_pylist()
+             if r["sha256"] == "a" and r["config"] == "v1"]  # a's two rows, in the table's order
+    assert [facts[s].blur for s in "abce"] == [order[0], 1.0, 1.0, 9.0] and facts["d"].blur is None
+    assert not fill_stored_facts(str(tmp_path / "none"), "v1", Keys.of(raw.shas), facts).any()
