@@ -313,7 +313,7 @@ def stored_rows(uri: str, config: str, wanted: Keys, vectors: bool = False) -> p
     ``tasks.curation.vectors``), so memory holds the facts of these images, not the table.
     """
     columns = [*FACTS_SCHEMA.names, *(["embedding"] if vectors else [])]
-    parts = [part for part, _ in _stored_parts(uri, config, wanted, columns, lake.LOOKUP_BLOCK_ROWS)]
+    parts = [part for part, _ in _stored_parts(uri, config, wanted, columns)]
     return pa.concat_tables(parts) if parts else _nullable(columns).empty_table()
 
 
@@ -321,14 +321,15 @@ def _nullable(columns: list[str]) -> pa.Schema:
     return pa.schema([FEATURES_SCHEMA.field(c).with_nullable(True) for c in columns])
 
 
-def _stored_parts(uri: str, config: str, wanted: Keys, columns: list[str], block_rows: int
-                  ) -> Iterator[tuple[pa.Table, np.ndarray]]:
-    """Each block's rows of ``wanted``'s images under ``config``: their ``columns`` and positions among ``wanted``."""
+def _stored_parts(uri: str, config: str, wanted: Keys, columns: list[str]) -> Iterator[tuple[pa.Table, np.ndarray]]:
+    """Each block's rows of ``wanted``'s images under ``config``: their ``columns`` and positions among ``wanted``
+    (``lake.SEARCH_BLOCK_ROWS`` rows a block: a row's place is a binary search, no set is hashed a block)."""
     version = lake.current_version(uri)
     if version is None or not len(wanted):
         return
     schema = _nullable([*columns, *(c for c in ("sha256", "config") if c not in columns)])
-    for block in lake.scan_blocks_with_defaults(uri, version, schema.names, block_rows, schema, NO_FACTS):
+    for block in lake.scan_blocks_with_defaults(uri, version, schema.names, lake.SEARCH_BLOCK_ROWS, schema,
+                                                NO_FACTS):
         part = block.cast(schema)
         at = wanted.positions(part.column("sha256"))
         keep = (at >= 0) & pc.fill_null(pc.equal(part.column("config"), config), False).to_numpy(zero_copy_only=False)
@@ -344,7 +345,7 @@ def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts) 
     held, nor a table of every image's facts (at a million images the stored rows with their sha256, read in blocks of
     262,144 with each row's config string, then taken into the raw rows' order, were the features' high)."""
     filled = np.zeros(len(wanted), dtype=bool)
-    for part, at in _stored_parts(uri, config, wanted, list(FACT_COLUMNS), lake.SEARCH_BLOCK_ROWS):
+    for part, at in _stored_parts(uri, config, wanted, list(FACT_COLUMNS)):
         images, first = np.unique(at, return_index=True)  # of an image twice in the block, its first row
         new = ~filled[images]
         rows, images = first[new], images[new]

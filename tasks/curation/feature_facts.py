@@ -57,54 +57,39 @@ class FeatureFacts(ByPosition[ImageFeatures]):
 
     @classmethod
     def empty(cls) -> FeatureFacts:
-        return cls([], Digests.of_values([]), {c: [] for c in STRINGS}, {c: np.zeros(0) for c in NUMBERS})
+        return cls.blank([])
 
     @classmethod
-    def of_table(cls, table: pa.Table, shas: list[str] | None = None, at: Mapping[str, int] | None = None,
-                 order: pa.Array | None = None) -> FeatureFacts:
-        """From ``curation_embeddings`` rows (``sha256`` and the fact columns it has: an older table lacks some);
-        ``shas`` and ``at``: the rows' own sha256s and their map, given (the raw rows', shared) or read; ``order``:
-        the table's rows to take, in that order (a column taken at a time, as it is read)."""
-        rows = table.num_rows if order is None else len(order)
-
-        def column(name: str) -> pa.ChunkedArray:
-            return table.column(name) if order is None else table.column(name).take(order)
-
-        digests = (Digests.of_column(column("pixel_digest")) if "pixel_digest" in table.column_names
-                   else Digests.of_values([None] * rows))
-        strings = {c: interned(column(c)) if c in table.column_names else [None] * rows for c in STRINGS}
-        numbers = {c: np.asarray(column(c).to_numpy(), dtype=np.float64) if c in table.column_names
-                   else np.full(rows, np.nan) for c in NUMBERS}
-        return cls(interned(column("sha256")) if shas is None else shas, digests, strings, numbers, at)
+    def of_table(cls, table: pa.Table) -> FeatureFacts:
+        """From ``curation_embeddings`` rows (``sha256`` and the fact columns it has: an older table lacks some), in
+        their order, with a map of their own."""
+        facts = cls.blank(interned(table.column("sha256")))
+        facts.fill(np.arange(table.num_rows), table)
+        return facts
 
     @classmethod
-    def blank(cls, shas: list[str], at: Mapping[str, int]) -> FeatureFacts:
-        """Every image of ``shas`` (``at``: their map, shared) without facts yet: ``fill`` sets them a block of rows at
-        a time (no table of every image's facts held beside the columns they fill)."""
+    def blank(cls, shas: list[str], at: Mapping[str, int] | None = None) -> FeatureFacts:
+        """Every image of ``shas`` (``at``: their map, shared; None: one of their own) without facts yet: ``fill``
+        sets them a block of rows at a time (no table of every image's facts held beside the columns they fill)."""
         n = len(shas)
         digests = Digests(np.zeros((n, DIGEST_BYTES), dtype=np.uint8), np.zeros(n, dtype=bool), {})
         return cls(shas, digests, {c: [None] * n for c in STRINGS}, {c: np.full(n, np.nan) for c in NUMBERS}, at)
 
     def fill(self, positions: np.ndarray, table: pa.Table) -> None:
-        """The facts of ``table``'s rows (the fact columns it has: an older table lacks some) at ``positions``, each
-        still blank (``blank``: a position is filled once, so only the values present are set)."""
-        if not len(positions):
-            return
+        """The facts of ``table``'s rows at ``positions``, each still blank (``blank``: a position is filled once, so
+        only the values present are set; a fact column an older table lacks stays missing)."""
         have = table.column_names
-        digests = (Digests.of_column(table.column("pixel_digest")) if "pixel_digest" in have
-                   else Digests.of_values([None] * len(positions)))
-        self.digests.packed[positions], self.digests.present[positions] = digests.packed, digests.present
-        self.digests.odd.update({int(positions[j]): key for j, key in digests.odd.items()})
-        for c in STRINGS:  # nearly all None: only the values present are set
-            column = table.column(c) if c in have else None
-            valid = np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False)) if column is not None else []
+        if "pixel_digest" in have:
+            digests = Digests.of_column(table.column("pixel_digest"))
+            self.digests.packed[positions], self.digests.present[positions] = digests.packed, digests.present
+            self.digests.odd.update({int(positions[j]): key for j, key in digests.odd.items()})
+        for c in (c for c in STRINGS if c in have):  # nearly all None: only the values present are set
+            valid = np.flatnonzero(table.column(c).is_valid().to_numpy(zero_copy_only=False))
             held = self.strings[c]
-            for i, v in zip(positions[valid].tolist(), interned(column.take(pa.array(valid, pa.int64()))) if len(valid)
-                            else ()):
+            for i, v in zip(positions[valid].tolist(), interned(table.column(c).take(pa.array(valid, pa.int64())))):
                 held[i] = v
-        for c in NUMBERS:
-            self.numbers[c][positions] = np.asarray(table.column(c).to_numpy(), dtype=np.float64) if c in have \
-                else np.nan
+        for c in (c for c in NUMBERS if c in have):
+            self.numbers[c][positions] = np.asarray(table.column(c).to_numpy(), dtype=np.float64)
 
     @classmethod
     def of(cls, rows: Mapping[str, ImageFeatures]) -> FeatureFacts:
