@@ -322,8 +322,16 @@ def _nullable(columns: list[str]) -> pa.Schema:
 
 
 def _stored_parts(uri: str, config: str, wanted: Keys, columns: list[str]) -> Iterator[tuple[pa.Table, np.ndarray]]:
-    """Each block's rows of ``wanted``'s images under ``config``: their ``columns`` and positions among ``wanted``
-    (``lake.SEARCH_BLOCK_ROWS`` rows a block: a row's place is a binary search, no set is hashed a block)."""
+    """Each block's rows of ``wanted``'s images under ``config``: their ``columns`` and positions among ``wanted``."""
+    for block, rows, at in _stored_rows(uri, config, wanted, columns):
+        yield block.take(pa.array(rows)), at
+
+
+def _stored_rows(uri: str, config: str, wanted: Keys, columns: list[str]
+                 ) -> Iterator[tuple[pa.Table, np.ndarray, np.ndarray]]:
+    """Each block of the stored rows (its ``columns``), which of its rows are ``wanted``'s images under ``config``
+    and their positions among ``wanted`` (``lake.SEARCH_BLOCK_ROWS`` rows a block: a row's place is a binary search,
+    no set is hashed a block). The block as read: a caller takes the rows it keeps, once."""
     version = lake.current_version(uri)
     if version is None or not len(wanted):
         return
@@ -333,7 +341,8 @@ def _stored_parts(uri: str, config: str, wanted: Keys, columns: list[str]) -> It
         part = block.cast(schema)
         at = wanted.positions(part.column("sha256"))
         keep = (at >= 0) & pc.fill_null(pc.equal(part.column("config"), config), False).to_numpy(zero_copy_only=False)
-        yield part.select(columns).filter(pa.array(keep)), at[keep]
+        rows = np.flatnonzero(keep)
+        yield part.select(columns), rows, at[rows]
 
 
 def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts) -> np.ndarray:
@@ -343,14 +352,14 @@ def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts) 
     What a curation reads of every image of its raw version, read ``lake.SEARCH_BLOCK_ROWS`` rows at a time (a row's
     place among ``wanted`` is a binary search, no set is hashed a block) into the columns by position: no sha256 is
     held, nor a table of every image's facts (at a million images the stored rows with their sha256, read in blocks of
-    262,144 with each row's config string, then taken into the raw rows' order, were the features' high)."""
+    262,144 with each row's config string, then taken into the raw rows' order, were the features' high). A block's
+    rows to fill are taken from it once (a filtered copy, then a copy of its first rows, were two)."""
     filled = np.zeros(len(wanted), dtype=bool)
-    for part, at in _stored_parts(uri, config, wanted, list(FACT_COLUMNS)):
+    for block, rows, at in _stored_rows(uri, config, wanted, list(FACT_COLUMNS)):
         images, first = np.unique(at, return_index=True)  # of an image twice in the block, its first row
         new = ~filled[images]
-        rows, images = first[new], images[new]
-        facts.fill(images, part.take(pa.array(rows)))
-        filled[images] = True
+        facts.fill(images[new], block.take(pa.array(rows[first[new]])))
+        filled[images[new]] = True
     return filled
 
 

@@ -104,19 +104,35 @@ def relative_columns(ids: list[str], rows: np.ndarray, family: np.ndarray, names
             continue
         name = names[code]
         family_labels = labels_at(members)
-        family_values = {stat: values[stat][members] for stat in STATISTICS}  # once a family, not once a rule
+        of_family = _FamilyValues(values, members)
         for rule in RULES:
             if _OVERRIDE.get(rule.reason) and getattr(limits, _OVERRIDE[rule.reason]) is not None:
                 continue  # the person's absolute limit replaces this rule
-            verdict = judge(rule, family_values[rule.statistic], family_labels,
+            family_values = of_family[rule.statistic]
+            verdict = judge(rule, family_values, family_labels,
                             sigmas=limits.relative_sigmas, gap=limits.relative_gap,
                             min_images=limits.relative_min_images, max_share=limits.max_share)
             for k in verdict.flagged:
                 flagged.setdefault(ids[members[k]], (rule.reason, _detail(
-                    verdict, name, float(family_values[rule.statistic][k]), limits.relative_sigmas)))
+                    verdict, name, float(family_values[k]), limits.relative_sigmas)))
             abstained.extend({"rule": rule.reason, "label": label, "why": f"{name} images: {why}", "family": name}
                              for label, why in verdict.abstained)
     return flagged, abstained
+
+
+class _FamilyValues:
+    """One family's values of a statistic, gathered when a rule asks and held until a rule asks another (rules of one
+    statistic follow each other: one gathered copy at a time, not one a statistic)."""
+
+    def __init__(self, values: dict[str, np.ndarray], members: np.ndarray) -> None:
+        self.values, self.members = values, members
+        self.held: tuple[str, np.ndarray] | None = None
+
+    def __getitem__(self, stat: str) -> np.ndarray:
+        if self.held is None or self.held[0] != stat:
+            self.held = None  # the previous statistic's copy goes before the next is gathered
+            self.held = (stat, self.values[stat][self.members])
+        return self.held[1]
 
 
 def _detail(verdict: Verdict, family: str, value: float, sigmas: float) -> str:
@@ -130,31 +146,47 @@ def _detail(verdict: Verdict, family: str, value: float, sigmas: float) -> str:
 @dataclass(frozen=True)
 class _Columns:
     """What the rules read of a raw version's images, a column each in the raw rows' order: arrays, no object an
-    image (a named tuple, five floats and a ``Measured`` each were about 300 bytes an image at the screen's high)."""
+    image (a named tuple, five floats and a ``Measured`` each were about 300 bytes an image at the screen's high).
 
-    at: np.ndarray  # each image's position among the facts
+    Views where they can be: the facts' own statistics when they are in the raw rows' order and have no missing
+    number, the raw rows' own sizes (a copy of each, int64 sizes and each image's place were about 70 bytes an image
+    of the table beside the screen's rules at a million images)."""
+
+    at: np.ndarray | None  # each image's position among the facts; None: the same positions (the facts share the map)
     failed: np.ndarray  # bool: the image has no features (an error)
-    family: np.ndarray  # int32: a code into ``names``
+    family: np.ndarray  # int8: a code into ``names``
     names: list[str]  # the mode families ("unknown" for an image without one)
-    width: np.ndarray  # int64
+    width: np.ndarray  # the raw rows' own (int32)
     height: np.ndarray
     values: dict[str, np.ndarray]  # STATISTICS: float64, a missing number read as 0
 
     @classmethod
     def of(cls, rows: RawRows, facts: FeatureFacts) -> _Columns:
-        at = np.arange(len(rows)) if facts.at is rows.at else facts.positions(rows.shas)  # aligned: the same places
-        width, height = rows.width.astype(np.int64), rows.height.astype(np.int64)
-        values = {stat: np.nan_to_num(facts.numbers[stat][at], nan=0.0) for stat in ("mean", "contrast", "blur")}
-        values["side"] = np.minimum(width, height).astype(np.float64)
-        codes: dict[str, int] = {}
-        of_row = facts.strings["family"]
-        family = np.fromiter((codes.setdefault(of_row[i] or "unknown", len(codes)) for i in at), dtype=np.int32,
-                             count=len(at))
-        return cls(at, facts.failed()[at], family, list(codes), width, height, values)
+        at = None if facts.at is rows.at else facts.positions(rows.shas)  # aligned: the same places
+        values = {stat: _zero_missing(facts.numbers[stat] if at is None else facts.numbers[stat][at])
+                  for stat in ("mean", "contrast", "blur")}
+        values["side"] = np.minimum(rows.width, rows.height).astype(np.float64)
+        named = [name or "unknown" for name in facts.families] + ["unknown"]  # the last: a row without one
+        names = sorted(set(named))
+        remap = np.array([names.index(name) for name in named], dtype=np.int8)
+        codes = facts.family if at is None else facts.family[at]
+        family = remap[np.where(codes < 0, len(named) - 1, codes)]
+        failed = facts.failed()
+        return cls(at, failed if at is None else failed[at], family, names, rows.width, rows.height, values)
+
+    def fact_at(self, k: int) -> int:
+        """Image ``k``'s position among the facts."""
+        return k if self.at is None else int(self.at[k])
 
     def measured(self, k: int) -> Measured:
         return Measured(self.names[self.family[k]], int(self.width[k]), int(self.height[k]),
                         float(self.values["mean"][k]), float(self.values["contrast"][k]), float(self.values["blur"][k]))
+
+
+def _zero_missing(values: np.ndarray) -> np.ndarray:
+    """``values`` with a missing number (NaN) read as 0: the array itself where none is missing (read only)."""
+    missing = np.isnan(values)
+    return np.where(missing, 0.0, values) if missing.any() else values
 
 
 def screen(by_sha: RawRows, features: Features, record: Mapping[str, Assignment],
@@ -214,7 +246,7 @@ def _rows(shas: list[str], by_sha: RawRows, columns: _Columns, decided: dict[str
 
     dropped: list[dict[str, Any]] = []
     for k in np.flatnonzero(columns.failed):
-        error = facts.strings["error"][columns.at[k]]
+        error = facts.errors[columns.fact_at(int(k))]
         reason = "undecodable" if error.startswith("undecodable") else "fastdup_invalid"
         dropped.append(drop_row(by_sha[shas[k]], reason, home(shas[k]), None, error))
     outliers: list[tuple[str, str, str, ImageFeatures]] = []

@@ -174,9 +174,20 @@ def scan_batches(
         pa.default_memory_pool().release_unused()
 
 
+PAGE_BUFFER = 1 << 20  # bytes a column's pages are read through (``_parquet_file``)
+
+
+def _parquet_file(path: str) -> Any:
+    """A local Parquet file read a column's pages at a time through a ``PAGE_BUFFER`` (a row group's column chunks are
+    not loaded whole first, nor pre-buffered: a feature table's row group is a quarter of a million rows, its sha256
+    and pixel digest chunks 16 MB each, held beside the batches decoded from them)."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path, buffer_size=PAGE_BUFFER, pre_buffer=False)
+
+
 def _scanned(uri: str, version: int, cols: list[str], where: dict[str, list[Any]], batch_rows: int
              ) -> Iterator[pa.RecordBatch]:
-    import pyarrow.parquet as pq
 
     expression = None
     for name, values in where.items():
@@ -192,7 +203,7 @@ def _scanned(uri: str, version: int, cols: list[str], where: dict[str, list[Any]
     schema = pa.schema(table.schema().to_arrow())  # arro3 -> pyarrow through the C data interface
     needed = cols + [c for c in where if c not in cols]
     for path in files:
-        parquet = pq.ParquetFile(path)
+        parquet = _parquet_file(path)
         present = [c for c in needed if c in parquet.schema_arrow.names]
         for batch in parquet.iter_batches(batch_size=batch_rows, columns=present):
             batch = _with_nulls(batch, needed, schema)
@@ -314,11 +325,10 @@ def _marked_row_groups(files: list[str], columns: list[str], schema: pa.Schema, 
                        position: str | None) -> Iterator[pa.RecordBatch]:
     """The marked rows (``at >= 0``) of plain local files (in ``_scanned``'s order), reading only the row groups
     holding one."""
-    import pyarrow.parquet as pq
 
     offset = 0
     for path in files:
-        parquet = pq.ParquetFile(path)
+        parquet = _parquet_file(path)
         present = [c for c in columns if c in parquet.schema_arrow.names]
         for group in range(parquet.num_row_groups):
             size = parquet.metadata.row_group(group).num_rows

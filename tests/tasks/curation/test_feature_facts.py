@@ -122,3 +122,13 @@ def test_stored_facts_fill_the_wanted_images_first_row_under_the_config(tmp_path
              if r["sha256"] == "a" and r["config"] == "v1"]  # a's two rows, in the table's order
     assert [facts[s].blur for s in "abce"] == [order[0], 1.0, 1.0, 9.0] and facts["d"].blur is None
     assert not fill_stored_facts(str(tmp_path / "none"), "v1", Keys.of(raw.shas), facts).any()
+
+
+def test_mode_families_are_byte_codes_kept_across_fills_and_a_missing_one_is_none():
+    rows = RawRows.of(RawFacts(s, "1", 32, 32) for s in "abcd")
+    facts = FeatureFacts.blank(rows.shas, rows.at)
+    facts.fill(np.array([0, 1]), _table({"a": GOOD, "b": OLD}))  # grey, then none
+    facts.fill(np.array([3]), _table({"d": GOOD._replace(family="colour")}))  # a family first seen in a later block
+    assert facts.family.dtype == np.int8 and facts.families == ["grey", "colour"]
+    assert [facts[s].family for s in "abcd"] == ["grey", None, None, "colour"]
+    assert facts.errors == {} and not facts.failed().any()
