@@ -10,7 +10,8 @@ family a byte code an image and the errors a map of the few images that have one
 all None and two values, were 16 bytes an image until run 33), and a map from sha256 to position: in a curation the
 raw rows' own (``blank`` given their sha256s and map), not one of their own. ``FeatureFacts`` is still a read-only
 mapping sha256 -> ``ImageFeatures``: a lookup builds that one image's tuple (the tests, the few bad images listed),
-while the screen reads the columns.
+while the screen reads the columns. Only what a curation reads is held: not the grey minimum and maximum (stored,
+read by no step: 16 bytes an image).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class ImageFeatures(NamedTuple):
     family: str | None = None  # "grey" | "colour" (tasks.curation.image_stats)
 
 
-FACT_COLUMNS = ImageFeatures._fields
-NUMBERS = ("blur", "mean", "min", "max", "contrast")
+NUMBERS = ("blur", "mean", "contrast")  # the statistics a curation reads (the screen's); min and max are stored only
+FACT_COLUMNS = ("pixel_digest", *NUMBERS, "error", "family")  # the stored columns a curation reads of every image
 
 
 class FeatureFacts(ByPosition[ImageFeatures]):
@@ -131,4 +132,4 @@ class FeatureFacts(ByPosition[ImageFeatures]):
         i = self.at[sha]
         number = {c: None if np.isnan(self.numbers[c][i]) else float(self.numbers[c][i]) for c in NUMBERS}
         return ImageFeatures(pixel_digest=self.digests.value(i), error=self.errors.get(i), family=self.family_of(i),
-                             **number)
+                             min=None, max=None, **number)  # min and max: not held
