@@ -64,7 +64,6 @@ from tasks.curation.tables import (
     EMBEDDINGS_TABLE,
     RawRows,
     drop_row,
-    raw_facts,
     read_raw,
 )
 from tasks.curation.vectors import RowView, stored_views
@@ -105,7 +104,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     cfg = settings.curation
     # The raw version's table of facts lives only while its columns are made (Arrow's sha256 strings alone are 68 bytes
     # an image: it was held from here to the galleries, for the labels of the few dozen images they show).
-    by_sha = raw_facts(read_raw(settings, raw_version))
+    by_sha = read_raw(settings, raw_version)
     images = RawImages(settings.raw_table, raw_version)
     features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta)
     record, record_version = read_assignments(settings, by_sha)

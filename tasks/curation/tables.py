@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tasks.curation.by_position import ByPosition, SortedRank
 from tasks.curation.sha_list import ShaList, SortedShas, SortedSubset, column_keys
@@ -143,19 +142,67 @@ class RawRows(ByPosition[RawFacts]):
 
 
 def raw_facts(raw: pa.Table) -> RawRows:
-    """``read_raw``'s rows by sha256, in sha256 order (a sha256 given twice: the greatest row, as sorting the tuples
-    would). The sha256s are the sorted column's own bytes (``SortedShas``): no Python string an image."""
-    order = pc.sort_indices(raw, sort_keys=[(c, "ascending") for c in ("sha256", "label", "width", "height")])
-    raw = raw.take(order)
-    column = raw.column("sha256").combine_chunks()
-    last = pc.not_equal(column.slice(0, max(len(column) - 1, 0)), column.slice(1)).to_numpy(zero_copy_only=False)
-    keep = np.flatnonzero(np.append(last, True)) if len(column) else np.zeros(0, dtype=np.int64)
-    labels = raw.column("label").combine_chunks().take(pa.array(keep)).dictionary_encode()
-    return RawRows(SortedShas(column_keys(column.take(pa.array(keep))).copy()),
-                   labels.indices.to_numpy(zero_copy_only=False).astype(np.int32),
-                   lake.interned(labels.dictionary),
-                   raw.column("width").to_numpy()[keep].astype(np.int32),
-                   raw.column("height").to_numpy()[keep].astype(np.int32))
+    """``read_raw``'s rows (a table of them) by sha256, in sha256 order (a sha256 given twice: the greatest row, as
+    sorting the tuples would). The sha256s are the sorted column's own bytes (``SortedShas``): no Python string an
+    image."""
+    return _raw_rows([raw])
+
+
+RAW_COLUMNS = ["sha256", "width", "height", "label"]
+
+
+def _raw_rows(blocks: Iterable[pa.Table]) -> RawRows:
+    """The rows of ``blocks`` (``RAW_COLUMNS``) as ``raw_facts`` makes them, a block's keys and codes at a time.
+
+    The keys are sorted alone and gathered once in order (a sort of the whole table by every column, the sorted
+    table, its combined column and the distinct rows taken from it were four copies: 393 MB above the read at a
+    million images); only a sha256 given twice compares its rows' other columns. A label is a code from the start,
+    numbered at the end as the sorted rows first show it (as an encoding of the sorted column would)."""
+    keys, label, width, height, names = _raw_columns(blocks)
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    del keys
+    starts = np.flatnonzero(np.append(True, ordered[1:] != ordered[:-1])) if len(ordered) else order
+    chosen = order[starts]
+    if len(starts) < len(order):
+        _greatest_rows(order, starts, chosen, lambda r: (names[label[r]], int(width[r]), int(height[r])))
+        ordered = ordered[starts]
+    label = label[chosen]
+    first = np.unique(label, return_index=True)[1]
+    seen = np.unique(label)[np.argsort(first, kind="stable")]  # the codes in the order the sorted rows show them
+    renumber = np.zeros(len(names), dtype=np.int32)
+    renumber[seen] = np.arange(len(seen), dtype=np.int32)
+    return RawRows(SortedShas(ordered), renumber[label], lake.interned(pa.array([names[c] for c in seen.tolist()],
+                                                                                pa.string())),
+                   width[chosen], height[chosen])
+
+
+def _raw_columns(blocks: Iterable[pa.Table]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(keys, label codes into the names, width, height, the names) of every row of ``blocks``, in their order."""
+    parts: list[np.ndarray] = []
+    codes: list[np.ndarray] = [np.zeros(0, dtype=np.int32)]
+    sizes: list[np.ndarray] = [np.zeros((2, 0), dtype=np.int32)]
+    names: dict[str, int] = {}
+    for block in blocks:
+        parts.append(column_keys(block.column("sha256")).copy())  # a copy: the block's buffers go with it
+        labels = block.column("label").combine_chunks().dictionary_encode()
+        to_code = np.array([names.setdefault(n, len(names)) for n in labels.dictionary.to_pylist()] + [-1],  # -1: none
+                           dtype=np.int32)
+        codes.append(to_code[labels.indices.to_numpy(zero_copy_only=False)])
+        sizes.append(np.stack([block.column(c).to_numpy().astype(np.int32) for c in ("width", "height")]))
+    keys = np.concatenate(parts) if parts else np.zeros(0, dtype="S64")
+    del parts
+    width, height = np.concatenate(sizes, axis=1)
+    return keys, np.concatenate(codes), width, height, list(names)
+
+
+def _greatest_rows(order: np.ndarray, starts: np.ndarray, chosen: np.ndarray, facts: Any) -> None:
+    """For each sha256 given twice (a run of ``order``, the rows sorted by key, from its ``starts``), its greatest
+    row by ``facts`` (row -> (label, width, height)) in ``chosen`` (in place)."""
+    ends = np.append(starts[1:], len(order))
+    for run in np.flatnonzero(ends - starts > 1).tolist():
+        rows = order[starts[run]:ends[run]].tolist()
+        chosen[run] = max(rows, key=facts)
 
 
 def drop_row(row: RawFacts, reason: str, component: str, kept: str | None, detail: str | None) -> dict[str, Any]:
@@ -163,10 +210,11 @@ def drop_row(row: RawFacts, reason: str, component: str, kept: str | None, detai
             "label": row.label, "detail": detail}
 
 
-def read_raw(settings: Settings, raw_version: int) -> pa.Table:
-    """The raw version's facts (sha256, size, label): the image bytes stay in the table
-    (``tasks.curation.raw_images`` reads those a step needs)."""
-    raw = lake.read(settings.raw_table, raw_version, columns=["sha256", "width", "height", "label"])
-    if raw.num_rows == 0:
+def read_raw(settings: Settings, raw_version: int) -> RawRows:
+    """The raw version's facts (sha256, size, label; ``raw_facts``), read ``lake.SEARCH_BLOCK_ROWS`` rows at a time:
+    the image bytes stay in the table (``tasks.curation.raw_images`` reads those a step needs), and no table of every
+    row's facts is held beside the arrays made of it (at a million images the table read whole was about 150 MB)."""
+    rows = _raw_rows(lake.scan_blocks(settings.raw_table, raw_version, RAW_COLUMNS, lake.SEARCH_BLOCK_ROWS))
+    if len(rows) == 0:
         raise CurationError(f"{settings.raw_table} version {raw_version} has no rows: nothing to curate")
-    return raw
+    return rows
