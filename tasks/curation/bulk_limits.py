@@ -24,7 +24,7 @@ numbers (``sigmas``, ``gap``, ``min_images``) are calibrated by bench/outlier_ca
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,6 +76,36 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+class Classes(Sequence[str]):
+    """Each image's class, as a code into ``names`` (a family's images: a Python string or pointer an image was 8-16
+    bytes of the table at a million, twice over while a rule looked its flagged images' classes up)."""
+
+    def __init__(self, codes: np.ndarray, names: Sequence[str]) -> None:
+        self.codes, self.names = codes, list(names)
+        self._code = {name: k for k, name in enumerate(self.names)}
+
+    @classmethod
+    def of(cls, labels: Sequence[str]) -> Classes:
+        if isinstance(labels, Classes):
+            return labels
+        names = sorted(set(labels))
+        code = {name: k for k, name in enumerate(names)}
+        return cls(np.fromiter((code[label] for label in labels), dtype=np.int32, count=len(labels)), names)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, i):  # type: ignore[override]  # an image's class (a slice: theirs, as a list)
+        if isinstance(i, slice):
+            return [self.names[c] for c in self.codes[i].tolist()]
+        return self.names[self.codes[i]]
+
+    def members(self, label: str) -> np.ndarray:
+        """The positions of the images of class ``label``, ascending."""
+        code = self._code.get(label)
+        return np.zeros(0, dtype=np.int64) if code is None else np.flatnonzero(self.codes == code)
+
+
 @dataclass(frozen=True)
 class Bulk:
     """Where a family's bulk lies for one rule, in the statistic's own units."""
@@ -96,9 +126,11 @@ class Verdict:
     tail_kept: int = 0  # candidates beyond the limit kept as the bulk's own tail
 
 
-def judge(rule: Rule, values: np.ndarray, labels: list[str], *, sigmas: float, gap: float, min_images: int,
+def judge(rule: Rule, values: np.ndarray, labels: Sequence[str], *, sigmas: float, gap: float, min_images: int,
           max_share: float) -> Verdict:
-    """Apply one rule to one family's values (one per image, in ``labels`` order)."""
+    """Apply one rule to one family's values (one per image, in ``labels`` order: their classes, ``Classes`` or
+    strings)."""
+    labels = Classes.of(labels)
     values = np.asarray(values, dtype=np.float64)
     median = float(np.median(values)) if len(values) else math.nan
     if len(values) < min_images:
@@ -145,7 +177,7 @@ def _beyond_gap(z: np.ndarray, candidates: list[int], gap: float) -> tuple[list[
     return [], len(walk)
 
 
-def _beyond_own_class(rule: Rule, values: np.ndarray, labels: list[str], flagged: list[int], sigmas: float,
+def _beyond_own_class(rule: Rule, values: np.ndarray, labels: Classes, flagged: list[int], sigmas: float,
                       min_images: int) -> list[int]:
     """The flagged images that are also beyond ``sigmas`` of their own class's bulk (where it has ``min_images``).
 
@@ -153,12 +185,11 @@ def _beyond_own_class(rule: Rule, values: np.ndarray, labels: list[str], flagged
     judged against their own kind too, and only an image far from both is flagged. Only the classes
     of flagged images are looked at (a few), not every image's class.
     """
-    names = np.asarray(labels, dtype=object)
     own_z: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}  # a class's images, their distances: once a class
     keep = []
     for i in flagged:
         if labels[i] not in own_z:
-            own = np.flatnonzero(names == labels[i])
+            own = labels.members(labels[i])
             own_z[labels[i]] = (own, _robust_z(rule, values[own], sigmas)[0] if len(own) >= min_images else None)
         own, z = own_z[labels[i]]
         if z is None or z[np.searchsorted(own, i)] < -sigmas:
@@ -166,13 +197,12 @@ def _beyond_own_class(rule: Rule, values: np.ndarray, labels: list[str], flagged
     return keep
 
 
-def _crowded_classes(flagged: list[int], labels: list[str], max_share: float) -> list[tuple[str, str]]:
+def _crowded_classes(flagged: list[int], labels: Classes, max_share: float) -> list[tuple[str, str]]:
     """(label, why) of each class that would lose more than ``max_share`` of its images (one is always allowed)."""
     hits: dict[str, int] = {}
     for i in flagged:
         hits[labels[i]] = hits.get(labels[i], 0) + 1
-    names = np.asarray(labels, dtype=object)
-    totals = {label: int(np.count_nonzero(names == label)) for label in hits}  # the classes hit only
+    totals = {label: len(labels.members(label)) for label in hits}  # the classes hit only
     return [(label, f"would drop {n} of {totals[label]} images of class {label!r} ({n / totals[label]:.1%}), "
                     f"more than max_share {max_share:g}: a kind of image, not an accident")
             for label, n in sorted(hits.items()) if n > max(1.0, max_share * totals[label])]

@@ -17,14 +17,14 @@ An absolute override that would drop a large share of the data stops the curatio
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tasks.curation.assignments import Assignment
-from tasks.curation.bulk_limits import RULES, Verdict, judge
+from tasks.curation.bulk_limits import RULES, Classes, Verdict, judge
 from tasks.curation.curation_features import Features
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
 from tasks.curation.sha_list import SortedSubset
@@ -91,7 +91,7 @@ def relative_screen(images: dict[str, Measured], labels: dict[str, str], limits:
 
 
 def relative_columns(ids: list[str], rows: np.ndarray, family: np.ndarray, names: list[str],
-                     values: dict[str, np.ndarray], labels_at: Callable[[np.ndarray], list[str]],
+                     values: dict[str, np.ndarray], labels_at: Callable[[np.ndarray], Sequence[str]],
                      limits: OutlierSettings) -> tuple[dict[str, tuple[str, str]], list[dict[str, str]]]:
     """``relative_screen`` over columns: the images ``ids[rows]`` (ascending: a family's images are judged in that
     order), by position in ``ids`` their mode family (a code into ``names``), each statistic (``STATISTICS``) and
@@ -203,7 +203,7 @@ def screen(by_sha: RawRows, features: Features, record: Mapping[str, Assignment]
     _check_override_share(decided, features.by_sha, len(by_sha), limits)
     relative, abstained = relative_columns(shas, np.flatnonzero(~columns.failed & ~_marked(by_sha, decided)),
                                            columns.family, columns.names, columns.values,
-                                           by_sha.labels_at, limits)
+                                           lambda at: Classes(by_sha.codes[at], by_sha.names), limits)
     decided.update(relative)
     for family, rule in sorted({(a["family"], a["rule"]) for a in abstained}):
         log.warning("curate: the %s rule abstains for %s images: %s", rule, family,

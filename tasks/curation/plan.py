@@ -127,7 +127,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, raw_at, renamed, nearest, raw_version))
     decisions = _decide_duplicates(cfg, groups, assignments, pixels, constant, by_sha, graph, nearest, raw_at, dropped, reuse,
-                                   set(by_sha.labels_at(raw_at)))
+                                   {by_sha.names[c] for c in np.unique(by_sha.codes[raw_at]).tolist()})
     graph.scores.release_stored()  # the walk asked its last stored score: not held through the kept facts and writes
     dropped.extend(bridge_rows(bridges, by_sha, record, decisions["abstain"]))
     decisions = _decisions(decisions, kept_bad, by_sha)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFilter
 
-from tasks.curation.bulk_limits import RULES, judge
+from tasks.curation.bulk_limits import RULES, Classes, judge
 from tasks.curation.curate import curate
 from tasks.curation.curation_features import decode_stats
 from tasks.curation.image_stats import image_stats
@@ -166,3 +166,18 @@ def test_a_small_dataset_uses_no_relative_rule_and_says_so_once_per_rule(setting
 def test_relative_settings_are_bounded(field, value):
     with pytest.raises(ValueError):
         OutlierSettings(**{field: value})
+
+
+def test_a_rule_judges_classes_given_as_codes_as_it_judges_their_names():
+    """The screen hands a family's classes as codes (``Classes``): the same flags, abstentions and bulk as strings."""
+    rng = np.random.default_rng(3)
+    values = np.concatenate([rng.normal(60, 4, 600), [2.0, 1.5, 1.0], rng.normal(20, 2, 120)])  # a dark class too
+    labels = ["a", "b", "c"] * 200 + ["a", "b", "c"] + ["sky"] * 120
+    rule = next(r for r in RULES if r.reason == "too_dark")
+    kwargs = {"sigmas": 3.0, "gap": 1.0, "min_images": 30, "max_share": 0.5}
+    by_name = judge(rule, values, labels, **kwargs)
+    classes = Classes.of(labels)
+    by_code = judge(rule, values, Classes(classes.codes, classes.names), **kwargs)
+    assert by_code == by_name and len(by_name.flagged) > 0
+    assert classes[600:603] == ["a", "b", "c"] and classes.members("sky").tolist() == list(range(603, 723))
+    assert classes.members("none").tolist() == []
