@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tasks.curation.name_codes import encode
+
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma per median absolute deviation
 
 
@@ -76,7 +78,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-class Classes(Sequence[str]):
+class Classes:
     """Each image's class, as a code into ``names`` (a family's images: a Python string or pointer an image was 8-16
     bytes of the table at a million, twice over while a rule looked its flagged images' classes up)."""
 
@@ -85,19 +87,17 @@ class Classes(Sequence[str]):
         self._code = {name: k for k, name in enumerate(self.names)}
 
     @classmethod
-    def of(cls, labels: Sequence[str]) -> Classes:
+    def of(cls, labels: Sequence[str] | Classes) -> Classes:
         if isinstance(labels, Classes):
             return labels
-        names = sorted(set(labels))
-        code = {name: k for k, name in enumerate(names)}
-        return cls(np.fromiter((code[label] for label in labels), dtype=np.int32, count=len(labels)), names)
+        names = sorted(set(labels))  # every name there already: the codes follow their order
+        return cls(encode(labels, names), names)
 
     def __len__(self) -> int:
         return len(self.codes)
 
-    def __getitem__(self, i):  # type: ignore[override]  # an image's class (a slice: theirs, as a list)
-        if isinstance(i, slice):
-            return [self.names[c] for c in self.codes[i].tolist()]
+    def __getitem__(self, i: int) -> str:
+        """Image ``i``'s class."""
         return self.names[self.codes[i]]
 
     def members(self, label: str) -> np.ndarray:
@@ -126,7 +126,7 @@ class Verdict:
     tail_kept: int = 0  # candidates beyond the limit kept as the bulk's own tail
 
 
-def judge(rule: Rule, values: np.ndarray, labels: Sequence[str], *, sigmas: float, gap: float, min_images: int,
+def judge(rule: Rule, values: np.ndarray, labels: Sequence[str] | Classes, *, sigmas: float, gap: float, min_images: int,
           max_share: float) -> Verdict:
     """Apply one rule to one family's values (one per image, in ``labels`` order: their classes, ``Classes`` or
     strings)."""

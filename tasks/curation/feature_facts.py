@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.curation.by_position import ByPosition
+from tasks.curation.name_codes import encode
 from tasks.curation.pixel_keys import DIGEST_BYTES, Digests
 from tasks.data.lake import interned
 
@@ -109,15 +110,10 @@ class FeatureFacts(ByPosition[ImageFeatures]):
 
     def _family_codes(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """Each value's code into ``families`` (added as first seen), -1 for a null (int8: a few mode families)."""
-        encoded = (column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column).dictionary_encode()
-        names = encoded.dictionary.to_pylist()
-        for name in names:
-            if name not in self.families:
-                if len(self.families) >= 127:
-                    raise ValueError("FeatureFacts: more than 127 mode families")
-                self.families.append(name)
-        to_code = np.array([self.families.index(n) for n in names] + [-1], dtype=np.int8)  # a null's index: -1
-        return to_code[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)]
+        try:
+            return encode(column, self.families, np.int8, most=127)
+        except ValueError as err:
+            raise ValueError(f"FeatureFacts: {err} (mode families)") from err
 
     def failed(self) -> np.ndarray:
         """By position: True where the image has an error (it did not decode, or fastdup refused it)."""

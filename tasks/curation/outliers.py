@@ -16,6 +16,7 @@ An absolute override that would drop a large share of the data stops the curatio
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tasks.curation.assignments import Assignment
-from tasks.curation.bulk_limits import RULES, Classes, Verdict, judge
+from tasks.curation.bulk_limits import RULES, Classes, Rule, Verdict, judge
 from tasks.curation.curation_features import Features
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
 from tasks.curation.sha_list import SortedSubset
@@ -104,35 +105,28 @@ def relative_columns(ids: list[str], rows: np.ndarray, family: np.ndarray, names
             continue
         name = names[code]
         family_labels = labels_at(members)
-        of_family = _FamilyValues(values, members)
-        for rule in RULES:
-            if _OVERRIDE.get(rule.reason) and getattr(limits, _OVERRIDE[rule.reason]) is not None:
-                continue  # the person's absolute limit replaces this rule
-            family_values = of_family[rule.statistic]
-            verdict = judge(rule, family_values, family_labels,
-                            sigmas=limits.relative_sigmas, gap=limits.relative_gap,
-                            min_images=limits.relative_min_images, max_share=limits.max_share)
-            for k in verdict.flagged:
-                flagged.setdefault(ids[members[k]], (rule.reason, _detail(
-                    verdict, name, float(family_values[k]), limits.relative_sigmas)))
-            abstained.extend({"rule": rule.reason, "label": label, "why": f"{name} images: {why}", "family": name}
-                             for label, why in verdict.abstained)
+        for statistic, of_statistic in itertools.groupby(RULES, key=lambda rule: rule.statistic):
+            rules = [rule for rule in of_statistic if not _overridden(rule, limits)]
+            if not rules:
+                continue
+            family_values = values[statistic][members]  # one statistic's copy at a time
+            for rule in rules:
+                verdict = judge(rule, family_values, family_labels,
+                                sigmas=limits.relative_sigmas, gap=limits.relative_gap,
+                                min_images=limits.relative_min_images, max_share=limits.max_share)
+                for k in verdict.flagged:
+                    flagged.setdefault(ids[members[k]], (rule.reason, _detail(
+                        verdict, name, float(family_values[k]), limits.relative_sigmas)))
+                abstained.extend({"rule": rule.reason, "label": label, "why": f"{name} images: {why}", "family": name}
+                                 for label, why in verdict.abstained)
+            del family_values
     return flagged, abstained
 
 
-class _FamilyValues:
-    """One family's values of a statistic, gathered when a rule asks and held until a rule asks another (rules of one
-    statistic follow each other: one gathered copy at a time, not one a statistic)."""
-
-    def __init__(self, values: dict[str, np.ndarray], members: np.ndarray) -> None:
-        self.values, self.members = values, members
-        self.held: tuple[str, np.ndarray] | None = None
-
-    def __getitem__(self, stat: str) -> np.ndarray:
-        if self.held is None or self.held[0] != stat:
-            self.held = None  # the previous statistic's copy goes before the next is gathered
-            self.held = (stat, self.values[stat][self.members])
-        return self.held[1]
+def _overridden(rule: Rule, limits: OutlierSettings) -> bool:
+    """A person's absolute limit replaces this rule."""
+    setting = _OVERRIDE.get(rule.reason)
+    return setting is not None and getattr(limits, setting) is not None
 
 
 def _detail(verdict: Verdict, family: str, value: float, sigmas: float) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.curation.by_position import ByPosition, SortedRank
+from tasks.curation.name_codes import encode
 from tasks.curation.sha_list import ShaList, SortedShas, SortedSubset, column_keys
 from tasks.data import lake
 from tasks.errors import DataError
@@ -107,10 +108,9 @@ class RawRows(ByPosition[RawFacts]):
     def of(cls, rows: Iterable[RawFacts]) -> RawRows:
         """From tuples (tests, small sets): one row an image (the greatest tuple of a sha256 given twice)."""
         last = {r.sha256: r for r in sorted(rows)}
-        names = sorted({r.label for r in last.values()})
-        code = {label: k for k, label in enumerate(names)}
         values = list(last.values())
-        return cls(list(last), np.array([code[r.label] for r in values], dtype=np.int32), names,
+        names = sorted({r.label for r in values})  # every name there already: the codes follow their order
+        return cls(list(last), encode([r.label for r in values], names), names,
                    np.array([r.width for r in values], dtype=np.int32), np.array([r.height for r in values], dtype=np.int32))
 
     def label(self, sha: str) -> str:
@@ -182,18 +182,15 @@ def _raw_columns(blocks: Iterable[pa.Table]) -> tuple[np.ndarray, np.ndarray, np
     parts: list[np.ndarray] = []
     codes: list[np.ndarray] = [np.zeros(0, dtype=np.int32)]
     sizes: list[np.ndarray] = [np.zeros((2, 0), dtype=np.int32)]
-    names: dict[str, int] = {}
+    names: list[str] = []
     for block in blocks:
         parts.append(column_keys(block.column("sha256")).copy())  # a copy: the block's buffers go with it
-        labels = block.column("label").combine_chunks().dictionary_encode()
-        to_code = np.array([names.setdefault(n, len(names)) for n in labels.dictionary.to_pylist()] + [-1],  # -1: none
-                           dtype=np.int32)
-        codes.append(to_code[labels.indices.to_numpy(zero_copy_only=False)])
+        codes.append(encode(block.column("label"), names))
         sizes.append(np.stack([block.column(c).to_numpy().astype(np.int32) for c in ("width", "height")]))
     keys = np.concatenate(parts) if parts else np.zeros(0, dtype="S64")
     del parts
     width, height = np.concatenate(sizes, axis=1)
-    return keys, np.concatenate(codes), width, height, list(names)
+    return keys, np.concatenate(codes), width, height, names
 
 
 def _greatest_rows(order: np.ndarray, starts: np.ndarray, chosen: np.ndarray, facts: Any) -> None:
