@@ -56,6 +56,7 @@ from tasks.curation.pair_store import StoredScores
 from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.prior_walk import Grown, PriorWalk, Touched, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
+from tasks.curation.raw_store import stored_raw
 from tasks.curation.separation import separation_by_class
 from tasks.curation.sha_list import Keys, SortedSubset
 from tasks.curation.tables import (
@@ -64,7 +65,6 @@ from tasks.curation.tables import (
     EMBEDDINGS_TABLE,
     RawRows,
     drop_row,
-    read_raw,
 )
 from tasks.curation.vectors import RowView, stored_views
 from tasks.data import lake
@@ -102,9 +102,8 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     and splits, then each component deduplicated.
     """
     cfg = settings.curation
-    # The raw version's table of facts lives only while its columns are made (Arrow's sha256 strings alone are 68 bytes
-    # an image: it was held from here to the galleries, for the labels of the few dozen images they show).
-    by_sha = read_raw(settings, raw_version)
+    # The raw version's facts: stored beside the index and mapped (a batch merges in only the rows added since).
+    by_sha = stored_raw(settings.raw_table, raw_version, index_dir(settings.storage.lake_uri, settings.reports_path))
     images = RawImages(settings.raw_table, raw_version)
     features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta)
     record, record_version = read_assignments(settings, by_sha)

@@ -14,7 +14,6 @@ from tasks.curation.name_codes import encode
 from tasks.curation.sha_list import ShaList, SortedShas, SortedSubset, column_keys
 from tasks.data import lake
 from tasks.errors import DataError
-from tasks.settings import Settings
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 EMBEDDINGS_TABLE = "curation_embeddings"
@@ -145,13 +144,13 @@ def raw_facts(raw: pa.Table) -> RawRows:
     """``read_raw``'s rows (a table of them) by sha256, in sha256 order (a sha256 given twice: the greatest row, as
     sorting the tuples would). The sha256s are the sorted column's own bytes (``SortedShas``): no Python string an
     image."""
-    return _raw_rows([raw])
+    return rows_of_blocks([raw])
 
 
 RAW_COLUMNS = ["sha256", "width", "height", "label"]
 
 
-def _raw_rows(blocks: Iterable[pa.Table]) -> RawRows:
+def rows_of_blocks(blocks: Iterable[pa.Table]) -> RawRows:
     """The rows of ``blocks`` (``RAW_COLUMNS``) as ``raw_facts`` makes them, a block's keys and codes at a time.
 
     The keys are sorted alone and gathered once in order (a sort of the whole table by every column, the sorted
@@ -207,11 +206,11 @@ def drop_row(row: RawFacts, reason: str, component: str, kept: str | None, detai
             "label": row.label, "detail": detail}
 
 
-def read_raw(settings: Settings, raw_version: int) -> RawRows:
+def read_raw(uri: str, raw_version: int) -> RawRows:
     """The raw version's facts (sha256, size, label; ``raw_facts``), read ``lake.SEARCH_BLOCK_ROWS`` rows at a time:
     the image bytes stay in the table (``tasks.curation.raw_images`` reads those a step needs), and no table of every
     row's facts is held beside the arrays made of it (at a million images the table read whole was about 150 MB)."""
-    rows = _raw_rows(lake.scan_blocks(settings.raw_table, raw_version, RAW_COLUMNS, lake.SEARCH_BLOCK_ROWS))
+    rows = rows_of_blocks(lake.scan_blocks(uri, raw_version, RAW_COLUMNS, lake.SEARCH_BLOCK_ROWS))
     if len(rows) == 0:
-        raise CurationError(f"{settings.raw_table} version {raw_version} has no rows: nothing to curate")
+        raise CurationError(f"{uri} version {raw_version} has no rows: nothing to curate")
     return rows

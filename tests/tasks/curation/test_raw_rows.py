@@ -113,7 +113,7 @@ def test_digests_read_from_a_column_give_back_each_value_and_the_keys_of_the_str
 def test_raw_rows_read_a_block_at_a_time_are_those_of_the_whole_table():
     """``read_raw`` makes the rows from blocks of the table: a sha256 given twice across blocks keeps its greatest row,
     and the labels are numbered as the sorted rows first show them, whatever the blocks."""
-    from tasks.curation.tables import _raw_rows
+    from tasks.curation.tables import rows_of_blocks
 
     rows = [RawFacts(_sha(str(i)), "bca"[i % 3], 32 + i, 30 - i % 5) for i in range(40)]
     rows += [RawFacts(rows[4].sha256, "z", 1, 1), RawFacts(rows[7].sha256, "a", 99, 99), RawFacts(rows[7].sha256, "a", 9, 9)]
@@ -121,6 +121,6 @@ def test_raw_rows_read_a_block_at_a_time_are_those_of_the_whole_table():
     whole = raw_facts(table)
     for cut in ([1, 2], [17, 30], [41]):
         edges = [0, *cut, table.num_rows]
-        got = _raw_rows([table.slice(a, b - a) for a, b in zip(edges, edges[1:])])
+        got = rows_of_blocks([table.slice(a, b - a) for a, b in zip(edges, edges[1:])])
         assert dict(got) == dict(whole) == {r.sha256: r for r in sorted(rows)}
         assert got.names == whole.names and got.codes.tolist() == whole.codes.tolist()

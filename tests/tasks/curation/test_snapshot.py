@@ -110,7 +110,7 @@ def test_raw_images_hold_only_what_is_asked_and_answer_for_it(settings, raw_digi
 def test_held_images_answer_for_the_raw_rows_sha256s(settings, raw_digits):
     from tasks.curation.tables import read_raw
 
-    rows = read_raw(settings, raw_digits.raw_version)
+    rows = read_raw(settings.raw_table, raw_digits.raw_version)
     images = RawImages(settings.raw_table, raw_digits.raw_version)
     some = rows.shas[10:14]
     images.hold(list(some))
