@@ -345,9 +345,11 @@ def _stored_rows(uri: str, config: str, wanted: Keys, columns: list[str]
         yield part.select(columns), rows, at[rows]
 
 
-def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts) -> np.ndarray:
-    """Fill ``facts`` (``FeatureFacts.blank`` over ``wanted``'s images, in their order) with their stored facts under
-    ``config``; which images have stored facts (bool; an image stored twice: its first row).
+def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts, into: np.ndarray | None = None
+                      ) -> np.ndarray:
+    """Fill ``facts`` (``FeatureFacts.blank`` over ``wanted``'s images, in their order; ``into``: the facts' position
+    of each of ``wanted``, where they are some of the facts' images) with their stored facts under ``config``; which
+    of ``wanted`` have stored facts (bool; an image stored twice: its first row).
 
     What a curation reads of every image of its raw version, read ``lake.SEARCH_BLOCK_ROWS`` rows at a time (a row's
     place among ``wanted`` is a binary search, no set is hashed a block) into the columns by position: no sha256 is
@@ -358,7 +360,7 @@ def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts) 
     for block, rows, at in _stored_rows(uri, config, wanted, list(FACT_COLUMNS)):
         images, first = np.unique(at, return_index=True)  # of an image twice in the block, its first row
         new = ~filled[images]
-        facts.fill(images[new], block.take(pa.array(rows[first[new]])))
+        facts.fill(images[new] if into is None else into[images[new]], block.take(pa.array(rows[first[new]])))
         filled[images[new]] = True
     return filled
 

@@ -40,13 +40,12 @@ from tasks.curation.curation_features import (
     compute_features,
     computed_vectors,
     feature_config,
-    fill_stored_facts,
     store_features,
     stored_vectors,
 )
 from tasks.curation.dedupe import GrownComponent, dedupe_component, extend_component
+from tasks.curation.facts_store import open_facts
 from tasks.curation.fastdup_optional import require_embedding
-from tasks.curation.feature_facts import FeatureFacts
 from tasks.curation.groups import Groups
 from tasks.curation.kept_facts import KEPT_FACTS_SCHEMA, KeptFacts
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
@@ -56,7 +55,7 @@ from tasks.curation.pair_store import StoredScores
 from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.prior_walk import Grown, PriorWalk, Touched, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
-from tasks.curation.raw_store import stored_raw
+from tasks.curation.raw_store import stored_raw, version_folder
 from tasks.curation.separation import separation_by_class
 from tasks.curation.sha_list import Keys, SortedSubset
 from tasks.curation.tables import (
@@ -103,9 +102,11 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     """
     cfg = settings.curation
     # The raw version's facts: stored beside the index and mapped (a batch merges in only the rows added since).
-    by_sha = stored_raw(settings.raw_table, raw_version, index_dir(settings.storage.lake_uri, settings.reports_path))
+    root = index_dir(settings.storage.lake_uri, settings.reports_path)
+    by_sha = stored_raw(settings.raw_table, raw_version, root)
     images = RawImages(settings.raw_table, raw_version)
-    features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta)
+    features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta,
+                                                  version_folder(settings.raw_table, raw_version, root))
     record, record_version = read_assignments(settings, by_sha)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
@@ -212,23 +213,27 @@ def _with_images(facts: pa.Table, images: pa.ChunkedArray) -> pa.RecordBatch:
 
 
 def _features(settings: Settings, rows: RawRows, images: RawImages, run_id: str, work: Path,
-              cache_meta: dict[str, Any]) -> tuple[Features, int, int]:
+              cache_meta: dict[str, Any], folder: Path) -> tuple[Features, int, int]:
     """(the features of these images, how many were computed now, how many were stored): each image is embedded
     once. The rows computed now are stored before the planning goes on (at a million images, about 0.5 GB
-    that were held to the end of the plan). The facts are in the raw rows' order and share their map (``at``)."""
+    that were held to the end of the plan). The facts are in the raw rows' order and share their map (``at``), kept
+    beside the raw version's stored rows (``folder``: ``tasks.curation.facts_store``) once every image has them."""
     cfg, uri = settings.curation, settings.table_uri(EMBEDDINGS_TABLE)
-    wanted = Keys.of(rows.shas)  # sorted: found by binary search, no hash of every sha256
-    facts = FeatureFacts.blank(rows.shas, rows.at)  # filled a block of stored rows at a time, then the fresh ones
-    stored = fill_stored_facts(uri, feature_config(cfg), wanted, facts)
-    missing = np.flatnonzero(~stored)
-    fresh = _computed(cfg, images, [rows.shas[i] for i in missing.tolist()], len(rows), work, run_id)
-    if fresh.num_rows:
-        store_features(uri, fresh, {**cache_meta, "feature_config": feature_config(cfg), "step": "curate_features"})
-    at = wanted.positions(fresh.column("sha256"))
-    facts.fill(at[at >= 0], fresh.filter(pa.array(at >= 0)))
-    stored[at[at >= 0]] = True
-    if not stored.all():
-        raise KeyError(f"{int((~stored).sum())} images have neither stored nor computed features")
+    kept = open_facts(rows, folder, uri, feature_config(cfg))
+    try:
+        facts, stored = kept.facts, kept.stored
+        missing = np.flatnonzero(~stored)
+        fresh = _computed(cfg, images, [rows.shas[i] for i in missing.tolist()], len(rows), work, run_id)
+        if fresh.num_rows:
+            store_features(uri, fresh, {**cache_meta, "feature_config": feature_config(cfg), "step": "curate_features"})
+            at = rows.shas.keys.positions(fresh.column("sha256"))
+            facts.fill(at[at >= 0], fresh.filter(pa.array(at >= 0)))
+            stored[at[at >= 0]] = True
+        if not stored.all():
+            raise KeyError(f"{int((~stored).sum())} images have neither stored nor computed features")
+        kept.publish(uri)
+    finally:
+        kept.discard()
     return Features(facts, *computed_vectors(fresh, rows)), fresh.num_rows, len(rows) - len(missing)
 
 

@@ -41,8 +41,8 @@ def stored_raw(uri: str, raw_version: int, root: Path) -> RawRows:
     """The raw version's rows (the raw table ``uri``) as ``tables.read_raw`` reads them, from the files under ``root``
     (built there first: from the newest stored version below, with the rows added since, else from the whole
     table)."""
-    folder = root / STORE_FOLDER / _table_key(lake.open_table(uri, raw_version).metadata().id)
-    own = folder / f"v{raw_version}"
+    own = version_folder(uri, raw_version, root)
+    folder = own.parent
     if not _complete(own):
         folder.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder))
@@ -65,6 +65,22 @@ def _build(uri: str, version: int, folder: Path, out: Path) -> None:
             _merge(_mapped(folder / f"v{base}"), rows_of_blocks(blocks), out)
             return
     _write_whole(read_raw(uri, version), out)
+
+
+def version_folder(uri: str, raw_version: int, root: Path) -> Path:
+    """Where the raw version's rows are stored (``stored_raw``), and what is kept beside them (the features' facts)."""
+    return root / STORE_FOLDER / _table_key(lake.open_table(uri, raw_version).metadata().id) / f"v{raw_version}"
+
+
+def other_versions(own: Path) -> list[Path]:
+    """The other stored versions of ``own``'s table, newest first."""
+    stored = [(int(p.name[1:]), p) for p in own.parent.glob("v*") if p.name[1:].isdigit() and p != own and _complete(p)]
+    return [p for _, p in sorted(stored, reverse=True)]
+
+
+def mapped_keys(folder: Path) -> np.ndarray:
+    """A stored version's sha256s (``S64``, ascending), its file's read-only mapping."""
+    return np.load(folder / "keys.npy", mmap_mode="r")
 
 
 def _table_key(table_id: str) -> str:

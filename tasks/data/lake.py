@@ -236,23 +236,34 @@ def scan_blocks(uri: str, version: int, columns: Iterable[str], block_rows: int,
     yield from _regrouped(batches, block_rows, sys.maxsize if block_bytes is None else block_bytes)
 
 
-def added_blocks(uri: str, since: int, version: int, columns: list[str], block_rows: int
-                 ) -> Iterator[pa.Table] | None:
-    """The rows ``version`` added to ``since`` (``columns``, ``block_rows`` at a time, in the table's order), when
-    ``version`` is ``since`` with files appended: the same table (its id), plain local files (``_plain_local_files``)
-    and every file of ``since`` still there. None otherwise (a rewrite, a compaction, a deletion or another table
-    under the same name: only a whole read tells what the version holds)."""
+def appended_files(uri: str, since: int, version: int) -> list[str] | None:
+    """The files ``version`` added to ``since`` (local paths, in the table's order) when ``version`` is ``since`` with
+    files appended: the same table (its id), plain local files (``_plain_local_files``) and every file of ``since``
+    still there. None otherwise (a rewrite, a compaction, a deletion or another table under the same name: only a
+    whole read tells what the version holds)."""
+    if since > version:
+        return None
     old, new = open_table(uri, since), open_table(uri, version)
-    if since > version or old.metadata().id != new.metadata().id:
+    if old.metadata().id != new.metadata().id:
         return None
     before, after = _plain_local_files(old), _plain_local_files(new)
     if before is None or after is None or not set(before) <= set(after):
         return None
-    schema = pa.schema(new.schema().to_arrow())
     kept = set(before)
+    return [path for path in after if path not in kept]
+
+
+def added_blocks(uri: str, since: int, version: int, columns: list[str], block_rows: int
+                 ) -> Iterator[pa.Table] | None:
+    """The rows ``version`` added to ``since`` (``columns``, ``block_rows`` at a time, in the table's order), or None
+    where it did more than append files (``appended_files``)."""
+    added = appended_files(uri, since, version)
+    if added is None:
+        return None
+    schema = pa.schema(open_table(uri, version).schema().to_arrow())
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for path in (p for p in after if p not in kept):
+        for path in added:
             parquet = _parquet_file(path)
             present = [c for c in columns if c in parquet.schema_arrow.names]
             for batch in parquet.iter_batches(batch_size=min(block_rows, 1 << 16), columns=present):
