@@ -120,13 +120,19 @@ class Digests:
 
 
 class PixelKeys(ByPosition[str]):
-    """sha256 -> its pixel key, held as 32 bytes by position (the module's docstring)."""
+    """sha256 -> its pixel key, held as 32 bytes by position (the module's docstring).
 
-    def __init__(self, at: Mapping[str, int], buffer: bytes, odd: dict[str, str]) -> None:
+    The bytes are the stored digests themselves (``Digests.packed``: in a curation the features' facts as stored,
+    a mapped file's pages, not a copy of 32 bytes an image held from the grouping to the end); the few images without a
+    digest have their key beside them (``own``: their sha256's bytes)."""
+
+    def __init__(self, at: Mapping[str, int], packed: np.ndarray, odd: dict[str, str],
+                 own: dict[int, bytes] | None = None) -> None:
         self.at = at  # sha256 -> position (the raw rows' map, shared)
-        self.buffer = buffer  # 32 bytes a position (a slice of it is a lookup's fastest read)
-        self.packed = np.frombuffer(buffer, dtype=np.uint8).reshape(-1, DIGEST_BYTES)  # the same bytes, (positions, 32)
+        self.packed = packed  # (positions, 32) uint8; an image without a digest: its row is not read (``own``)
+        self._bytes = memoryview(np.ascontiguousarray(packed).reshape(-1))  # uint8: a slice of it is a fast read
         self.odd = odd  # sha256 -> a key that is no sha256 hex digest (its row holds the key's own sha256)
+        self.own = own or {}  # position -> the key of an image without a digest (its sha256's 32 bytes)
 
     @classmethod
     def of(cls, at: Mapping[str, int], keys: Iterable[str]) -> PixelKeys:
@@ -138,20 +144,30 @@ class PixelKeys(ByPosition[str]):
 
     @classmethod
     def of_digests(cls, at: Mapping[str, int], shas: Sequence[str], digests: Digests) -> PixelKeys:
-        """Each image's digest, or its sha256 where it has none: ``digests`` and ``shas`` in ``at``'s order."""
-        packed = digests.packed.copy()
+        """Each image's digest, or its sha256 where it has none: ``digests`` and ``shas`` in ``at``'s order (the
+        digests' own bytes, not a copy)."""
         odd = {shas[i]: key for i, key in digests.odd.items()}
+        own = {}
         for i in np.flatnonzero(~digests.present).tolist():  # the few images without pixels: their own sha256
             raw = _packed(shas[i])
             if raw is None:
                 odd[shas[i]] = shas[i]
                 raw = _hashed(shas[i])
-            packed[i] = np.frombuffer(raw, dtype=np.uint8)
-        return cls(at, packed.tobytes(), odd)
+            own[i] = raw
+        return cls(at, digests.packed, odd, own)
+
+    def key_at(self, i: int) -> bytes:
+        """Position ``i``'s 32 bytes."""
+        own = self.own.get(i) if self.own else None
+        return own if own is not None else self._bytes[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES].tobytes()
 
     def heads(self, positions: np.ndarray) -> np.ndarray:
         """Each position's key's first 8 bytes as one number (equal keys, equal heads: a sieve before the whole key)."""
-        return np.ascontiguousarray(self.packed[positions, :8]).view(np.uint64).ravel()
+        heads = np.ascontiguousarray(self.packed[positions, :8]).view(np.uint64).ravel()
+        if self.own:
+            for j in np.flatnonzero(np.isin(positions, list(self.own))).tolist():
+                heads[j] = np.frombuffer(self.own[int(positions[j])][:8], dtype=np.uint64)[0]
+        return heads
 
     def first_alike(self, positions: np.ndarray, among: np.ndarray) -> np.ndarray:
         """For each of ``among`` (indices into ``positions``: a batch's new images), the index (into ``positions``) of
@@ -163,7 +179,7 @@ class PixelKeys(ByPosition[str]):
             return np.zeros(0, dtype=np.int64)
 
         def keys(rows: np.ndarray) -> list[bytes]:
-            return [bytes(k) for k in self.packed[rows].tolist()]
+            return [self.key_at(i) for i in rows.tolist()]
 
         hits = np.flatnonzero(np.isin(self.heads(positions), self.heads(positions[among])))  # ascending: ``among`` among them
         first: dict[bytes, int] = {}
@@ -178,7 +194,7 @@ class PixelKeys(ByPosition[str]):
     def token_at(self, i: int, sha: str) -> bytes | str:
         """``token`` of ``sha``, whose position is ``i``."""
         odd = self.odd.get(sha) if self.odd else None
-        return odd if odd is not None else self.buffer[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES]
+        return odd if odd is not None else self.key_at(i)
 
     def __getitem__(self, sha: str) -> str:
         held = self.token(sha)
