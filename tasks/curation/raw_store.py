@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.curation.name_codes import encode
-from tasks.curation.sha_list import SortedShas
+from tasks.curation.sha_list import SortedShas, prefixes
 from tasks.curation.tables import RAW_COLUMNS, RawRows, read_raw, rows_of_blocks
 from tasks.data import lake
 
@@ -100,10 +100,31 @@ def _base(folder: Path, version: int) -> int | None:
 
 
 def _mapped(folder: Path) -> RawRows:
-    """A stored version's rows, each column its file's read-only mapping."""
+    """A stored version's rows, each column its file's read-only mapping (the keys' prefixes too, where they tell
+    every key apart)."""
     columns = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _COLUMNS}
     names = json.loads((folder / "names.json").read_text(encoding="utf-8"))
-    return RawRows(SortedShas(columns["keys"]), columns["codes"], names, columns["width"], columns["height"])
+    prefix = np.load(folder / "prefix.npy", mmap_mode="r") if (folder / "prefix.npy").is_file() else None
+    return RawRows(SortedShas(columns["keys"], prefix), columns["codes"], names, columns["width"], columns["height"])
+
+
+def _write_prefix(out: Path, keys: np.ndarray) -> None:
+    """The keys' ``sha_list.prefixes``, a block at a time, where they tell every key apart (else no file)."""
+    prefix = np.lib.format.open_memmap(out / "prefix.npy.tmp", mode="w+", dtype=np.uint64, shape=(len(keys),))
+    distinct, last = True, None
+    for start in range(0, len(keys), MERGE_ROWS):
+        block = prefixes(np.asarray(keys[start:start + MERGE_ROWS]))
+        if block is None or (last is not None and block[0] <= last) or \
+                (len(block) > 1 and not bool((block[1:] > block[:-1]).all())):
+            distinct = False
+            break
+        prefix[start:start + len(block)], last = block, block[-1]
+    prefix.flush()
+    del prefix
+    if distinct:
+        (out / "prefix.npy.tmp").rename(out / "prefix.npy")
+    else:
+        (out / "prefix.npy.tmp").unlink()
 
 
 def _publish(work: Path, own: Path) -> None:
@@ -132,6 +153,7 @@ def _write_whole(rows: RawRows, out: Path) -> None:
     arrays = {"keys": rows.shas.array, "codes": rows.codes, "width": rows.width, "height": rows.height}
     for name, values in arrays.items():
         np.save(out / f"{name}.npy", np.ascontiguousarray(values))
+    _write_prefix(out, rows.shas.array)
     _write_names(out, rows.names)
 
 
@@ -167,9 +189,11 @@ def _merge(old: RawRows, fresh: RawRows, out: Path) -> None:
         columns["codes"][dest] = codes[source]
         columns["width"][dest] = fresh.width[source]
         columns["height"][dest] = fresh.height[source]
-    _write_names(out, _renumbered(columns["codes"], names))
+    names = _renumbered(columns["codes"], names)
     for values in columns.values():
         values.flush()
+    _write_prefix(out, columns["keys"])
+    _write_names(out, names)
 
 
 def _codes_into(fresh: RawRows, names: list[str]) -> np.ndarray:

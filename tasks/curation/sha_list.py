@@ -257,11 +257,18 @@ class SortedShas(_HeldStrings):
     ``keys`` is the same bytes as ``Keys`` (for a column's lookups), ``take`` a subset (ascending positions).
     """
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: np.ndarray, prefix: np.ndarray | None = None) -> None:
+        """``prefix``: the keys' ``prefixes``, stored beside them (strictly ascending: the keys are then ascending and
+        distinct, and no pass over the keys checks it or finds them)."""
         self.array = array
-        self.keys = Keys.of(array)
-        if self.keys.order is not None or (len(array) > 1 and bool((array[1:] == array[:-1]).any())):
-            raise ValueError("SortedShas: the keys must be ascending and distinct")
+        if prefix is not None:
+            if len(prefix) != len(array) or (len(prefix) > 1 and not bool((prefix[1:] > prefix[:-1]).all())):
+                raise ValueError("SortedShas: the stored prefixes must be one a key, strictly ascending")
+            self.keys = Keys(array, None, prefix)
+        else:
+            self.keys = Keys.of(array)
+            if self.keys.order is not None or (len(array) > 1 and bool((array[1:] == array[:-1]).any())):
+                raise ValueError("SortedShas: the keys must be ascending and distinct")
         prefix = self.keys.prefix
         self._prefix = None if prefix is None else memoryview(np.ascontiguousarray(prefix)).cast("B").cast("Q")
 

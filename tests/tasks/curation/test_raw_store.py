@@ -75,3 +75,17 @@ def test_an_empty_version_is_refused(tmp_path):
     write_deltalake(uri, _rows([]))
     with pytest.raises(CurationError):
         stored_raw(uri, 0, tmp_path / "index")
+
+
+def test_keys_that_share_a_prefix_are_found_without_stored_prefixes(tmp_path):
+    """Two sha256s with the same first 16 hex digits: no prefix file, every lookup compares whole keys; else the
+    prefixes are stored and mapped with the keys."""
+    uri, root = str(tmp_path / "raw"), tmp_path / "index"
+    twins = ["ab" * 8 + _sha("one")[16:], "ab" * 8 + _sha("two")[16:]]
+    write_deltalake(uri, _rows([(_sha(str(i)), "a", 8, 8) for i in range(10)]))
+    assert isinstance(stored_raw(uri, 0, root).shas.keys.prefix, np.memmap)  # stored beside the keys
+    write_deltalake(uri, _rows([(t, "b", 9, 9) for t in twins]), mode="append")
+    merged = stored_raw(uri, 1, root)
+    assert merged.shas.keys.prefix is None
+    _same(merged, read_raw(uri, 1))
+    assert merged.at[twins[1]] == list(merged.shas).index(twins[1]) and merged.label(twins[0]) == "b"
