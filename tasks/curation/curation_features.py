@@ -365,6 +365,28 @@ def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts, 
     return filled
 
 
+def fill_keyed_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts, into: np.ndarray) -> np.ndarray:
+    """``fill_stored_facts`` for a few images (a batch's, ``into``: their positions among the facts): their stored rows
+    found by key (``lake.scan_keyed``: the key column first, then only the row groups holding one), not every block of
+    the table with its facts (at a million images that read held about 130 MB for a batch's 1,000 images, none of them
+    stored yet). Of an image stored twice under ``config``, its first row, as there."""
+    filled = np.zeros(len(wanted), dtype=bool)
+    version = lake.current_version(uri)
+    if version is None or not len(wanted):
+        return filled
+    have = set(lake.column_names(uri, version))
+    present = [c for c in FACT_COLUMNS if c in have]
+    values = pa.array([k.decode("ascii") for k in wanted.at(np.arange(len(wanted))).tolist()], pa.string())
+    for block in lake.scan_keyed(uri, version, "sha256", values, ["config", *present], lake.SEARCH_BLOCK_ROWS,
+                                 lake.KEYED_BYTES, position="_wanted"):
+        rows = np.flatnonzero(pc.fill_null(pc.equal(block.column("config"), config), False).to_numpy(zero_copy_only=False))
+        images, first = np.unique(block.column("_wanted").to_numpy()[rows], return_index=True)
+        new = ~filled[images]
+        facts.fill(into[images[new]], block.select(present).take(pa.array(rows[first[new]])))
+        filled[images[new]] = True
+    return filled
+
+
 def stored_vectors(uri: str, config: str, shas: list[str]) -> np.ndarray:
     """The unit embeddings of ``shas`` (every one stored without error), one row each in that order: a rebuild."""
     features = load_features(uri, config, set(shas))

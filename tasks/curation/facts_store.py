@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.curation.curation_features import fill_stored_facts
+from tasks.curation.curation_features import fill_keyed_facts, fill_stored_facts
 from tasks.curation.feature_facts import NUMBERS, FeatureFacts
 from tasks.curation.pixel_keys import DIGEST_BYTES, Digests
 from tasks.curation.raw_store import mapped_keys, other_versions
@@ -89,8 +89,9 @@ def open_facts(rows: RawRows, folder: Path, embeddings_uri: str, config: str) ->
     if base is not None:
         _copy(base, rows, facts, stored)
     rest = np.flatnonzero(~stored)
-    if len(rest):
-        stored[rest] = fill_stored_facts(embeddings_uri, config, rows.shas.take(rest).keys, facts, into=rest)
+    if len(rest):  # the images no stored version has: a batch's few by key, else every block of the table
+        fill = fill_stored_facts if base is None else fill_keyed_facts
+        stored[rest] = fill(embeddings_uri, config, rows.shas.take(rest).keys, facts, into=rest)
     return StoredFacts(facts, stored, own, work)
 
 

@@ -35,6 +35,10 @@ def _features(names: list[str], config: str = CONFIG) -> pa.Table:
     return pa.Table.from_pylist([fact(i, n) for i, n in enumerate(names)])
 
 
+def _whole_scan_fails(*_args, **_kwargs):
+    raise AssertionError("every block of the features table read for a batch's images")
+
+
 def _whole(rows, uri: str) -> FeatureFacts:
     facts = FeatureFacts.blank(rows.shas, rows.at)
     assert fill_stored_facts(uri, CONFIG, rows.shas.keys, facts).all()
@@ -60,13 +64,17 @@ def test_facts_gathered_from_a_stored_version_are_the_facts_read_whole(tmp_path,
 
     added = [f"new{i}" for i in range(12)]
     write_deltalake(raw, _raw(added), mode="append")
+    write_deltalake(emb, _features(added[:3], config="other"), mode="append")  # under another config first
     write_deltalake(emb, _features(added), mode="append")
+    later = _features(added[:2]).set_column(3, "blur", pa.array([99.0, 98.0]))
+    write_deltalake(emb, later, mode="append")  # stored twice: the first row stands, as in a whole read
     rows = stored_raw(raw, 1, root)
     asked = []
-    real = facts_store.fill_stored_facts
-    monkeypatch.setattr(facts_store, "fill_stored_facts", lambda *a, **k: asked.append(len(a[2])) or real(*a, **k))
+    real = facts_store.fill_keyed_facts
+    monkeypatch.setattr(facts_store, "fill_keyed_facts", lambda *a, **k: asked.append(len(a[2])) or real(*a, **k))
+    monkeypatch.setattr(facts_store, "fill_stored_facts", _whole_scan_fails)
     kept = open_facts(rows, version_folder(raw, 1, root), emb, CONFIG)
-    assert asked == [12] and kept.stored.all()  # only the added images were read from the table
+    assert asked == [12] and kept.stored.all()  # only the added images were read from the table, by key
     kept.publish(emb)
     _same(kept.facts, _whole(rows, emb))
     again = open_facts(rows, version_folder(raw, 1, root), emb, CONFIG)  # stored: mapped as they are
