@@ -345,11 +345,9 @@ def _stored_rows(uri: str, config: str, wanted: Keys, columns: list[str]
         yield part.select(columns), rows, at[rows]
 
 
-def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts, into: np.ndarray | None = None
-                      ) -> np.ndarray:
-    """Fill ``facts`` (``FeatureFacts.blank`` over ``wanted``'s images, in their order; ``into``: the facts' position
-    of each of ``wanted``, where they are some of the facts' images) with their stored facts under ``config``; which
-    of ``wanted`` have stored facts (bool; an image stored twice: its first row).
+def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts) -> np.ndarray:
+    """Fill ``facts`` (``FeatureFacts.blank`` over ``wanted``'s images, in their order) with their stored facts under
+    ``config``; which of ``wanted`` have stored facts (bool; an image stored twice: its first row).
 
     What a curation reads of every image of its raw version, read ``lake.SEARCH_BLOCK_ROWS`` rows at a time (a row's
     place among ``wanted`` is a binary search, no set is hashed a block) into the columns by position: no sha256 is
@@ -358,10 +356,7 @@ def fill_stored_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts, 
     rows to fill are taken from it once (a filtered copy, then a copy of its first rows, were two)."""
     filled = np.zeros(len(wanted), dtype=bool)
     for block, rows, at in _stored_rows(uri, config, wanted, list(FACT_COLUMNS)):
-        images, first = np.unique(at, return_index=True)  # of an image twice in the block, its first row
-        new = ~filled[images]
-        facts.fill(images[new] if into is None else into[images[new]], block.take(pa.array(rows[first[new]])))
-        filled[images[new]] = True
+        _fill_first(facts, filled, block, rows, at, None)
     return filled
 
 
@@ -380,11 +375,19 @@ def fill_keyed_facts(uri: str, config: str, wanted: Keys, facts: FeatureFacts, i
     for block in lake.scan_keyed(uri, version, "sha256", values, ["config", *present], lake.SEARCH_BLOCK_ROWS,
                                  lake.KEYED_BYTES, position="_wanted"):
         rows = np.flatnonzero(pc.fill_null(pc.equal(block.column("config"), config), False).to_numpy(zero_copy_only=False))
-        images, first = np.unique(block.column("_wanted").to_numpy()[rows], return_index=True)
-        new = ~filled[images]
-        facts.fill(into[images[new]], block.select(present).take(pa.array(rows[first[new]])))
-        filled[images[new]] = True
+        _fill_first(facts, filled, block.select(present), rows, block.column("_wanted").to_numpy()[rows], into)
     return filled
+
+
+def _fill_first(facts: FeatureFacts, filled: np.ndarray, block: pa.Table, rows: np.ndarray, at: np.ndarray,
+                into: np.ndarray | None) -> None:
+    """Fill the facts of the wanted images at ``at`` (``block``'s ``rows``, in that order; ``into``: the facts'
+    position of each wanted image, None where they are the same) not ``filled`` yet; of an image twice, its first
+    row."""
+    images, first = np.unique(at, return_index=True)
+    new = images[~filled[images]]
+    facts.fill(new if into is None else into[new], block.take(pa.array(rows[first[~filled[images]]])))
+    filled[new] = True
 
 
 def stored_vectors(uri: str, config: str, shas: list[str]) -> np.ndarray:

@@ -18,8 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,12 +28,12 @@ from tasks.curation.feature_facts import NUMBERS, FeatureFacts
 from tasks.curation.pixel_keys import DIGEST_BYTES, Digests
 from tasks.curation.raw_store import mapped_keys, other_versions
 from tasks.curation.sha_list import ShaList
+from tasks.curation.stored_folder import complete, prune_stale, publish, work_folder
 from tasks.curation.tables import RawRows
 from tasks.data import lake
 
 FACTS_PREFIX = "facts-"
 COPY_ROWS = 1 << 16  # a stored version's facts copied this many at a time
-_STALE_SECONDS = 3600
 
 
 @dataclass
@@ -59,13 +57,9 @@ class StoredFacts:
         meta = {"errors": {str(k): v for k, v in self.facts.errors.items()},
                 "odd": {str(k): v for k, v in self.facts.digests.odd.items()}, "families": self.facts.families,
                 "embeddings_id": table.metadata().id, "embeddings_version": table.version()}
-        (self.work / "meta.json").write_text(json.dumps(meta), encoding="utf-8")  # last: the folder is complete
-        try:
-            self.work.rename(self.own)
+        (self.work / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        if publish(self.work, self.own):  # else another curation's, renamed first, stands (``discard`` removes this)
             self.work = None
-        except OSError:
-            if not _complete(self.own):  # another curation's, renamed first, stands (``discard`` removes this one's)
-                raise
 
     def discard(self) -> None:
         if self.work is not None:
@@ -79,24 +73,20 @@ def open_facts(rows: RawRows, folder: Path, embeddings_uri: str, config: str) ->
 
     Phases: the stored facts if complete, else blank files, a stored version's facts copied, the rest read."""
     own = folder / (FACTS_PREFIX + hashlib.sha256(config.encode("utf-8")).hexdigest()[:16])
-    if _complete(own):
+    if complete(own):
         return StoredFacts(_mapped(own, rows), np.ones(len(rows), dtype=bool), own, None)
-    _prune_stale(folder)
-    work = Path(tempfile.mkdtemp(prefix=".tmp-facts-", dir=folder))
+    prune_stale(folder)
+    work = work_folder(folder)
     facts = _blank(work, rows)
-    stored = np.zeros(len(rows), dtype=bool)
     base = _base(folder, own.name, embeddings_uri)
-    if base is not None:
-        _copy(base, rows, facts, stored)
-    rest = np.flatnonzero(~stored)
-    if len(rest):  # the images no stored version has: a batch's few by key, else every block of the table
-        fill = fill_stored_facts if base is None else fill_keyed_facts
-        stored[rest] = fill(embeddings_uri, config, rows.shas.take(rest).keys, facts, into=rest)
+    if base is None:  # every image: every block of the table
+        return StoredFacts(facts, fill_stored_facts(embeddings_uri, config, rows.shas.keys, facts), own, work)
+    stored = np.zeros(len(rows), dtype=bool)
+    _copy(base, rows, facts, stored)
+    rest = np.flatnonzero(~stored)  # the images no stored version has: a batch's few, by key
+    if len(rest):
+        stored[rest] = fill_keyed_facts(embeddings_uri, config, rows.shas.take(rest).keys, facts, into=rest)
     return StoredFacts(facts, stored, own, work)
-
-
-def _complete(folder: Path) -> bool:
-    return (folder / "meta.json").is_file()
 
 
 _COLUMNS = {**{c: np.dtype(np.float64) for c in NUMBERS}, "packed": np.dtype(np.uint8), "present": np.dtype(bool),
@@ -135,7 +125,7 @@ def _base(folder: Path, name: str, embeddings_uri: str) -> Path | None:
     table_id = lake.open_table(embeddings_uri, current).metadata().id
     for version in other_versions(folder):
         facts = version / name
-        if not _complete(facts):
+        if not complete(facts):
             continue
         meta = json.loads((facts / "meta.json").read_text(encoding="utf-8"))
         if meta["embeddings_id"] == table_id and \
@@ -166,8 +156,3 @@ def _copy(base: Path, rows: RawRows, facts: FeatureFacts, stored: np.ndarray) ->
         if (here := rows.shas.index_of(keys[position].decode("ascii"))) is not None:
             facts.digests.odd[here] = value
 
-
-def _prune_stale(folder: Path) -> None:
-    for path in folder.glob(".tmp-facts-*"):
-        if time.time() - path.stat().st_mtime > _STALE_SECONDS:
-            shutil.rmtree(path, ignore_errors=True)

@@ -55,7 +55,7 @@ from tasks.curation.pair_store import StoredScores
 from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.prior_walk import Grown, PriorWalk, Touched, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
-from tasks.curation.raw_store import stored_raw, version_folder
+from tasks.curation.raw_store import stored_raw
 from tasks.curation.separation import separation_by_class
 from tasks.curation.sha_list import Keys, SortedSubset
 from tasks.curation.tables import (
@@ -103,10 +103,9 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     cfg = settings.curation
     # The raw version's facts: stored beside the index and mapped (a batch merges in only the rows added since).
     root = index_dir(settings.storage.lake_uri, settings.reports_path)
-    by_sha = stored_raw(settings.raw_table, raw_version, root)
+    by_sha, folder = stored_raw(settings.raw_table, raw_version, root)
     images = RawImages(settings.raw_table, raw_version)
-    features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta,
-                                                  version_folder(settings.raw_table, raw_version, root))
+    features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta, folder)
     record, record_version = read_assignments(settings, by_sha)
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)

@@ -19,14 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
-import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from tasks.curation.name_codes import encode
 from tasks.curation.sha_list import SortedShas, prefixes
+from tasks.curation.stored_folder import complete, prune_stale, publish, work_folder
 from tasks.curation.tables import RAW_COLUMNS, RawRows, read_raw, rows_of_blocks
 from tasks.data import lake
 
@@ -34,25 +34,27 @@ STORE_FOLDER = "raw_rows"
 KEEP_VERSIONS = 2  # the newest stored versions kept (the one a batch builds on, and its own)
 MERGE_ROWS = 1 << 16  # stored rows copied at a time while a version is merged
 _COLUMNS = ("keys", "codes", "width", "height")
-_STALE_SECONDS = 3600  # a temporary folder this old is a crashed build's
 
 
-def stored_raw(uri: str, raw_version: int, root: Path) -> RawRows:
+class StoredRows(NamedTuple):
+    rows: RawRows
+    folder: Path  # the version's folder: what is kept beside its rows (the features' facts) goes there
+
+
+def stored_raw(uri: str, raw_version: int, root: Path) -> StoredRows:
     """The raw version's rows (the raw table ``uri``) as ``tables.read_raw`` reads them, from the files under ``root``
     (built there first: from the newest stored version below, with the rows added since, else from the whole
     table)."""
-    own = version_folder(uri, raw_version, root)
-    folder = own.parent
-    if not _complete(own):
-        folder.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder))
+    own = root / STORE_FOLDER / _table_key(lake.open_table(uri, raw_version).metadata().id) / f"v{raw_version}"
+    if not complete(own):
+        work = work_folder(own.parent)
         try:
-            _build(uri, raw_version, folder, work)
-            _publish(work, own)
+            _build(uri, raw_version, own.parent, work)
+            publish(work, own)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        _prune(folder, own)
-    return _mapped(own)
+        _prune(own.parent, own)
+    return StoredRows(_mapped(own), own)
 
 
 def _build(uri: str, version: int, folder: Path, out: Path) -> None:
@@ -67,14 +69,9 @@ def _build(uri: str, version: int, folder: Path, out: Path) -> None:
     _write_whole(read_raw(uri, version), out)
 
 
-def version_folder(uri: str, raw_version: int, root: Path) -> Path:
-    """Where the raw version's rows are stored (``stored_raw``), and what is kept beside them (the features' facts)."""
-    return root / STORE_FOLDER / _table_key(lake.open_table(uri, raw_version).metadata().id) / f"v{raw_version}"
-
-
 def other_versions(own: Path) -> list[Path]:
     """The other stored versions of ``own``'s table, newest first."""
-    stored = [(int(p.name[1:]), p) for p in own.parent.glob("v*") if p.name[1:].isdigit() and p != own and _complete(p)]
+    stored = [(int(p.name[1:]), p) for p in own.parent.glob("v*") if p.name[1:].isdigit() and p != own and complete(p)]
     return [p for _, p in sorted(stored, reverse=True)]
 
 
@@ -88,13 +85,9 @@ def _table_key(table_id: str) -> str:
     return hashlib.sha256(table_id.encode("utf-8")).hexdigest()[:16]
 
 
-def _complete(folder: Path) -> bool:
-    return (folder / "names.json").is_file()  # written last: a folder renamed into place holds every file
-
-
 def _base(folder: Path, version: int) -> int | None:
     """The newest complete stored version below ``version``."""
-    stored = [int(p.name[1:]) for p in folder.glob("v*") if p.name[1:].isdigit() and _complete(p)]
+    stored = [int(p.name[1:]) for p in folder.glob("v*") if p.name[1:].isdigit() and complete(p)]
     below = [v for v in stored if v < version]
     return max(below) if below else None
 
@@ -127,15 +120,6 @@ def _write_prefix(out: Path, keys: np.ndarray) -> None:
         (out / "prefix.npy.tmp").unlink()
 
 
-def _publish(work: Path, own: Path) -> None:
-    """``work`` renamed to ``own`` whole (another curation's, renamed first, stands)."""
-    try:
-        work.rename(own)
-    except OSError:
-        if not _complete(own):
-            raise
-
-
 def _prune(folder: Path, own: Path) -> None:
     """All but ``own`` and the ``KEEP_VERSIONS`` newest stored versions go, and crashed builds' folders (a curation
     that still maps an older one keeps its pages: an open mapping outlives the file's name)."""
@@ -143,9 +127,7 @@ def _prune(folder: Path, own: Path) -> None:
     for _, path in stored[:-KEEP_VERSIONS]:
         if path != own:
             shutil.rmtree(path, ignore_errors=True)
-    for path in folder.glob(".tmp-*"):
-        if time.time() - path.stat().st_mtime > _STALE_SECONDS:
-            shutil.rmtree(path, ignore_errors=True)
+    prune_stale(folder)
 
 
 def _write_whole(rows: RawRows, out: Path) -> None:

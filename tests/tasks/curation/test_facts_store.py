@@ -11,7 +11,7 @@ from tasks.curation import facts_store
 from tasks.curation.curation_features import fill_stored_facts
 from tasks.curation.facts_store import open_facts
 from tasks.curation.feature_facts import FeatureFacts
-from tasks.curation.raw_store import stored_raw, version_folder
+from tasks.curation.raw_store import stored_raw
 
 CONFIG = "pixels;test"
 
@@ -56,8 +56,8 @@ def test_facts_gathered_from_a_stored_version_are_the_facts_read_whole(tmp_path,
     write_deltalake(raw, _raw(first))
     write_deltalake(emb, _features(first))
     write_deltalake(emb, _features(first[:5], config="other"), mode="append")  # another config: not read
-    rows = stored_raw(raw, 0, root)
-    kept = open_facts(rows, version_folder(raw, 0, root), emb, CONFIG)
+    rows, folder = stored_raw(raw, 0, root)
+    kept = open_facts(rows, folder, emb, CONFIG)
     assert kept.stored.all()
     kept.publish(emb)
     _same(kept.facts, _whole(rows, emb))
@@ -68,16 +68,16 @@ def test_facts_gathered_from_a_stored_version_are_the_facts_read_whole(tmp_path,
     write_deltalake(emb, _features(added), mode="append")
     later = _features(added[:2]).set_column(3, "blur", pa.array([99.0, 98.0]))
     write_deltalake(emb, later, mode="append")  # stored twice: the first row stands, as in a whole read
-    rows = stored_raw(raw, 1, root)
+    rows, folder = stored_raw(raw, 1, root)
     asked = []
     real = facts_store.fill_keyed_facts
     monkeypatch.setattr(facts_store, "fill_keyed_facts", lambda *a, **k: asked.append(len(a[2])) or real(*a, **k))
     monkeypatch.setattr(facts_store, "fill_stored_facts", _whole_scan_fails)
-    kept = open_facts(rows, version_folder(raw, 1, root), emb, CONFIG)
+    kept = open_facts(rows, folder, emb, CONFIG)
     assert asked == [12] and kept.stored.all()  # only the added images were read from the table, by key
     kept.publish(emb)
     _same(kept.facts, _whole(rows, emb))
-    again = open_facts(rows, version_folder(raw, 1, root), emb, CONFIG)  # stored: mapped as they are
+    again = open_facts(rows, folder, emb, CONFIG)  # stored: mapped as they are
     assert again.work is None and asked == [12]
     _same(again.facts, _whole(rows, emb))
 
@@ -87,14 +87,14 @@ def test_facts_are_read_again_when_the_features_table_was_rewritten(tmp_path):
     names = [f"img{i}" for i in range(20)]
     write_deltalake(raw, _raw(names))
     write_deltalake(emb, _features(names))
-    rows = stored_raw(raw, 0, root)
-    open_facts(rows, version_folder(raw, 0, root), emb, CONFIG).publish(emb)
+    rows, folder = stored_raw(raw, 0, root)
+    open_facts(rows, folder, emb, CONFIG).publish(emb)
     write_deltalake(raw, _raw(["late"]), mode="append")
     changed = _features([*names, "late"]).set_column(3, "blur", pa.array([50.0] * 21))
     write_deltalake(emb, changed, mode="overwrite")  # the stored facts no longer say what the table holds
-    rows = stored_raw(raw, 1, root)
-    kept = open_facts(rows, version_folder(raw, 1, root), emb, CONFIG)
+    rows, folder = stored_raw(raw, 1, root)
+    kept = open_facts(rows, folder, emb, CONFIG)
     assert kept.stored.all()
     _same(kept.facts, _whole(rows, emb))
     kept.discard()
-    assert not list(version_folder(raw, 1, root).glob(".tmp-facts-*"))
+    assert not list(folder.glob(".tmp-*"))

@@ -39,7 +39,7 @@ def test_a_version_merged_from_the_stored_one_is_the_version_read_whole(tmp_path
     uri, root = str(tmp_path / "raw"), tmp_path / "index"
     first = [(_sha(str(i)), "bca"[i % 3], 32 + i, 30 - i % 5) for i in range(40)]
     write_deltalake(uri, _rows(first))
-    _same(stored_raw(uri, 0, root), read_raw(uri, 0))  # nothing stored yet: read whole, then stored
+    _same(stored_raw(uri, 0, root).rows, read_raw(uri, 0))  # nothing stored yet: read whole, then stored
     added = [(_sha(f"new{i}"), "bca"[i % 3], 8, 8) for i in range(25)]
     added += [(first[4][0], "z", 1, 1),  # stored already: a greater label replaces its row
               (first[7][0], "a", 1, 1),  # a smaller one does not
@@ -49,13 +49,13 @@ def test_a_version_merged_from_the_stored_one_is_the_version_read_whole(tmp_path
     write_deltalake(uri, _rows(added[10:]), mode="append")
     with monkeypatch.context() as patched:
         patched.setattr(raw_store, "read_raw", _whole_read_fails)
-        merged = stored_raw(uri, 2, root)  # v0 stored: the two appended files merged in
+        merged = stored_raw(uri, 2, root).rows  # v0 stored: the two appended files merged in
     _same(merged, read_raw(uri, 2))
     assert isinstance(merged.width.base, np.memmap) or isinstance(merged.width, np.memmap)  # the file's pages
     assert merged.label(first[4][0]) == "z" and merged.label(first[7][0]) == "c" and merged[_sha("new3")].width == 99
     with monkeypatch.context() as patched:
         patched.setattr(raw_store, "read_raw", _whole_read_fails)
-        _same(stored_raw(uri, 2, root), merged)  # stored: read again as it is (a retry)
+        _same(stored_raw(uri, 2, root).rows, merged)  # stored: read again as it is (a retry)
 
 
 def test_a_rewritten_table_is_read_whole_and_an_older_version_again(tmp_path):
@@ -65,7 +65,7 @@ def test_a_rewritten_table_is_read_whole_and_an_older_version_again(tmp_path):
     write_deltalake(uri, _rows([(_sha(f"b{i}"), "b", 9, 9) for i in range(5)]), mode="append")
     write_deltalake(uri, _rows([(_sha(f"c{i}"), "c", 7, 7) for i in range(12)]), mode="overwrite")  # files removed
     for version in (2, 0, 1, 2):  # the last built (v1) prunes v0
-        _same(stored_raw(uri, version, root), read_raw(uri, version))
+        _same(stored_raw(uri, version, root).rows, read_raw(uri, version))
     (folder,) = (root / STORE_FOLDER).iterdir()
     assert sorted(p.name for p in folder.iterdir()) == ["v1", "v2"]  # the newest two; no temporary folder left
 
@@ -83,9 +83,9 @@ def test_keys_that_share_a_prefix_are_found_without_stored_prefixes(tmp_path):
     uri, root = str(tmp_path / "raw"), tmp_path / "index"
     twins = ["ab" * 8 + _sha("one")[16:], "ab" * 8 + _sha("two")[16:]]
     write_deltalake(uri, _rows([(_sha(str(i)), "a", 8, 8) for i in range(10)]))
-    assert isinstance(stored_raw(uri, 0, root).shas.keys.prefix, np.memmap)  # stored beside the keys
+    assert isinstance(stored_raw(uri, 0, root).rows.shas.keys.prefix, np.memmap)  # stored beside the keys
     write_deltalake(uri, _rows([(t, "b", 9, 9) for t in twins]), mode="append")
-    merged = stored_raw(uri, 1, root)
+    merged = stored_raw(uri, 1, root).rows
     assert merged.shas.keys.prefix is None
     _same(merged, read_raw(uri, 1))
     assert merged.at[twins[1]] == list(merged.shas).index(twins[1]) and merged.label(twins[0]) == "b"
