@@ -203,14 +203,20 @@ def _scanned(uri: str, version: int, cols: list[str], where: dict[str, list[Any]
     schema = pa.schema(table.schema().to_arrow())  # arro3 -> pyarrow through the C data interface
     needed = cols + [c for c in where if c not in cols]
     for path in files:
-        parquet = _parquet_file(path)
-        present = [c for c in needed if c in parquet.schema_arrow.names]
-        for batch in parquet.iter_batches(batch_size=batch_rows, columns=present):
-            batch = _with_nulls(batch, needed, schema)
+        for batch in _file_batches(_parquet_file(path), needed, schema, batch_rows):
             if expression is not None:
                 batch = batch.filter(expression)
             if batch.num_rows:
                 yield batch.select(cols)
+
+
+def _file_batches(parquet: Any, columns: list[str], schema: pa.Schema, batch_rows: int,
+                  row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
+    """A local file's ``columns`` (of ``row_groups``, default all), ``batch_rows`` at a time; a column added after
+    the file was written reads as null (``_with_nulls``)."""
+    present = [c for c in columns if c in parquet.schema_arrow.names]
+    for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=present):
+        yield _with_nulls(batch, columns, schema)
 
 
 def _with_nulls(batch: pa.RecordBatch, names: list[str], schema: pa.Schema) -> pa.RecordBatch:
@@ -264,10 +270,8 @@ def added_blocks(uri: str, since: int, version: int, columns: list[str], block_r
 
     def batches() -> Iterator[pa.RecordBatch]:
         for path in added:
-            parquet = _parquet_file(path)
-            present = [c for c in columns if c in parquet.schema_arrow.names]
-            for batch in parquet.iter_batches(batch_size=min(block_rows, 1 << 16), columns=present):
-                yield _plain_strings(_with_nulls(batch, columns, schema))
+            for batch in _file_batches(_parquet_file(path), columns, schema, min(block_rows, 1 << 16)):
+                yield _plain_strings(batch)
 
     return _regrouped(batches(), block_rows, sys.maxsize)
 
@@ -365,13 +369,11 @@ def _marked_row_groups(files: list[str], columns: list[str], schema: pa.Schema, 
     offset = 0
     for path in files:
         parquet = _parquet_file(path)
-        present = [c for c in columns if c in parquet.schema_arrow.names]
         for group in range(parquet.num_row_groups):
             size = parquet.metadata.row_group(group).num_rows
             part, offset = at[offset:offset + size], offset + size
             if (part >= 0).any():
-                batches = parquet.iter_batches(batch_size=read_rows, row_groups=[group], columns=present)
-                yield from _marked_batches((_with_nulls(b, columns, schema) for b in batches), part, position)
+                yield from _marked_batches(_file_batches(parquet, columns, schema, read_rows, [group]), part, position)
     if offset != len(at):
         raise DataError(f"a keyed scan read {offset} rows where its keys had {len(at)}")
 
