@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from array import array
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -32,6 +31,8 @@ log = logging.getLogger("tasks.curation.curate")  # one logger for the whole cur
 WRITE_ROWS = 65_536  # rows built and written at a time
 COMPACT_FACTOR = 2  # the record is written whole once its rows (an image's older rows included) pass this x its images
 LEGACY = {"written": 0}  # a table written before the column: each image's one row
+RECORD_COLUMNS = {"component": np.dtype(np.int32), "split": np.dtype(np.int8), "first": np.dtype(np.int64),
+                  "run": np.dtype(np.int32), "written": np.dtype(np.int32)}  # ``Record``'s, by raw position
 
 class Assignment(NamedTuple):
     """One row of the assignment record: where an image went when curation first saw it.
@@ -69,19 +70,20 @@ class Record(Mapping[str, Assignment]):
     component's string).
     """
 
-    def __init__(self, rows: RawRows) -> None:
+    def __init__(self, rows: RawRows, columns: Mapping[str, np.ndarray] | None = None) -> None:
         n = len(rows)
         self.rows = rows
-        self.component = array("i", bytes(4 * n))  # a code (above): no string held an image
+        held = columns or {name: np.zeros(n, dtype=kind) for name, kind in RECORD_COLUMNS.items()}
+        self.component = held["component"]  # a code (above): no string held an image
         self.outside: list[str] = []  # the component keys that are not raw rows, by their code ``-1 - k``
         self._outside: dict[str, int] = {}
-        self.split = array("b", bytes(n))  # 1 + a code into ``splits``; 0: not recorded
-        self.first = array("q", bytes(8 * n))
-        self.run = array("i", bytes(4 * n))  # a code into ``runs``
+        self.split = held["split"]  # 1 + a code into ``splits``; 0: not recorded
+        self.first = held["first"]
+        self.run = held["run"]  # a code into ``runs``
         self.splits: list[str] = []
         self.runs: list[str] = []
         self._codes: tuple[dict[str, int], dict[str, int]] = ({}, {})  # split, run id -> its code
-        self.written = array("i", bytes(4 * n))  # the table version each row was written at (its newest counts)
+        self.written = held["written"]  # the table version each row was written at (its newest counts)
         self.others: dict[str, Assignment] = {}  # recorded images not in the raw version
         self.others_written: dict[str, int] = {}
         self.known = 0  # raw rows recorded
@@ -118,17 +120,22 @@ class Record(Mapping[str, Assignment]):
             return
         last = newest_rows(at, written, later_wins=True)
         i, w = at[last], written[last]
-        split_now = np.frombuffer(self.split, dtype=np.int8)
-        held = np.frombuffer(self.written, dtype=np.int32)
-        take = (split_now[i] == 0) | (w >= held[i])
+        take = (self.split[i] == 0) | (w >= self.written[i])
         rows, i = last[take], i[take]
-        self.known += int((split_now[i] == 0).sum())
-        held[i] = w[take]
-        np.frombuffer(self.component, dtype=np.int32)[i] = component[rows]
-        np.frombuffer(self.first, dtype=np.int64)[i] = first[rows]
-        split_now[i] = np.array([1 + _code(self.splits, self._codes[0], split[r]) for r in rows.tolist()], dtype=np.int8)
-        np.frombuffer(self.run, dtype=np.int32)[i] = np.array(
-            [_code(self.runs, self._codes[1], run[r]) for r in rows.tolist()], dtype=np.int32)
+        self.known += int((self.split[i] == 0).sum())
+        self.written[i] = w[take]
+        self.component[i] = component[rows]
+        self.first[i] = first[rows]
+        self.split[i] = np.array([1 + _code(self.splits, self._codes[0], split[r]) for r in rows.tolist()],
+                                 dtype=np.int8)
+        self.run[i] = np.array([_code(self.runs, self._codes[1], run[r]) for r in rows.tolist()], dtype=np.int32)
+
+    def restore_names(self, splits: list[str], runs: list[str], outside: list[str]) -> None:
+        """A stored record's split names, run ids and outside keys, with their codes (``tasks.curation.record_store``)."""
+        self.splits[:], self.runs[:] = splits, runs
+        self._codes = ({n: c for c, n in enumerate(splits)}, {n: c for c, n in enumerate(runs)})
+        for key in outside:
+            self.outside_code(key)
 
     def outside_code(self, key: str) -> int:
         """The code of a component key that is not one of the raw rows."""
@@ -142,9 +149,9 @@ class Record(Mapping[str, Assignment]):
         """Each raw position's recorded component as an integer, -1 where it is not recorded: the raw position of the
         image the component is named after, or past the raw rows for a key that is not one of them (int64)."""
         n = len(self.split)
-        codes = np.frombuffer(self.component, dtype=np.int32)[positions].astype(np.int64)
+        codes = self.component[positions].astype(np.int64)
         codes = np.where(codes < 0, n - 1 - codes, codes)
-        return np.where(np.frombuffer(self.split, dtype=np.int8)[positions] != 0, codes, -1)
+        return np.where(self.split[positions] != 0, codes, -1)
 
     def _name(self, code: int) -> str:
         return self.rows.shas[code] if code >= 0 else self.outside[-1 - code]
@@ -182,14 +189,13 @@ class Record(Mapping[str, Assignment]):
         their codes, not a lookup of every image)."""
         wanted = [self.rows.at.get(k) for k in keys]
         wanted = [c for c in wanted if c is not None] + [-1 - self._outside[k] for k in keys if k in self._outside]
-        hit = np.flatnonzero(np.isin(np.frombuffer(self.component, dtype=np.int32), wanted) &
-                             (np.frombuffer(self.split, dtype=np.int8) != 0))
+        hit = np.flatnonzero(np.isin(self.component, wanted) & (self.split != 0))
         return [(self.rows.shas[i], self._at(i)) for i in hit.tolist()] + \
             [(s, a) for s, a in self.others.items() if a.component in keys]
 
     def _at(self, i: int) -> Assignment:
-        return Assignment(self._name(self.component[i]), self.splits[self.split[i] - 1],  # type: ignore[arg-type]
-                          self.first[i], self.runs[self.run[i]])
+        return Assignment(self._name(int(self.component[i])), self.splits[int(self.split[i]) - 1],
+                          int(self.first[i]), self.runs[int(self.run[i])])
 
     def __getitem__(self, sha: str) -> Assignment:
         i = self.rows.at.get(sha)
@@ -202,16 +208,16 @@ class Record(Mapping[str, Assignment]):
         return bool(self.split[i]) if i is not None else sha in self.others
 
     def __iter__(self) -> Iterator[str]:
-        split = self.split
-        yield from (sha for i, sha in enumerate(self.rows.shas) if split[i])
+        shas = self.rows.shas
+        yield from (shas[i] for i in np.flatnonzero(self.split).tolist())
         yield from self.others
 
     def __len__(self) -> int:
         return self.known + len(self.others)
 
     def items(self) -> Iterator[tuple[str, Assignment]]:  # type: ignore[override]
-        split = self.split
-        yield from ((sha, self._at(i)) for i, sha in enumerate(self.rows.shas) if split[i])
+        shas = self.rows.shas
+        yield from ((shas[i], self._at(i)) for i in np.flatnonzero(self.split).tolist())
         yield from self.others.items()
 
 
@@ -224,28 +230,54 @@ def _code(names: list[str], codes: dict[str, int], name: str) -> int:
     return code
 
 
-def read_assignments(settings: Settings, rows: RawRows) -> tuple[Record, int | None]:
-    """The newest assignment record for this salt (empty for another salt), and its version."""
+class RecordSource(NamedTuple):
+    """Where a curation reads its assignment record from: ``curation_components`` at its current ``version`` (None:
+    no table yet), ``usable`` when written under this split salt (else a fresh record starts), ``legacy`` when written
+    before the ``written`` column (read whole, then written whole once)."""
+
+    uri: str
+    version: int | None
+    usable: bool
+    legacy: bool
+
+
+def record_source(settings: Settings) -> RecordSource:
     uri = settings.table_uri(COMPONENTS_TABLE)
     version = lake.current_version(uri)
-    record = Record(rows)
     if version is None:
-        return record, None
+        return RecordSource(uri, None, False, False)
     head = lake.commit_at(uri, version)
     if head is None or head.metadata.get("split_salt") != settings.curation.split_salt:
         log.warning("curate: %s was written with another split_salt: starting a fresh assignment record", uri)
-        return record, version
-    # A block of rows at a time: read whole, the table and a Python list a column (every recorded image's) were held
-    # at once beside the record they fill (about 0.3 GB at a million images).
+        return RecordSource(uri, version, False, False)
+    return RecordSource(uri, version, True, "written" not in lake.column_names(uri, version))
+
+
+def read_assignments(settings: Settings, rows: RawRows) -> tuple[Record, int | None]:
+    """The newest assignment record for this salt (empty for another salt), and its version: read whole."""
+    source = record_source(settings)
+    return whole_record(source, rows, Record(rows)), source.version
+
+
+def whole_record(source: RecordSource, rows: RawRows, record: Record) -> Record:
+    """``record`` (empty) filled from every row of ``source`` (none where it is not usable)."""
+    if source.usable and source.version is not None:
+        stored = fill_record(record, rows, record_blocks(source.uri, source.version))
+        record.stored_rows = None if source.legacy else stored  # a table without ``written`` is written whole once
+    return record
+
+
+def fill_record(record: Record, rows: RawRows, blocks: Iterable[pa.Table]) -> int:
+    """Stored rows (``blocks``, in the table's order) into ``record``; how many. A slice at a time: read whole, the
+    table and a Python list a column (every recorded image's) were held at once beside the record they fill (about
+    0.3 GB at a million images)."""
     stored = 0
-    legacy = "written" not in lake.column_names(uri, version)
-    slices = (block.slice(start, lake.INTERN_SLICE) for block in _blocks(uri, version)
-              for start in range(0, block.num_rows, lake.INTERN_SLICE))  # a slice's Python strings at a time
-    for t in slices:
-        _add_slice(record, rows, t)
-        stored += t.num_rows
-    record.stored_rows = None if legacy else stored  # a table without ``written`` is written whole once
-    return record, version
+    for block in blocks:
+        for start in range(0, block.num_rows, lake.INTERN_SLICE):  # a slice's Python strings at a time
+            part = block.slice(start, lake.INTERN_SLICE)
+            _add_slice(record, rows, part)
+            stored += part.num_rows
+    return stored
 
 
 def _add_slice(record: Record, rows: RawRows, t: pa.Table) -> None:
@@ -266,7 +298,7 @@ def _add_slice(record: Record, rows: RawRows, t: pa.Table) -> None:
     for r in np.flatnonzero(at < 0).tolist():  # recorded images that are not in the raw version
         record.add(shas[r], Assignment(keys[r], split[r], int(firsts[r]), run_id[r]), written[r])
 
-def _blocks(uri: str, version: int) -> Iterator[pa.Table]:
+def record_blocks(uri: str, version: int) -> Iterator[pa.Table]:
     """The stored rows a block at a time; a table written before the ``written`` column: each image's one row,
     written at 0 (``LEGACY``)."""
     return lake.scan_blocks_with_defaults(uri, version, COMPONENTS_SCHEMA.names, lake.SEARCH_BLOCK_ROWS,
@@ -277,7 +309,7 @@ def read_record(uri: str, version: int) -> pa.Table:
     """The record as a curation reads it: each image's newest row, in sha256 order, without ``written`` (for tests and
     tools, read whole; a curation reads it a block at a time, ``read_assignments``)."""
     newest: dict[str, tuple[int, dict[str, Any]]] = {}
-    for t in _blocks(uri, version):
+    for t in record_blocks(uri, version):
         for row in t.to_pylist():
             w = row.pop("written")
             if w >= newest.get(row["sha256"], (w,))[0]:
@@ -399,7 +431,7 @@ class RecordAfter(Mapping[str, Assignment]):
         if isinstance(self.record, Record):
             table = np.array([-1] + [code[name] for name in self.record.splits], dtype=np.int8)
             found = np.flatnonzero(at >= 0)
-            out[found] = table[np.frombuffer(self.record.split, dtype=np.int8)[at[found]]]
+            out[found] = table[self.record.split[at[found]]]
         else:  # a record given as a map (tests): every image looked up
             for i, sha in enumerate(shas):
                 if sha in self.record:
@@ -436,7 +468,7 @@ def assign(
     key_codes, sizes = np.unique(coded[kept], return_counts=True)
     groups.add_many(record.key_bytes(key_codes), sizes, kept[np.argsort(coded[kept], kind="stable")])
     del kept
-    split_at = np.frombuffer(record.split, dtype=np.int8)[raw_at]  # 1 + a code, 0: none
+    split_at = record.split[raw_at]  # 1 + a code, 0: none
     new_images = 0
     context = _Context(SortedRank(eligible), raw_at, record, pixels, by_sha, scores, cfg.copy_similarity, bridges, groups)
     for positions in components_of(roots, ~same):  # arrays: a component of hundreds of thousands is no Python list

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from tasks.curation.assignments import Assignment, Record, RecordAfter, assign, bridge_rows, read_assignments
+from tasks.curation.assignments import Assignment, Record, RecordAfter, assign, bridge_rows
 from tasks.curation.class_guard import guard_outliers, over_budget
 from tasks.curation.copy_pairs import (
     PAIRS_TABLE,
@@ -56,6 +56,7 @@ from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.prior_walk import Grown, PriorWalk, Touched, prior_walk, touched_components
 from tasks.curation.raw_images import BLOCK_BYTES, RawImages
 from tasks.curation.raw_store import stored_raw
+from tasks.curation.record_store import open_record
 from tasks.curation.separation import separation_by_class
 from tasks.curation.sha_list import Keys, SortedSubset
 from tasks.curation.tables import (
@@ -106,7 +107,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     by_sha, folder = stored_raw(settings.raw_table, raw_version, root)
     images = RawImages(settings.raw_table, raw_version)
     features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta, folder)
-    record, record_version = read_assignments(settings, by_sha)
+    record, record_version = open_record(settings, by_sha, folder)  # stored beside them too: the rows appended since
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
     constant = constant_images(features.by_sha)  # outside the class budget (the facts are the raw version's)

@@ -177,5 +177,5 @@ def _before(record: Record, raw_version: int | None) -> bool:
     """Whether every recorded image of the raw version was first assigned before ``raw_version``."""
     if raw_version is None:
         return False
-    first = np.frombuffer(record.first, dtype=np.int64)[np.frombuffer(record.split, dtype=np.int8) != 0]
+    first = record.first[record.split != 0]
     return not len(first) or int(first.max()) < raw_version
