@@ -4,8 +4,8 @@ Every curation holds every component from the assignment to the end of the walk:
 components it does not touch (``tasks.curation.prior_walk``), but must know them all. Where most components are one
 image (distinct photos), a map from key to a list of members took about 100 bytes an image (a list and a map entry a
 component; measured with ``tracemalloc`` on 100,000 singletons). Here the keys are one sorted list (a lookup is a
-binary search) and the members positions into the eligible images, 24 bytes an image; a lookup builds that
-component's list of sha256.
+binary search) and the members positions into the eligible images (int32), 20 bytes an image; a lookup builds
+that component's list of sha256.
 """
 
 from __future__ import annotations
@@ -125,4 +125,5 @@ class GroupsBuilder:
         order = np.lexsort((members, of_member))
         starts = np.zeros(len(unique) + 1, dtype=np.int64)
         np.cumsum(np.bincount(of_member, minlength=len(unique)), out=starts[1:])
-        return Groups(self.eligible, SortedShas(unique), starts, members[order].copy())
+        kind = np.int32 if len(self.eligible) < 2**31 else np.int64  # positions into the eligible images
+        return Groups(self.eligible, SortedShas(unique), starts, members[order].astype(kind))

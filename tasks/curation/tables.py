@@ -120,10 +120,13 @@ class RawRows(ByPosition[RawFacts]):
         return self.shas.keys.positions(column)
 
     def positions_of(self, shas: SortedShas | SortedSubset) -> np.ndarray:
-        """Each of ``shas``' position among these rows, or -1 (int64): a subset of them is its positions, other keys
-        a binary search of their bytes (no lookup of a string an image)."""
+        """Each of ``shas``' position among these rows, or -1: a subset of them is its own positions (a read-only
+        view, int32 below 2**31 rows: an int64 copy was 8 bytes an eligible image held to the plan's end), other keys
+        a binary search of their bytes (int64; no lookup of a string an image)."""
         if isinstance(shas, SortedSubset) and shas.base is self.shas:
-            return shas.positions.astype(np.int64)
+            view = shas.positions.view()
+            view.flags.writeable = False
+            return view
         return ShaList(shas.bytes_at(slice(None))).located(self.shas.keys)  # a SortedShas' own array: no copy
 
     def labels_at(self, positions: np.ndarray) -> list[str]:
