@@ -62,6 +62,11 @@ NONE = -1  # no partner
 LEGACY = {"written": 0, "eligible": True}  # a table written before these columns: each image's one row
 
 
+def _position_code(rows: int) -> str:
+    """The ``array`` type code of a raw position: int32 below 2**31 rows (4 bytes an image less than int64)."""
+    return "i" if rows < 2**31 else "q"
+
+
 @dataclass
 class NearestMap:
     """Every eligible image's nearest score and partner by its position among the raw rows (``tables.RawRows``), and
@@ -76,7 +81,7 @@ class NearestMap:
     pixels: PixelKeys
     eligible: bytearray  # by position: 1 where the image is eligible now
     score: array  # float64 by position: NaN where there is no scored partner of its label
-    partner: array  # int64 by position: the partner's position, NONE
+    partner: array  # int32 by position (int64 past 2**31 rows): the partner's position, NONE
     changed: set[int]  # positions to write (a batch's); every eligible row when ``full``
     full: bool
     pairs_version: int | None  # the curation_pairs version the stored summary was checked against
@@ -93,8 +98,8 @@ class NearestMap:
         """No nearest score yet for the eligible images of ``rows`` (``at``: their raw positions)."""
         mask = bytearray(len(rows))
         np.frombuffer(mask, dtype=np.uint8)[at] = 1
-        return cls(rows, pixels, mask, array("d", [math.nan]) * len(rows), array("q", [NONE]) * len(rows), set(),
-                   True, pairs_version)
+        partner = array(_position_code(len(rows)), [NONE]) * len(rows)
+        return cls(rows, pixels, mask, array("d", [math.nan]) * len(rows), partner, set(), True, pairs_version)
 
     def positions(self) -> np.ndarray:
         """The eligible images' positions, ascending (the rows a full rewrite writes)."""
@@ -254,7 +259,7 @@ def _located(rows: RawRows, column: pa.ChunkedArray) -> np.ndarray:
 class _Newest:
     """Each image's newest stored row (the one that counts), found in one pass over the stored rows."""
 
-    written: array  # int64 by position: the version the newest row was written at, -1: no row
+    written: array  # int32 by position: the version the newest row was written at, -1: no row
     live: bytearray  # by position: 1 where the newest row is eligible
     outside: dict[str, tuple[int, bool, str, str]]  # images not in the raw version: (written, eligible, label, key)
     kept_out: dict[int, tuple[str, str]]  # (label, key) of newest eligible rows of images not eligible now
@@ -274,9 +279,9 @@ def _newest(m: NearestMap, stored: pa.Table | StoredRows) -> _Newest | None:
     eligible now has another label or pixel key than the image has now. A slice of rows at a time as arrays: a
     string is made only for a row of an image that is not a raw row, or eligible then and not now."""
     n = len(m.rows)
-    newest = _Newest(array("q", [-1]) * n, bytearray(n), {}, {})
-    written, live = np.frombuffer(newest.written, dtype=np.int64), np.frombuffer(newest.live, dtype=np.uint8)
-    eligible = np.frombuffer(m.eligible, dtype=np.uint8).astype(bool)
+    newest = _Newest(array("i", [-1]) * n, bytearray(n), {}, {})  # a table version: int32
+    written, live = np.frombuffer(newest.written, dtype=np.int32), np.frombuffer(newest.live, dtype=np.uint8)
+    eligible = np.frombuffer(m.eligible, dtype=bool)  # 0 or 1 a byte: read as bools, no copy
     differs = np.zeros(n, dtype=bool)  # by position: the newest row so far is live and not as the image is now
     for at, piece in _pieces(stored, ["sha256", "label", "pixel_key", "written", "eligible"], m.rows):
         w = piece.column("written").to_numpy().astype(np.int64)
@@ -325,9 +330,9 @@ def _place(m: NearestMap, stored: pa.Table | StoredRows, newest: _Newest, gone: 
     known = bytearray(len(m.rows))
     placed = np.frombuffer(known, dtype=np.uint8)
     orphans: list[int] = []
-    written, live = np.frombuffer(newest.written, dtype=np.int64), np.frombuffer(newest.live, dtype=np.uint8)
-    eligible = np.frombuffer(m.eligible, dtype=np.uint8).astype(bool)
-    score, partner = np.frombuffer(m.score, dtype=np.float64), np.frombuffer(m.partner, dtype=np.int64)
+    written, live = np.frombuffer(newest.written, dtype=np.int32), np.frombuffer(newest.live, dtype=np.uint8)
+    eligible = np.frombuffer(m.eligible, dtype=bool)
+    score, partner = np.frombuffer(m.score, dtype=np.float64), np.frombuffer(m.partner, dtype=m.partner.typecode)
     gone_at = np.array(sorted(j for j in (m.rows.at.get(s) for s in gone) if j is not None), dtype=np.int64)
     for (at, partner_at), piece in _pieces(stored, ["nearest", "partner", "written"], m.rows, ("sha256", "partner")):
         w = piece.column("written").to_numpy().astype(np.int64)
