@@ -22,7 +22,7 @@ from tasks.curation.dedupe import RecordedMembers, recorded_original
 from tasks.curation.groups import Groups, GroupsBuilder
 from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.runs import newest_rows, runs_of
-from tasks.curation.sha_list import SortedShas, SortedSubset, keys
+from tasks.curation.sha_list import SortedShas, SortedSubset
 from tasks.curation.tables import COMPONENTS_SCHEMA, COMPONENTS_TABLE, SPLITS, RawRows, drop_row
 from tasks.data import lake
 from tasks.settings import Settings
@@ -165,19 +165,6 @@ class Record(Mapping[str, Assignment]):
             k = self._outside.get(keys[i])
             at[i] = -2 if k is None else n + k
         return at
-
-    def key_bytes(self, codes: np.ndarray) -> np.ndarray:
-        """The component keys ``component_codes`` codes name, as bytes (``sha_list.keys``): the raw rows' own bytes,
-        a string made only for a key that is not one of them."""
-        n = len(self.split)
-        inside = codes < n
-        if bool(inside.all()):
-            return self.rows.shas.array[codes]
-        outside = keys([self.outside[c - n] for c in codes[~inside].tolist()])
-        width = max(outside.dtype.itemsize, self.rows.shas.array.dtype.itemsize)
-        out = np.empty(len(codes), dtype=f"S{width}")
-        out[inside], out[~inside] = self.rows.shas.array[codes[inside]], outside
-        return out
 
     def name_of_code(self, code: int) -> str:
         """The component key a ``component_codes`` code names."""
@@ -466,7 +453,7 @@ def assign(
     same = as_recorded(roots, coded)
     kept = np.flatnonzero(same)
     key_codes, sizes = np.unique(coded[kept], return_counts=True)
-    groups.add_many(record.key_bytes(key_codes), sizes, kept[np.argsort(coded[kept], kind="stable")])
+    groups.add_many(key_codes, sizes, kept[np.argsort(coded[kept], kind="stable")], record.name_of_code)
     del kept
     split_at = record.split[raw_at]  # 1 + a code, 0: none
     new_images = 0
@@ -547,7 +534,7 @@ def _bridge(positions: np.ndarray, codes: np.ndarray, recorded: list[str], split
     recorded_codes = codes[codes >= 0]
     by_code = np.argsort(recorded_codes, kind="stable")  # each recorded component's members together: a key each
     found, sizes = np.unique(recorded_codes, return_counts=True)
-    at.groups.add_many(at.record.key_bytes(found), sizes, known[by_code])
+    at.groups.add_many(found, sizes, known[by_code], at.record.name_of_code)
 
 
 class _Context(NamedTuple):

@@ -11,20 +11,21 @@ that component's list of sha256.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from tasks.curation.by_position import PlaceAmong, SortedRank
-from tasks.curation.sha_list import SortedShas, keys
+from tasks.curation.sha_list import SortedShas, SortedSubset, keys
 
-KEY_BLOCK = 65_536  # component keys held as strings at a time
+KEY_BLOCK = 65_536  # component keys given as strings, coded a block at a time
 
 
 class Groups(Mapping[str, list[str]]):
     """Final component key -> its eligible members (ascending, as the eligible images), keys in ascending order."""
 
-    def __init__(self, eligible: Sequence[str], keys: SortedShas, starts: np.ndarray, members: np.ndarray) -> None:
+    def __init__(self, eligible: Sequence[str], keys: SortedShas | SortedSubset, starts: np.ndarray, members: np.ndarray
+                 ) -> None:
         self.eligible = eligible
         self.ordered = SortedRank(keys)  # ascending, distinct: key -> its place
         self.starts = starts  # len(keys) + 1: the members of keys[k] are members[starts[k]:starts[k + 1]]
@@ -75,19 +76,28 @@ class Groups(Mapping[str, list[str]]):
 
 
 class GroupsBuilder:
-    """Collects (key, member positions) in any order; a key given twice gathers the members of both. The keys are
-    held as bytes (``sha_list.keys``), a block of strings at a time: a string a component was about 113 bytes an
-    image where most components are one image."""
+    """Collects (key, member positions) in any order; a key given twice gathers the members of both. A key is held as
+    a code: its position among the raw rows where it is one of them (``eligible``'s base, when ``eligible`` is a
+    ``SortedSubset`` of them), else past them, a string kept for each such key (few: a component named after an image
+    that left the raw version). The groups' keys are then the raw rows' own, 4 bytes a component (as bytes, with their
+    prefixes for the lookups, they were 72: at a million images about 26 MB held from the assignment to the end)."""
 
     def __init__(self, eligible: Sequence[str]) -> None:
         self.eligible = eligible
-        self.keys: list[np.ndarray] = []
-        self.pending: list[str] = []
+        self.base = eligible.base if isinstance(eligible, SortedSubset) else None
+        self.n = len(self.base) if self.base is not None else 0
+        self.codes: list[np.ndarray] = []
+        self.pending: list[int] = []
+        self.outside: dict[str, int] = {}  # a key that is no raw row -> its code past them, less ``n``
         self.sizes = array("q")
         self.members = array("q")
 
+    def code(self, key: str) -> int:
+        at = self.base.index_of(key) if self.base is not None else None
+        return at if at is not None else self.n + self.outside.setdefault(key, len(self.outside))
+
     def add(self, key: str, positions: Sequence[int] | np.ndarray) -> None:
-        self.pending.append(key)
+        self.pending.append(self.code(key))
         if len(self.pending) == KEY_BLOCK:
             self._flush()
         self.sizes.append(len(positions))
@@ -96,34 +106,59 @@ class GroupsBuilder:
         else:
             self.members.extend(positions)
 
-    def add_many(self, keys: np.ndarray, sizes: np.ndarray, members: np.ndarray) -> None:
-        """``add`` for many components at once: their keys as bytes (``sha_list.keys``), their sizes, and their
-        members one component after the other."""
+    def add_many(self, codes: np.ndarray, sizes: np.ndarray, members: np.ndarray, name_of: Callable[[int], str]
+                 ) -> None:
+        """``add`` for many components at once: their keys as positions among the raw rows (``eligible``'s base), or
+        past them a code ``name_of`` names, their sizes, and their members one component after the other."""
         self._flush()
-        self.keys.append(keys)
+        codes = np.array(codes, dtype=np.int64)
+        for j in np.flatnonzero(codes >= self.n).tolist():  # every code when there is no base: each named
+            codes[j] = self.code(name_of(int(codes[j])))
+        self.codes.append(codes)
         self.sizes.extend(np.asarray(sizes, dtype=np.int64).tolist())
         self.members.frombytes(np.ascontiguousarray(members, dtype=np.int64).tobytes())
 
     def _flush(self) -> None:
         if self.pending:
-            self.keys.append(keys(self.pending))
+            self.codes.append(np.array(self.pending, dtype=np.int64))
         self.pending = []
 
     def build(self) -> Groups:
-        """The groups by key: one sort of the keys, one of the members (by key, then position)."""
+        """The groups by key: one sort of the keys' codes, one of the members (by key, then position)."""
         self._flush()
-        width = max((k.dtype.itemsize for k in self.keys), default=1)
-        every = np.concatenate([np.zeros(0, dtype=f"S{width}"), *(k.astype(f"S{width}", copy=False) for k in self.keys)])
-        self.keys = []
+        every = np.concatenate([np.zeros(0, dtype=np.int64), *self.codes])
+        self.codes = []
         if not len(every):
-            return Groups(self.eligible, SortedShas(every), np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
+            return Groups(self.eligible, SortedShas(np.zeros(0, dtype="S64")), np.zeros(1, dtype=np.int64),
+                          np.zeros(0, dtype=np.int64))
         unique, rank = np.unique(every, return_inverse=True)
         del every
+        ordered, rank = self._keys(unique, rank.ravel())
         sizes = np.frombuffer(self.sizes, dtype=np.int64)
         members = np.frombuffer(self.members, dtype=np.int64)
-        of_member = np.repeat(rank.ravel(), sizes)
+        of_member = np.repeat(rank, sizes)
         order = np.lexsort((members, of_member))
         starts = np.zeros(len(unique) + 1, dtype=np.int64)
         np.cumsum(np.bincount(of_member, minlength=len(unique)), out=starts[1:])
         kind = np.int32 if len(self.eligible) < 2**31 else np.int64  # positions into the eligible images
-        return Groups(self.eligible, SortedShas(unique), starts, members[order].astype(kind))
+        return Groups(self.eligible, ordered, starts, members[order].astype(kind))
+
+    def _keys(self, unique: np.ndarray, rank: np.ndarray) -> tuple[SortedShas | SortedSubset, np.ndarray]:
+        """The keys (``unique``: their codes, ascending) in sha256 order, and each given key's place among them
+        (``rank``: its place among the codes): the raw rows' own where every key is one of them (a position each,
+        ascending as their sha256s are), else their bytes sorted."""
+        if unique[-1] < self.n:
+            assert self.base is not None
+            return SortedSubset(self.base, unique), rank
+        names = list(self.outside)  # by code past the raw rows, as given
+        inside = unique < self.n
+        outside = keys([names[c - self.n] for c in unique[~inside].tolist()])
+        width = max(outside.dtype.itemsize, self.base.array.dtype.itemsize if self.base is not None else 1)
+        key_bytes = np.empty(len(unique), dtype=f"S{width}")
+        key_bytes[~inside] = outside
+        if self.base is not None:
+            key_bytes[inside] = self.base.array[unique[inside]]
+        order = np.argsort(key_bytes, kind="stable")
+        place = np.empty(len(order), dtype=np.int64)
+        place[order] = np.arange(len(order))
+        return SortedShas(key_bytes[order]), place[rank]

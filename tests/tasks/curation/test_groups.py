@@ -62,3 +62,29 @@ def test_roots_by_pointer_jumping_are_each_find_and_as_recorded_marks_unchanged_
     assert all(c == sorted(c) and len({int(roots[p]) for p in c}) == 1 for c in walked)
     assert [c[0] for c in walked] == sorted(c[0] for c in walked)  # by their first member
     assert as_recorded(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).tolist() == []
+
+
+def test_keys_that_are_raw_rows_are_held_as_their_positions_and_others_by_name():
+    from tasks.curation.sha_list import SortedShas, SortedSubset
+
+    raw = SortedShas.of(sorted(f"{i:04x}" for i in range(40)))
+    eligible = SortedSubset(raw, np.arange(0, 40, 2))  # every other raw row
+    names = {-1: "gone-key"}  # a record's code past the raw rows names a key that is no raw row
+
+    def name_of(code):
+        return names[-1] if code >= len(raw) else raw[code]
+
+    builder = GroupsBuilder(eligible)
+    builder.add_many(np.array([3, 7]), np.array([2, 1]), np.array([0, 4, 9]), name_of)  # raw rows 3, 7: not eligible
+    builder.add(raw[30], np.array([15]))
+    builder.add(raw[3], [1])  # given again: its members gathered
+    groups = builder.build()
+    assert isinstance(groups.ordered.members, SortedSubset)  # every key a raw row: positions, no bytes held
+    assert dict(groups) == {raw[3]: [eligible[0], eligible[1], eligible[4]], raw[7]: [eligible[9]],
+                            raw[30]: [eligible[15]]}
+    builder = GroupsBuilder(eligible)
+    builder.add_many(np.array([5, len(raw)]), np.array([1, 2]), np.array([2, 3, 6]), name_of)
+    builder.add("a-new-key", [8])
+    groups = builder.build()
+    assert list(groups) == sorted([raw[5], "gone-key", "a-new-key"])
+    assert dict(groups) == {raw[5]: [eligible[2]], "gone-key": [eligible[3], eligible[6]], "a-new-key": [eligible[8]]}
