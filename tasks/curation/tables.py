@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -98,8 +97,8 @@ class RawRows(ByPosition[RawFacts]):
                  height: np.ndarray) -> None:
         self.shas = shas if isinstance(shas, SortedShas) else SortedShas.of(shas)  # sorted, distinct
         self.at = SortedRank(self.shas)  # by bisection of their prefixes: a dict was 67 bytes an image
-        self.label_codes = array("i", codes.astype(np.int32).tobytes())  # a lookup reads a Python int from it
-        self.codes = np.frombuffer(self.label_codes, dtype=np.int32)  # the same codes: each position's class names[codes[i]]
+        self.codes = np.ascontiguousarray(codes, dtype=np.int32)  # each position's class is names[codes[i]]
+        self.label_codes = memoryview(self.codes)  # the same codes, a lookup a Python int (not a copy: 4 bytes an image)
         self.names = names
         self.width, self.height = width, height
 
