@@ -77,7 +77,7 @@ def _gathered(source: RecordSource, rows: RawRows, folder: Path, name: str, work
     """The record at ``source.version`` in files in ``work``: a stored one carried over, then the rows the table
     appended since it; else every row."""
     assert source.version is not None
-    for base, read_at in _bases(source, folder, name):
+    for base, read_at in _bases(source.version, folder, name):
         blocks = lake.added_blocks(source.uri, read_at, source.version, COMPONENTS_SCHEMA.names,
                                    lake.SEARCH_BLOCK_ROWS)
         if blocks is None:
@@ -90,14 +90,14 @@ def _gathered(source: RecordSource, rows: RawRows, folder: Path, name: str, work
     return whole_record(source, rows, _blank(work, rows))
 
 
-def _bases(source: RecordSource, folder: Path, name: str) -> list[tuple[Path, int]]:
-    """The stored records of this salt and table read at a version up to ``source``'s, with that version: this raw
+def _bases(version: int, folder: Path, name: str) -> list[tuple[Path, int]]:
+    """The stored records of this salt and table read at a version up to ``version``, with that version: this raw
     version's first, then the other stored versions', newest first."""
     found = []
     for version_folder in (folder, *other_versions(folder)):
         stored = [(int(p.name.rsplit("-v", 1)[1]), p) for p in version_folder.glob(f"{name}-v*")
                   if p.name.rsplit("-v", 1)[1].isdigit() and complete(p)]
-        found += [(p, v) for v, p in sorted(stored, reverse=True) if v <= (source.version or 0)]
+        found += [(p, v) for v, p in sorted(stored, reverse=True) if v <= version]
     return found
 
 
