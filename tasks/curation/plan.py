@@ -119,6 +119,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     views = _views(settings, eligible, asked, vectors)
     del vectors  # read from the views' files from here on: not held
     graph = _group(settings, eligible, asked, record, pixels, raw_at, images, views)
+    del views  # the neighbours are found: each view's row map (4 bytes an eligible image) is not held to the end
     assignments, groups, renamed, new_images, bridges = assign(
         graph.sets.roots(), graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), by_sha, pixels,
