@@ -6,8 +6,8 @@ it, so the batch's peak is its own and not the full run's. Each phase of the cur
 named in ``PHASES``) is wrapped: the table gives the resident memory before and after it, the peak
 after it and by how much it raised the process's peak (``ru_maxrss``), its seconds, and the highs of its anonymous
 and of its file-backed resident memory (sampled every 5 ms: the pages of a memory-mapped file, the vector files
-and the index, count in ``ru_maxrss`` but the kernel can drop them). A phase that raised the peak is where the memory
-went.
+and the index, count in ``ru_maxrss`` but the kernel can drop them), and the anonymous memory held after it. A phase
+that raised the peak is where the memory went.
 
 Usage: PYTHONPATH=.:plugins nice -n 19 python bench/curate_memory.py --images 20000 [--root DIR]
 (``--root`` keeps the images and the home; ``--stage full`` then ``--stage batch`` on copies of that
@@ -58,7 +58,7 @@ def _wrap(module, name: str, log: list, depth: list, sampler: HighWater) -> None
             depth[0] -= 1
             _, own = sampler.merge(outer)
             log.append((depth[0], f"{module.__name__.rsplit('.', 1)[-1]}.{name}", rss, rss_mb(), peak_mb(),
-                        peak_mb() - peak, time.perf_counter() - start, *own))
+                        peak_mb() - peak, time.perf_counter() - start, *own, rss_split_mb()[0]))
 
     setattr(module, name, inner)
 
@@ -82,11 +82,12 @@ def run_stage(root: Path, stage: str, home: Path | None = None) -> None:
     start = time.perf_counter()
     curate(settings, raw, run_id=f"mem-{stage}", logical_date=day)
     print(f"{stage}: curation {time.perf_counter() - start:.1f} s, peak RSS {peak_mb():.0f} MB\n")
-    print("| phase | resident before MB | after MB | peak after MB | peak raised by MB | s | high anon MB | high file MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for d, name, before, after, peak, raised, seconds, anon, mapped in log:
+    print("| phase | resident before MB | after MB | peak after MB | peak raised by MB | s | high anon MB | high file MB "
+          "| anon after MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for d, name, before, after, peak, raised, seconds, anon, mapped, held in log:
         print(f"| {'&nbsp;' * 2 * d}{name} | {before:.0f} | {after:.0f} | {peak:.0f} | {raised:.0f} | {seconds:.2f} | "
-              f"{anon:.0f} | {mapped:.0f} |")
+              f"{anon:.0f} | {mapped:.0f} | {held:.0f} |")
 
 
 def _split() -> str:
