@@ -120,8 +120,10 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     del vectors  # read from the views' files from here on: not held
     graph = _group(settings, eligible, asked, record, pixels, raw_at, images, views)
     del views  # the neighbours are found: each view's row map (4 bytes an eligible image) is not held to the end
+    roots, graph.sets = graph.sets.roots(), None  # the union-find (4 bytes an eligible image) is not held to the end
     assignments, groups, renamed, new_images, bridges = assign(
-        graph.sets.roots(), graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
+        roots, graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
+    del roots
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), by_sha, pixels,
                           raw_at, graph.scores)
     graph.scores.forget_partners()  # the summary's images' partners: the walk gathers its own
@@ -255,7 +257,7 @@ class _Graph:
     """The component graph over the eligible images and what building it found."""
 
     eligible: SortedSubset  # a component's root is its smallest sha256
-    sets: UnionFind
+    sets: UnionFind | None  # None once its roots are taken
     queries: int  # eligible images not in the record yet: the only ones compared
     scores: CopyScores
     found: int = 0  # pairs at or above near_duplicate_threshold
