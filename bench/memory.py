@@ -39,6 +39,7 @@ class HighWater:
     def __init__(self) -> None:
         self.before = rss_mb()
         self.high, self.split = self.before, rss_split_mb()
+        self._lock = threading.Lock()  # a sample taken across a restart or a merge would overwrite what they set
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -54,20 +55,25 @@ class HighWater:
             self._sample()
 
     def _sample(self) -> None:
-        self.high = max(self.high, rss_mb())
-        self.split = [max(h, v) for h, v in zip(self.split, rss_split_mb())]
+        total, split = rss_mb(), rss_split_mb()
+        with self._lock:
+            self.high = max(self.high, total)
+            self.split = [max(h, v) for h, v in zip(self.split, split)]
 
     def restart(self) -> tuple[float, list[float]]:
         """The highs so far; from here on the highs are a section's own."""
-        outer = self.high, self.split
-        self.high, self.split = rss_mb(), rss_split_mb()
+        total, split = rss_mb(), rss_split_mb()
+        with self._lock:
+            outer = self.high, self.split
+            self.high, self.split = total, split
         return outer
 
     def merge(self, outer: tuple[float, list[float]]) -> tuple[float, list[float]]:
         """This section's highs (sampled once more now); the run's highs again include ``outer``."""
         self._sample()
-        own = self.high, list(self.split)
-        self.high, self.split = max(outer[0], own[0]), [max(a, b) for a, b in zip(outer[1], own[1])]
+        with self._lock:
+            own = self.high, list(self.split)
+            self.high, self.split = max(outer[0], own[0]), [max(a, b) for a, b in zip(outer[1], own[1])]
         return own
 
     def stop(self) -> None:
