@@ -137,15 +137,21 @@ def _native_filesystem(table: DeltaTable) -> Any:
 
 
 def _plain_local_files(table: DeltaTable) -> list[str] | None:
-    """The version's data files as local paths when plain Parquet reads give its rows, else None.
-
-    Plain means: on local disk, not partitioned (partition values live in the log), no deletion
-    vectors and no column mapping (both change what a file's rows and names mean).
-    """
-    from urllib.parse import unquote, urlparse
+    """The version's data files as local paths when plain Parquet reads give its rows (``_plain_files``) and they are
+    on local disk, else None."""
+    from urllib.parse import urlparse
 
     if urlparse(table.table_uri).scheme not in ("", "file"):
         return None
+    return _plain_files(table)
+
+
+def _plain_files(table: DeltaTable) -> list[str] | None:
+    """The version's data files (local paths, or an object store's URIs) when plain Parquet reads give its rows, else
+    None. Plain means: not partitioned (partition values live in the log), no deletion vectors and no column mapping
+    (both change what a file's rows and names mean)."""
+    from urllib.parse import unquote, urlparse
+
     protocol, meta = table.protocol(), table.metadata()
     features = set(protocol.reader_features or [])
     if meta.partition_columns or features & {"deletionVectors", "columnMapping"}:
@@ -153,6 +159,25 @@ def _plain_local_files(table: DeltaTable) -> list[str] | None:
     if meta.configuration.get("delta.columnMapping.mode", "none") != "none":
         return None
     return [unquote(urlparse(u).path) if u.startswith("file:") else u for u in table.file_uris()]
+
+
+def _file_opener(table: DeltaTable) -> Callable[[str], Any]:
+    """How a data file of ``table`` (as ``_plain_files`` names it) is opened as a ``ParquetFile``: a local path
+    directly (``_parquet_file``), an object store's URI through the table's own filesystem (its credentials: the
+    deployment's environment, as every read of the lake)."""
+    from urllib.parse import urlparse
+
+    if urlparse(table.table_uri).scheme in ("", "file"):
+        return _parquet_file
+    import pyarrow.parquet as pq
+
+    filesystem, root = table.to_pyarrow_dataset().filesystem, table.table_uri.rstrip("/") + "/"
+
+    def remote(uri: str) -> Any:
+        path = uri[len(root):] if uri.startswith(root) else uri
+        return pq.ParquetFile(filesystem.open_input_file(path), buffer_size=PAGE_BUFFER, pre_buffer=False)
+
+    return remote
 
 
 def scan_batches(
@@ -243,16 +268,16 @@ def scan_blocks(uri: str, version: int, columns: Iterable[str], block_rows: int,
 
 
 def appended_files(uri: str, since: int, version: int) -> list[str] | None:
-    """The files ``version`` added to ``since`` (local paths, in the table's order) when ``version`` is ``since`` with
-    files appended: the same table (its id), plain local files (``_plain_local_files``) and every file of ``since``
-    still there. None otherwise (a rewrite, a compaction, a deletion or another table under the same name: only a
-    whole read tells what the version holds)."""
+    """The files ``version`` added to ``since`` (local paths or an object store's URIs, in the table's order) when
+    ``version`` is ``since`` with files appended: the same table (its id), plain files (``_plain_files``) and every
+    file of ``since`` still there. None otherwise (a rewrite, a compaction, a deletion or another table under the same
+    name: only a whole read tells what the version holds)."""
     if since > version:
         return None
     old, new = open_table(uri, since), open_table(uri, version)
     if old.metadata().id != new.metadata().id:
         return None
-    before, after = _plain_local_files(old), _plain_local_files(new)
+    before, after = _plain_files(old), _plain_files(new)
     if before is None or after is None or not set(before) <= set(after):
         return None
     kept = set(before)
@@ -266,11 +291,12 @@ def added_blocks(uri: str, since: int, version: int, columns: list[str], block_r
     added = appended_files(uri, since, version)
     if added is None:
         return None
-    schema = pa.schema(open_table(uri, version).schema().to_arrow())
+    table = open_table(uri, version)
+    schema, opened = pa.schema(table.schema().to_arrow()), _file_opener(table)
 
     def batches() -> Iterator[pa.RecordBatch]:
         for path in added:
-            for batch in _file_batches(_parquet_file(path), columns, schema, min(block_rows, 1 << 16)):
+            for batch in _file_batches(opened(path), columns, schema, min(block_rows, 1 << 16)):
                 yield _plain_strings(batch)
 
     return _regrouped(batches(), block_rows, sys.maxsize)

@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cd4ml_airflow.champion_queue import announce_champion, message_trigger, sender, sqs_sender, upstream_event_asset
-from tests.peers import free_port
+from tests.factories.moto_server import moto_server
 
 CONN_ID = "cd4ml_test_sqs"
 REGION = "eu-west-1"
@@ -35,28 +31,8 @@ FAKE_KEY = {"login": "moto-test-key", "password": "moto-test-secret"}
 @pytest.fixture(scope="module")
 def sqs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """moto's standalone server as a real HTTP server process; yields its endpoint URL."""
-    import requests
-
-    port = free_port()
-    log = (tmp_path_factory.mktemp("moto") / "server.log").open("w")
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                requests.get(f"{endpoint}/moto-api/", timeout=1)
-                break
-            except requests.exceptions.ConnectionError:
-                assert server.poll() is None, "moto_server exited"
-                time.sleep(0.1)
-        else:
-            raise AssertionError("moto_server did not answer in 30 s")
+    with moto_server(tmp_path_factory.mktemp("moto")) as endpoint:
         yield endpoint
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
 
 
 @pytest.fixture
