@@ -51,3 +51,12 @@ def champion(tmp_path_factory: pytest.TempPathFactory):
     from tests.factories.champion import champion_home
 
     return champion_home(str(tmp_path_factory.mktemp("champion-home")))
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint(tmp_path_factory: pytest.TempPathFactory):
+    """moto's standalone server (SQS- and S3-compatible) as a real HTTP server process; yields its endpoint URL."""
+    from tests.factories.moto_server import moto_server
+
+    with moto_server(tmp_path_factory.mktemp("moto")) as endpoint:
+        yield endpoint

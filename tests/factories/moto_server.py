@@ -12,6 +12,9 @@ from pathlib import Path
 
 from tests.peers import free_port
 
+# moto accepts any key; these are not credentials of anything (a client refuses to sign without some)
+FAKE_KEY_ID, FAKE_SECRET = "moto-test-key", "moto-test-secret"
+
 
 @contextmanager
 def moto_server(folder: Path) -> Iterator[str]:

@@ -14,37 +14,28 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from cd4ml_airflow.champion_queue import announce_champion, message_trigger, sender, sqs_sender, upstream_event_asset
-from tests.factories.moto_server import moto_server
+from tests.factories.moto_server import FAKE_KEY_ID, FAKE_SECRET
 
 CONN_ID = "cd4ml_test_sqs"
 REGION = "eu-west-1"
-# moto accepts any key; these are not credentials of anything (boto3 refuses to sign without some)
-FAKE_KEY = {"login": "moto-test-key", "password": "moto-test-secret"}
-
-
-@pytest.fixture(scope="module")
-def sqs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """moto's standalone server as a real HTTP server process; yields its endpoint URL."""
-    with moto_server(tmp_path_factory.mktemp("moto")) as endpoint:
-        yield endpoint
+FAKE_KEY = {"login": FAKE_KEY_ID, "password": FAKE_SECRET}
 
 
 @pytest.fixture
-def queue(sqs_server: str, monkeypatch: pytest.MonkeyPatch):
+def queue(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch):
     """A fresh queue of its own and the aws Connection naming the server; yields its ``MessageQueueSettings``."""
     import boto3
 
     from tasks.settings import MessageQueueSettings
 
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(
-        {"conn_type": "aws", **FAKE_KEY, "extra": {"endpoint_url": sqs_server, "region_name": REGION}}))
-    client = boto3.client("sqs", endpoint_url=sqs_server, region_name=REGION, aws_access_key_id=FAKE_KEY["login"],
+        {"conn_type": "aws", **FAKE_KEY, "extra": {"endpoint_url": moto_endpoint, "region_name": REGION}}))
+    client = boto3.client("sqs", endpoint_url=moto_endpoint, region_name=REGION, aws_access_key_id=FAKE_KEY["login"],
                           aws_secret_access_key=FAKE_KEY["password"])
     name = f"cd4ml-test-{uuid.uuid4().hex[:12]}"
     url = client.create_queue(QueueName=name)["QueueUrl"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -16,27 +15,19 @@ from tasks.curation import raw_store
 from tasks.curation.raw_store import stored_raw
 from tasks.curation.tables import read_raw
 from tasks.data import lake
-from tests.factories.moto_server import moto_server
-
-# moto accepts any key; these are not credentials of anything (the S3 client refuses to sign without some)
-FAKE_KEY = {"AWS_ACCESS_KEY_ID": "moto-test-key", "AWS_SECRET_ACCESS_KEY": "moto-test-secret"}
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with moto_server(tmp_path_factory.mktemp("moto")) as endpoint:
-        yield endpoint
+from tests.factories.moto_server import FAKE_KEY_ID, FAKE_SECRET
 
 
 @pytest.fixture
-def bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def bucket(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh bucket, and the environment the lake's S3 client reads (as a deployment's is)."""
     import boto3
 
     name = f"lake-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id=FAKE_KEY["AWS_ACCESS_KEY_ID"],
-                 aws_secret_access_key=FAKE_KEY["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=name)
-    for key, value in {**FAKE_KEY, "AWS_ENDPOINT_URL": s3_server, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1", aws_access_key_id=FAKE_KEY_ID,
+                 aws_secret_access_key=FAKE_SECRET).create_bucket(Bucket=name)
+    for key, value in {"AWS_ACCESS_KEY_ID": FAKE_KEY_ID, "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
+                       "AWS_ENDPOINT_URL": moto_endpoint, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
                        "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}.items():
         monkeypatch.setenv(key, value)
     return f"s3://{name}"
