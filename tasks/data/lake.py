@@ -124,26 +124,28 @@ def scan(table: DeltaTable, columns: Iterable[str] | None = None, filters: Any =
     return table.to_pyarrow_table(columns=cols, filters=filters, filesystem=_native_filesystem(table))
 
 
+def _is_local(table: DeltaTable) -> bool:
+    """Whether the table is on local disk (a path or a ``file:`` URI), not on an object store."""
+    from urllib.parse import urlparse
+
+    return urlparse(table.table_uri).scheme in ("", "file")
+
+
 def _native_filesystem(table: DeltaTable) -> Any:
     """pyarrow's own local filesystem rooted at a local table (None elsewhere): see ``scan``."""
     from urllib.parse import unquote, urlparse
 
     from pyarrow import fs as pafs
 
-    parsed = urlparse(table.table_uri)
-    if parsed.scheme not in ("", "file"):
+    if not _is_local(table):
         return None
-    return pafs.SubTreeFileSystem(unquote(parsed.path).rstrip("/") or "/", pafs.LocalFileSystem())
+    return pafs.SubTreeFileSystem(unquote(urlparse(table.table_uri).path).rstrip("/") or "/", pafs.LocalFileSystem())
 
 
 def _plain_local_files(table: DeltaTable) -> list[str] | None:
     """The version's data files as local paths when plain Parquet reads give its rows (``_plain_files``) and they are
     on local disk, else None."""
-    from urllib.parse import urlparse
-
-    if urlparse(table.table_uri).scheme not in ("", "file"):
-        return None
-    return _plain_files(table)
+    return _plain_files(table) if _is_local(table) else None
 
 
 def _plain_files(table: DeltaTable) -> list[str] | None:
@@ -165,9 +167,7 @@ def _file_opener(table: DeltaTable) -> Callable[[str], Any]:
     """How a data file of ``table`` (as ``_plain_files`` names it) is opened as a ``ParquetFile``: a local path
     directly (``_parquet_file``), an object store's URI through the table's own filesystem (its credentials: the
     deployment's environment, as every read of the lake)."""
-    from urllib.parse import urlparse
-
-    if urlparse(table.table_uri).scheme in ("", "file"):
+    if _is_local(table):
         return _parquet_file
     import pyarrow.parquet as pq
 
@@ -237,8 +237,8 @@ def _scanned(uri: str, version: int, cols: list[str], where: dict[str, list[Any]
 
 def _file_batches(parquet: Any, columns: list[str], schema: pa.Schema, batch_rows: int,
                   row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
-    """A local file's ``columns`` (of ``row_groups``, default all), ``batch_rows`` at a time; a column added after
-    the file was written reads as null (``_with_nulls``)."""
+    """An opened data file's ``columns`` (of ``row_groups``, default all), ``batch_rows`` at a time; a column added
+    after the file was written reads as null (``_with_nulls``)."""
     present = [c for c in columns if c in parquet.schema_arrow.names]
     for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=present):
         yield _with_nulls(batch, columns, schema)
