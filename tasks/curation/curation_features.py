@@ -385,8 +385,9 @@ def _fill_first(facts: FeatureFacts, filled: np.ndarray, block: pa.Table, rows: 
     position of each wanted image, None where they are the same) not ``filled`` yet; of an image twice, its first
     row."""
     images, first = np.unique(at, return_index=True)
-    new = images[~filled[images]]
-    facts.fill(new if into is None else into[new], block.take(pa.array(rows[first[~filled[images]]])))
+    unfilled = ~filled[images]
+    new = images[unfilled]
+    facts.fill(new if into is None else into[new], block.take(pa.array(rows[first[unfilled]])))
     filled[new] = True
 
 
