@@ -147,11 +147,15 @@ class Record(Mapping[str, Assignment]):
 
     def component_codes(self, positions: np.ndarray) -> np.ndarray:
         """Each raw position's recorded component as an integer, -1 where it is not recorded: the raw position of the
-        image the component is named after, or past the raw rows for a key that is not one of them (int64)."""
+        image the component is named after, or past the raw rows for a key that is not one of them (int32 below 2**31
+        codes, in place: no int64 copy of every eligible image's)."""
         n = len(self.split)
-        codes = self.component[positions].astype(np.int64)
-        codes = np.where(codes < 0, n - 1 - codes, codes)
-        return np.where(self.split[positions] != 0, codes, -1)
+        wide = n + len(self.outside) >= 2**31
+        codes = self.component[positions].astype(np.int64 if wide else np.int32)
+        outside = codes < 0
+        codes[outside] = n - 1 - codes[outside]
+        codes[self.split[positions] == 0] = -1
+        return codes
 
     def _name(self, code: int) -> str:
         return self.rows.shas[code] if code >= 0 else self.outside[-1 - code]

@@ -512,17 +512,32 @@ class UnionFind:
     def attach(self, children: np.ndarray, roots: np.ndarray) -> None:
         """Make each of ``children`` a direct child of its ``roots`` entry, all at once: for sets not joined yet, where
         each root is the smallest index of its set (so its own parent), as ``union`` would leave them."""
-        np.frombuffer(self.parent, dtype=np.int32 if self.parent.typecode == "i" else np.int64)[children] = roots
+        self._parents()[children] = roots
+
+    def attach_codes(self, codes: np.ndarray) -> None:
+        """Join the indices of each code ``>= 0`` under the smallest index with that code (``attach`` for every such
+        set at once; the others stay as they are): one array a code, filled by ``minimum.at``, not a sort of every
+        index (``np.unique`` with its index and inverse: four int64 arrays an image)."""
+        recorded = np.flatnonzero(codes >= 0).astype(self._parents().dtype)
+        if not len(recorded):
+            return
+        by_code = codes[recorded]
+        first = np.full(int(by_code.max()) + 1, len(self.parent), dtype=recorded.dtype)
+        np.minimum.at(first, by_code, recorded)
+        self.attach(recorded, first[by_code])
 
     def roots(self) -> np.ndarray:
-        """Each index's root (int64), by pointer jumping over the whole array at once (a ``find`` an index was a
-        second at a million images)."""
-        parent = np.frombuffer(self.parent, dtype=np.int32 if self.parent.typecode == "i" else np.int64).astype(np.int64)
+        """Each index's root (int32 below 2**31 indices, as the parents), by pointer jumping over the whole array at
+        once (a ``find`` an index was a second at a million images)."""
+        parent = self._parents().copy()
         while True:
             up = parent[parent]
             if np.array_equal(up, parent):
                 return parent
             parent = up
+
+    def _parents(self) -> np.ndarray:
+        return np.frombuffer(self.parent, dtype=np.int32 if self.parent.typecode == "i" else np.int64)
 
 
 # ---------------------------------------------------------------- galleries

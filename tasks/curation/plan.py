@@ -300,10 +300,8 @@ def _known_sets(at: np.ndarray, record: Record, pixels: PixelKeys) -> tuple[Unio
     ``at``: the eligible images' raw positions."""
     sets = UnionFind(len(at))
     codes = record.component_codes(at)
-    recorded, pending = np.flatnonzero(codes >= 0), np.flatnonzero(codes < 0)
-    if len(recorded):
-        _, first, inverse = np.unique(codes[recorded], return_index=True, return_inverse=True)
-        sets.attach(recorded, recorded[first][inverse.ravel()])  # a component's first image: its root
+    pending = np.flatnonzero(codes < 0)
+    sets.attach_codes(codes)  # a recorded component's first image: its members' root
     del codes
     for i, first in zip(pending.tolist(), pixels.first_alike(at, pending).tolist()):
         sets.union(i, first)
