@@ -611,10 +611,14 @@ def _joined_key(table: pa.Table | pa.RecordBatch, keys: list[str]) -> pa.Array:
 
 def _present_keys(uri: str, table: DeltaTable, rows: pa.Table, keys: list[str]) -> pa.Array:
     """The keys of ``rows`` that ``table`` holds, reading its key columns a block of rows at a time (one set
-    lookup a block: each hashes every key of ``rows`` again)."""
+    lookup a block: each hashes every key of ``rows`` again). A few rows (a batch's) are looked for in blocks of
+    ``SEARCH_BLOCK_ROWS``: hashing them again a block costs nothing, and a block of ``LOOKUP_BLOCK_ROWS`` rows of
+    the features' keys, joined, was the high of a batch at a million images (+166 MB against +26 at 100,000)."""
     wanted = _joined_key(rows, keys)
+    block = SEARCH_BLOCK_ROWS if len(wanted) <= SEARCH_BLOCK_ROWS else LOOKUP_BLOCK_ROWS
     found = [stored.filter(pc.is_in(stored, value_set=wanted))
-             for stored in (_joined_key(b, keys) for b in scan_blocks(uri, table.version(), keys, LOOKUP_BLOCK_ROWS))]
+             for stored in (_joined_key(b, keys) for b in scan_blocks(uri, table.version(), keys, block))]
+    pa.default_memory_pool().release_unused()  # the blocks' reads are handed back, not kept by the pool
     return pa.concat_arrays(found) if found else pa.array([], pa.string())
 
 
