@@ -124,11 +124,11 @@ def touched_components(groups: Groups, record: Record, raw_at: np.ndarray, renam
     without ``raw_version`` every touched component is walked whole.
     """
     keys = groups.ordered.members
-    of_member = np.repeat(np.arange(len(keys)), np.diff(groups.starts))
+    of_member = np.repeat(np.arange(len(keys), dtype=np.int32), np.diff(groups.starts))  # 4 bytes an image, as below
     at = raw_at[groups.members]
     member = record.component_codes(at)
     new = member < 0
-    key_code = record.key_codes(keys)[of_member]
+    key_code = record.key_codes(keys).astype(member.dtype)[of_member]
     elsewhere = ~new & (member != key_code)  # recorded in another component: merged into this one, or moved
     moved = elsewhere & ~_merged_into(record, renamed, member, key_code)
     added = [i for i in (record.rows.at.get(s) for s in nearest.added or ()) if i is not None]
