@@ -19,6 +19,7 @@ its full run is not run again), with this checkout's code.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import shutil
 import subprocess
@@ -59,6 +60,8 @@ def _wrap(module, name: str, log: list, depth: list, sampler: HighWater) -> None
             _, own = sampler.merge(outer)
             log.append((depth[0], f"{module.__name__.rsplit('.', 1)[-1]}.{name}", rss, rss_mb(), peak_mb(),
                         peak_mb() - peak, time.perf_counter() - start, *own, rss_split_mb()[0]))
+            if name == "plan_in_workdir":
+                print(f"after the plan: {_heap()}", flush=True)
 
     setattr(module, name, inner)
 
@@ -88,6 +91,28 @@ def run_stage(root: Path, stage: str, home: Path | None = None) -> None:
     for d, name, before, after, peak, raised, seconds, anon, mapped, held in log:
         print(f"| {'&nbsp;' * 2 * d}{name} | {before:.0f} | {after:.0f} | {peak:.0f} | {raised:.0f} | {seconds:.2f} | "
               f"{anon:.0f} | {mapped:.0f} | {held:.0f} |")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _heap() -> str:
+    """Where the anonymous memory is: glibc's heaps (in use and free but kept), its mapped blocks, Arrow's pool."""
+    import pyarrow as pa
+
+    pool = pa.default_memory_pool()
+    arrow = f"Arrow's pool {pool.bytes_allocated() / 2**20:.0f} MB allocated"
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return arrow
+    mallinfo2.restype = _MallInfo2
+    m = mallinfo2()
+    return (f"C heaps {m.arena / 2**20:.0f} MB (in use {m.uordblks / 2**20:.0f}, free and kept "
+            f"{m.fordblks / 2**20:.0f}), mapped blocks {m.hblkhd / 2**20:.0f} MB ({m.hblks}), {arrow}; "
+            f"anonymous {rss_split_mb()[0]:.0f} MB")
 
 
 def _split() -> str:
