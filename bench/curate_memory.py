@@ -38,7 +38,7 @@ PHASES = {
     "tasks.curation.curate": ["plan_in_workdir", "store_caches", "_record_assignments", "_write_snapshot",
                               "write_report_rows", "_galleries", "write_page"],
     "tasks.curation.plan": ["read_raw", "stored_raw", "_features", "open_facts", "fill_stored_facts", "_computed", "read_assignments", "open_record",
-                            "screen", "guard_outliers", "_group", "_neighbours", "_link_copies",
+                            "screen", "guard_outliers", "_views", "_group", "_known_sets", "_neighbours", "_link_copies",
                             "assign", "nearest_map", "prior_walk", "touched_components", "_decide_duplicates",
                             "separation_by_class", "_dedupe", "over_budget", "bridge_rows", "_decisions",
                             "_kept_facts", "store_features", "store_scores", "store_nearest"],
