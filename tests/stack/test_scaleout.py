@@ -186,17 +186,14 @@ def _slot_holders(h: AirflowHandle, trials: list[dict]) -> list[str]:
     """The tasks (of any run) that ran on another worker while the later trial waited to start: what kept the other
     slot."""
     first, later = sorted(trials, key=lambda t: t["start_date"])
-    wait_from, wait_to = _when(first["start_date"]), _when(later["start_date"])
-    path = "/api/v2/dags/~/dagRuns/~/taskInstances?limit=1000"
+    wait_from = datetime.datetime.fromisoformat(first["start_date"])
+    # Those started before the later trial, newest first: a page (the API caps it at 100) holds any that overlapped.
+    path = (f"/api/v2/dags/~/dagRuns/~/taskInstances?start_date_lt={q(later['start_date'])}"
+            "&order_by=-start_date&limit=100")
     others = [t for t in h.request("GET", path)["task_instances"]
-              if t["task_id"] != "tune_trial" and t.get("start_date") and t.get("hostname")
-              and t["hostname"] != first["hostname"]]
+              if t["task_id"] != "tune_trial" and t.get("hostname") and t["hostname"] != first["hostname"]]
     return [f"{t['dag_id']}.{t['task_id']} on {t['hostname']}" for t in others
-            if _when(t["start_date"]) < wait_to and (t.get("end_date") is None or _when(t["end_date"]) > wait_from)]
-
-
-def _when(stamp: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(stamp)
+            if t.get("end_date") is None or datetime.datetime.fromisoformat(t["end_date"]) > wait_from]
 
 
 def _assert_no_duplicates(stack) -> None:
