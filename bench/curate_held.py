@@ -8,7 +8,12 @@ table. Memory-mapped stores (the raw rows, the facts, the record, the vector fil
 files, not allocations: they are not listed. Tracing slows the batch about 6x; its seconds are not the batch's.
 
 Usage: PYTHONPATH=.:plugins python bench/curate_held.py KEPT_HOME BATCH [--at nearest_map _decide_duplicates]
-[--top 25]
+[--top 25] [--peaks]
+
+``--peaks``: also each plan phase's traced high (bench/curate_memory.py's ``PHASES``): what was traced as it started
+and the most traced while it ran, MB and bytes per table image. Set beside curate_memory.py's anonymous highs of the
+same phases, the difference is what no traced allocation holds: native libraries' own memory (faiss, Arrow's pool)
+and what the allocators keep.
 """
 
 from __future__ import annotations
@@ -47,12 +52,46 @@ def _snap_at(module, name: str, images: list[int], top: int) -> None:
     setattr(module, name, inner)
 
 
+class PhasePeaks:
+    """Each wrapped phase's traced memory as it starts and its own high (nested phases included), in call order."""
+
+    def __init__(self) -> None:
+        self.open: list[int] = []  # each running phase's high before a nested phase reset the traced high
+        self.rows: list[tuple[int, str, int, int]] = []
+
+    def wrap(self, module, name: str) -> None:
+        fn = getattr(module, name)
+
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            start, high = tracemalloc.get_traced_memory()
+            if self.open:
+                self.open[-1] = max(self.open[-1], high)
+            self.open.append(start)
+            row = len(self.rows)
+            self.rows.append((len(self.open) - 1, name, start, start))  # in call order; its high as it ends
+            tracemalloc.reset_peak()  # not reset again as it ends: the enclosing phases' highs include it
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.rows[row] = (*self.rows[row][:3], max(self.open.pop(), tracemalloc.get_traced_memory()[1]))
+
+        setattr(module, name, inner)
+
+    def table(self, images: int) -> list[str]:
+        lines = [f"{'phase':<28} {'at start MB':>11} {'high MB':>8} {'high B/image':>12}"]
+        for depth, name, start, high in self.rows:
+            lines.append(f"{'  ' * depth + name:<28} {start / 1e6:11.1f} {high / 1e6:8.1f} {high / max(images, 1):12.1f}")
+        return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("kept_home")
     parser.add_argument("batch")
-    parser.add_argument("--at", nargs="+", default=["nearest_map", "_decide_duplicates"], help="plan phases")
+    parser.add_argument("--at", nargs="*", default=["nearest_map", "_decide_duplicates"], help="plan phases")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--peaks", action="store_true", help="each plan phase's traced high")
     args = parser.parse_args()
     from tasks.curation import plan
     from tasks.curation.curate import curate
@@ -69,10 +108,29 @@ def main() -> None:
         images = [lake.open_table(settings.raw_table, raw).count()]
         for name in args.at:
             _snap_at(plan, name, images, args.top)
+        peaks = PhasePeaks() if args.peaks else None
+        if peaks:
+            _wrap_phases(peaks)
         tracemalloc.start(6)
         curate(settings, raw, run_id="held", logical_date="2026-11-22")
+        if peaks:
+            print("\n== each phase's traced high\n" + "\n".join(peaks.table(images[0])), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _wrap_phases(peaks: PhasePeaks) -> None:
+    """curate_memory.py's phases, each wrapped once (a phase named in two modules is the module's own)."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from curate_memory import PHASES
+
+    for module_name, names in PHASES.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            if hasattr(module, name):
+                peaks.wrap(module, name)
 
 
 if __name__ == "__main__":
