@@ -64,6 +64,7 @@ INDEX_FOLDER = "curation_index"
 # exact cosine of a neighbour is computed where the search's comes within this of a threshold (the rest cannot reach it).
 COSINE_MARGIN = 1e-3
 CELL_BLOCK = 8192  # (query, neighbour) cells whose exact cosine is computed at a time
+ROW_FLAGS = 1 << 18  # index rows whose eligible positions are flagged at a time
 
 
 @dataclass(frozen=True)
@@ -240,11 +241,11 @@ def _indexed(matrix: Any, eligible: Sequence[str], asked: Keys, q: np.ndarray, k
     images) and rewriting it writes every row (about 0.5 GB a view at a million), both at every batch before.
     """
     index = ShaIndex.open(folder, version, matrix.shape[1])
-    unindexed = np.flatnonzero(index.shas.rows_of(asked) < 0)  # eligible positions, ascending (sha256 order)
+    at = index.shas.located(asked, np.int32)  # each indexed row's eligible position, -1: not eligible now
+    unindexed = _unindexed(at, len(asked))
     if _folds(len(unindexed), index.index.ntotal):
         index.extend(eligible, matrix, asked)
-        unindexed = unindexed[:0]
-    at = index.shas.located(asked).astype(np.int32)  # each indexed row's eligible position, -1: not eligible now
+        at, unindexed = index.shas.located(asked, np.int32), unindexed[:0]
     delta = _Delta(matrix, unindexed)
     for start in range(0, len(q), RANK_BLOCK):
         rows = q[start:start + RANK_BLOCK]
@@ -255,6 +256,19 @@ def _indexed(matrix: Any, eligible: Sequence[str], asked: Keys, q: np.ndarray, k
             found.append((_positions(at, ids), sims))
         yield rows, *_ranked_positions(rows, np.concatenate([p for p, _ in found], axis=1),
                                        np.concatenate([s for _, s in found], axis=1), k)
+
+
+def _unindexed(at: np.ndarray, n: int) -> np.ndarray:
+    """The eligible positions (ascending: sha256 order) that no indexed row is at (``at``: each row's position).
+
+    One pass over ``at`` and a flag an image: the rows of every eligible image in the list, in int64 and sorted
+    (``ShaList.rows_of``), held about 25 bytes an image while they were found, twice a view (bench/README.md, run 37).
+    """
+    indexed = np.zeros(n, dtype=bool)
+    for start in range(0, len(at), ROW_FLAGS):
+        block = at[start:start + ROW_FLAGS]
+        indexed[block[block >= 0]] = True
+    return np.flatnonzero(~indexed)
 
 
 def _folds(unindexed: int, indexed: int) -> bool:

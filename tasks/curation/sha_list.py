@@ -199,11 +199,11 @@ class ShaList:
         old, new = _common(self.array, keys(shas))
         return ShaList(np.concatenate([old, new]))
 
-    def located(self, among: Keys) -> np.ndarray:
-        """Each row's position in ``among`` (one binary search a row), or -1: the int64 positions of this list's
-        images among them."""
+    def located(self, among: Keys, dtype: type = np.int64) -> np.ndarray:
+        """Each row's position in ``among`` (one binary search a row), or -1: the positions of this list's images
+        among them (``dtype``: int32 where the caller keeps them, half of int64's bytes a row)."""
         array, wanted = _common(self.array, among.array)
-        out = np.full(len(array), -1, dtype=np.int64)
+        out = np.full(len(array), -1, dtype=dtype)
         if not len(array) or not len(among):
             return out
         for start in range(0, len(array), PREFIX_ROWS):  # a block's prefixes and gathered keys at a time (whole, a

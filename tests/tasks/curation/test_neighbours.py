@@ -11,13 +11,14 @@ import pytest
 from tasks.curation.neighbours import (
     NeighbourGraph,
     ShaIndex,
+    _unindexed,
     candidate_pairs,
     index_dir,
     neighbour_graph,
     neighbour_pairs,
     similar_pairs,
 )
-from tasks.curation.sha_list import Keys
+from tasks.curation.sha_list import Keys, ShaList
 
 
 def _unit_rows(n: int, dim: int = 64, seed: int = 0) -> np.ndarray:
@@ -73,6 +74,16 @@ def test_index_skips_images_that_are_not_eligible_now(tmp_path: Path) -> None:
     exact = neighbour_graph([m[keep]], [shas[i] for i in keep], [0], 5, exact_below=10**9, folder=tmp_path,
                             version="v")
     assert graph.ids[0].tolist() == exact.ids[0].tolist()
+
+
+def test_the_images_an_index_lacks_are_those_no_row_of_its_list_is_at(monkeypatch) -> None:
+    listed = _shas(40)[::3] + _shas(50, prefix="gone")[:5]  # some eligible images, and rows not eligible now
+    eligible = Keys.of(_shas(40))
+    at = ShaList.of(listed).located(eligible, np.int32)
+    assert at.dtype == np.int32
+    expected = np.flatnonzero(ShaList.of(listed).rows_of(eligible) < 0)
+    monkeypatch.setattr("tasks.curation.neighbours.ROW_FLAGS", 4)  # several blocks of rows
+    assert _unindexed(at, len(eligible)).tolist() == expected.tolist() == [i for i in range(40) if i % 3]
 
 
 def test_index_is_stored_once_per_version_and_extended(tmp_path: Path) -> None:
