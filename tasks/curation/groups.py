@@ -89,8 +89,11 @@ class GroupsBuilder:
         self.codes: list[np.ndarray] = []
         self.pending: list[int] = []
         self.outside: dict[str, int] = {}  # a key that is no raw row -> its code past them, less ``n``
+        self.kind = np.int32 if len(eligible) < 2**31 else np.int64  # positions into the eligible images
+        # a key's code: a raw row's position, or past the rows one a key named as a string (at most one a component)
+        self.code_kind = np.int32 if self.n + len(eligible) < 2**31 else np.int64
         self.sizes = array("q")
-        self.members = array("q")
+        self.members = array("i" if self.kind == np.int32 else "q")  # as ``Groups`` holds them: no int64 copy
 
     def code(self, key: str) -> int:
         at = self.base.index_of(key) if self.base is not None else None
@@ -102,7 +105,7 @@ class GroupsBuilder:
             self._flush()
         self.sizes.append(len(positions))
         if isinstance(positions, np.ndarray):
-            self.members.frombytes(positions.astype(np.int64).tobytes())
+            self._extend(positions)
         else:
             self.members.extend(positions)
 
@@ -111,22 +114,31 @@ class GroupsBuilder:
         """``add`` for many components at once: their keys as positions among the raw rows (``eligible``'s base), or
         past them a code ``name_of`` names, their sizes, and their members one component after the other."""
         self._flush()
-        codes = np.array(codes, dtype=np.int64)
+        codes = np.array(codes, dtype=self.code_kind)
         for j in np.flatnonzero(codes >= self.n).tolist():  # every code when there is no base: each named
             codes[j] = self.code(name_of(int(codes[j])))
         self.codes.append(codes)
-        self.sizes.extend(np.asarray(sizes, dtype=np.int64).tolist())
-        self.members.frombytes(np.ascontiguousarray(members, dtype=np.int64).tobytes())
+        self.sizes.frombytes(memoryview(np.ascontiguousarray(sizes, dtype=np.int64)).cast("B"))  # no int a size
+        self._extend(members)
+
+    def _extend(self, positions: np.ndarray) -> None:
+        """The members appended as they are held, without a bytes copy (``tobytes`` of every member's int64 copy
+        held three copies of them at once)."""
+        self.members.frombytes(memoryview(np.ascontiguousarray(positions, dtype=self.kind)).cast("B"))
 
     def _flush(self) -> None:
         if self.pending:
-            self.codes.append(np.array(self.pending, dtype=np.int64))
+            self.codes.append(np.array(self.pending, dtype=self.code_kind))
         self.pending = []
 
     def build(self) -> Groups:
-        """The groups by key: one sort of the keys' codes, one of the members (by key, then position)."""
+        """The groups by key: one sort of the keys' codes, one of the members (by key, then position).
+
+        The members and each member's key place are sorted as int32 (below 2**31 eligible images and keys) and the
+        members gathered in their own type: at a million images the int64 members, their key places, the order and
+        the gathered copy held about 67 bytes an image at once (bench/README.md, run 37)."""
         self._flush()
-        every = np.concatenate([np.zeros(0, dtype=np.int64), *self.codes])
+        every = np.concatenate([np.zeros(0, dtype=self.code_kind), *self.codes])
         self.codes = []
         if not len(every):
             return Groups(self.eligible, SortedShas(np.zeros(0, dtype="S64")), np.zeros(1, dtype=np.int64),
@@ -135,13 +147,14 @@ class GroupsBuilder:
         del every
         ordered, rank = self._keys(unique, rank.ravel())
         sizes = np.frombuffer(self.sizes, dtype=np.int64)
-        members = np.frombuffer(self.members, dtype=np.int64)
-        of_member = np.repeat(rank, sizes)
-        order = np.lexsort((members, of_member))
+        members = np.frombuffer(self.members, dtype=self.kind)
+        of_member = np.repeat(rank.astype(np.int32 if len(unique) < 2**31 else np.int64), sizes)
+        del rank
         starts = np.zeros(len(unique) + 1, dtype=np.int64)
         np.cumsum(np.bincount(of_member, minlength=len(unique)), out=starts[1:])
-        kind = np.int32 if len(self.eligible) < 2**31 else np.int64  # positions into the eligible images
-        return Groups(self.eligible, ordered, starts, members[order].astype(kind))
+        order = np.lexsort((members, of_member))
+        del of_member
+        return Groups(self.eligible, ordered, starts, members[order])
 
     def _keys(self, unique: np.ndarray, rank: np.ndarray) -> tuple[SortedShas | SortedSubset, np.ndarray]:
         """The keys (``unique``: their codes, ascending) in sha256 order, and each given key's place among them

@@ -80,6 +80,7 @@ def test_keys_that_are_raw_rows_are_held_as_their_positions_and_others_by_name()
     builder.add(raw[3], [1])  # given again: its members gathered
     groups = builder.build()
     assert isinstance(groups.ordered.members, SortedSubset)  # every key a raw row: positions, no bytes held
+    assert groups.members.dtype == np.int32 and groups.ordered.members.positions.dtype == np.int32  # no int64 copy
     assert dict(groups) == {raw[3]: [eligible[0], eligible[1], eligible[4]], raw[7]: [eligible[9]],
                             raw[30]: [eligible[15]]}
     builder = GroupsBuilder(eligible)
