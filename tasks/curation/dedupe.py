@@ -56,7 +56,7 @@ class RecordedMembers:
     def __init__(self, eligible: SortedRank, known: np.ndarray, raw_at: np.ndarray, pixels: PixelKeys,
                  newcomers: np.ndarray) -> None:
         self.rank = PlaceAmong(eligible, known)
-        hits = np.flatnonzero(np.isin(pixels.heads(raw_at[known]), pixels.heads(raw_at[newcomers])))
+        hits = pixels.sharing_heads(raw_at[known], raw_at[newcomers])
         self.by_digest = group_by_pixels([eligible.members[p] for p in known[hits].tolist()], pixels)
 
 

@@ -21,6 +21,7 @@ from tasks.curation.by_position import ByPosition
 
 DIGEST_BYTES = 32
 DECODE_ROWS = 65_536  # digests decoded at a time (their scratch arrays: a few MB)
+HEAD_BLOCK = 65_536  # positions whose key heads are looked up at a time (``PixelKeys.sharing_heads``)
 _NIBBLE = np.full(256, 255, dtype=np.uint8)  # a lowercase hex digit's byte -> its value; any other byte -> 255
 _NIBBLE[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
 
@@ -169,6 +170,19 @@ class PixelKeys(ByPosition[str]):
                 heads[j] = np.frombuffer(self.own[int(positions[j])][:8], dtype=np.uint64)[0]
         return heads
 
+    def sharing_heads(self, positions: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+        """The indices (ascending) of ``positions`` whose key's first 8 bytes are those of one of ``wanted``
+        (positions too: a batch's few), a block of ``HEAD_BLOCK`` positions at a time, by binary search in the wanted
+        heads: ``np.isin`` of every position's head sorted them all together (about 45 bytes a position held at
+        once: at a million images the grouping's and the assignment's high, bench/README.md, run 37)."""
+        heads = np.unique(self.heads(wanted))
+        found = [np.zeros(0, dtype=np.int64)]
+        for start in range(0, len(positions) if len(heads) else 0, HEAD_BLOCK):
+            block = self.heads(positions[start:start + HEAD_BLOCK])
+            at = np.minimum(np.searchsorted(heads, block), len(heads) - 1)
+            found.append(np.flatnonzero(heads[at] == block) + start)
+        return np.concatenate(found)
+
     def first_alike(self, positions: np.ndarray, among: np.ndarray) -> np.ndarray:
         """For each of ``among`` (indices into ``positions``: a batch's new images), the index (into ``positions``) of
         the first one with the same key.
@@ -181,7 +195,7 @@ class PixelKeys(ByPosition[str]):
         def keys(rows: np.ndarray) -> list[bytes]:
             return [self.key_at(i) for i in rows.tolist()]
 
-        hits = np.flatnonzero(np.isin(self.heads(positions), self.heads(positions[among])))  # ascending: ``among`` among them
+        hits = self.sharing_heads(positions, positions[among])  # ascending: ``among`` among them
         first: dict[bytes, int] = {}
         for i, key in zip(hits.tolist(), keys(positions[hits])):
             first.setdefault(key, i)

@@ -75,6 +75,23 @@ def test_the_first_alike_of_a_few_is_their_first_among_all():
         assert pixels.first_alike(order, among).tolist() == everyone[among].tolist()
 
 
+def test_the_positions_sharing_a_head_are_those_isin_finds_a_block_at_a_time(monkeypatch):
+    import random
+
+    from tasks.curation import pixel_keys
+
+    rng = random.Random(6)
+    shas = sorted(_sha(f"image{i}") for i in range(200))
+    head = "cd" * 8
+    keys = [head + _sha(f"tail{i}")[16:] if i % 4 == 0 else _sha(f"pixels{rng.randrange(60)}") for i in range(199)]
+    pixels = PixelKeys.of({s: i for i, s in enumerate(shas)}, keys + ["not a digest"])  # the last: its own key
+    monkeypatch.setattr(pixel_keys, "HEAD_BLOCK", 7)  # several blocks
+    positions = np.array(rng.sample(range(200), 150), dtype=np.int32)
+    for wanted in (np.array([0, 3, 199]), np.array(rng.sample(range(200), 20)), np.zeros(0, dtype=np.int64)):
+        expected = np.flatnonzero(np.isin(pixels.heads(positions), pixels.heads(wanted)))
+        assert pixels.sharing_heads(positions, wanted).tolist() == expected.tolist()
+
+
 def test_a_pixel_keys_token_is_equal_exactly_when_the_keys_are():
     shas = sorted(_sha(f"image{i}") for i in range(4))
     keys = [_sha("pixels0"), _sha("pixels0"), _sha("pixels1"), "odd key"]
