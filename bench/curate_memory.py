@@ -1,8 +1,9 @@
 """Where a curation's memory goes (issue 25): peak RSS raised by each phase, full run and 1% batch in fresh processes.
 
 bench/curate.py's generator writes ``--images`` images and a 1% batch (as bench/curate_scale.py does).
-One process ingests and curates the full folder; a second, fresh one ingests the batch and curates
-it, so the batch's peak is its own and not the full run's. Each phase of the curation (the functions
+One process curates the full folder; a second, fresh one curates the batch, so the batch's peak is its own and
+not the full run's; each ingests in a child process first (as the DAG's ingest task is a process of its own: since
+run 37, when a curation's threads share one arena, which threads that read before it would not). Each phase of the curation (the functions
 named in ``PHASES``) is wrapped: the table gives the resident memory before and after it, the peak
 after it and by how much it raised the process's peak (``ru_maxrss``), its seconds, and the highs of its anonymous
 and of its file-backed resident memory (sampled every 5 ms: the pages of a memory-mapped file, the vector files
@@ -66,22 +67,36 @@ def _wrap(module, name: str, log: list, depth: list, sampler: HighWater) -> None
     setattr(module, name, inner)
 
 
-def run_stage(root: Path, stage: str, home: Path | None = None) -> None:
-    """One stage in this process: ``full`` (ingest + curate the folder) or ``batch`` (ingest + curate the batch);
-    ``home``: the home to curate in (default ``root/home``), ``root/stage`` the images."""
-    from tasks.curation.curate import curate
+def ingest_stage(root: Path, stage: str, home: Path | None = None) -> int:
+    """The stage's images ingested in this process (as the DAG's ingest task is a process of its own); the raw
+    version."""
     from tasks.data.ingest import ingest_landing
+    from tasks.settings import load_settings
+
+    settings = load_settings("sit", home=home or root / "home")
+    return ingest_landing(settings, run_id=f"mem-{stage}", logical_date=_day(stage), landing=root / stage).raw_version
+
+
+def _day(stage: str) -> str:
+    return "2026-11-21" if stage == "full" else "2026-11-22"
+
+
+def run_stage(root: Path, stage: str, home: Path | None = None) -> None:
+    """One stage: ``full`` (the folder) or ``batch`` (the batch) ingested in a child process, then curated in this
+    one, as the DAG's tasks run; ``home``: the home to curate in (default ``root/home``), ``root/stage`` the images."""
+    out = subprocess.run([sys.executable, __file__, "--ingest", str(root), stage, str(home or root / "home")],
+                         check=True, capture_output=True, text=True).stdout
+    raw = int(out.split()[-1])
+    from tasks.curation.curate import curate
     from tasks.settings import load_settings
 
     log = _wrapped_phases()
     settings = load_settings("sit", home=home or root / "home")
     import pyarrow as pa  # after ``tasks``: its process defaults pick Arrow's memory pool
 
-    print(f"\n{stage}: after imports {rss_mb():.0f} MB resident ({_split()}), Arrow's pool "
-          f"{pa.default_memory_pool().backend_name}", flush=True)
-    day = "2026-11-21" if stage == "full" else "2026-11-22"
-    raw = ingest_landing(settings, run_id=f"mem-{stage}", logical_date=day, landing=root / stage).raw_version
-    print(f"{stage}: after ingest {rss_mb():.0f} MB resident ({_split()}), peak {peak_mb():.0f} MB", flush=True)
+    print(f"\n{stage}: ingested in a child process (raw version {raw}); after imports {rss_mb():.0f} MB resident "
+          f"({_split()}), Arrow's pool {pa.default_memory_pool().backend_name}", flush=True)
+    day = _day(stage)
     start = time.perf_counter()
     curate(settings, raw, run_id=f"mem-{stage}", logical_date=day)
     print(f"{stage}: curation {time.perf_counter() - start:.1f} s, peak RSS {peak_mb():.0f} MB\n")
@@ -169,7 +184,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--run":
+    if len(sys.argv) == 5 and sys.argv[1] == "--ingest":
+        print(ingest_stage(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--run":
         run_stage(Path(sys.argv[2]), sys.argv[3])
     else:
         main()
