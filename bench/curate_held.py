@@ -120,17 +120,12 @@ def main() -> None:
 
 
 def _wrap_phases(peaks: PhasePeaks) -> None:
-    """curate_memory.py's phases, each wrapped once (a phase named in two modules is the module's own)."""
-    import importlib
-
+    """curate_memory.py's phases, each wrapped."""
     sys.path.insert(0, str(REPO / "bench"))
-    from curate_memory import PHASES
+    from curate_memory import each_phase
 
-    for module_name, names in PHASES.items():
-        module = importlib.import_module(module_name)
-        for name in names:
-            if hasattr(module, name):
-                peaks.wrap(module, name)
+    for module, name in each_phase():
+        peaks.wrap(module, name)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 bench/curate.py's generator writes ``--images`` images and a 1% batch (as bench/curate_scale.py does).
 One process curates the full folder; a second, fresh one curates the batch, so the batch's peak is its own and
-not the full run's; each ingests in a child process first (as the DAG's ingest task is a process of its own: since
-run 37, when a curation's threads share one arena, which threads that read before it would not). Each phase of the curation (the functions
+not the full run's; each ingests in a child process first, as the DAG's ingest task is a process of its own (since
+run 37: an ingest's reader threads keep their C heap arenas in the process). Each phase of the curation (the functions
 named in ``PHASES``) is wrapped: the table gives the resident memory before and after it, the peak
 after it and by how much it raised the process's peak (``ru_maxrss``), its seconds, and the highs of its anonymous
 and of its file-backed resident memory (sampled every 5 ms: the pages of a memory-mapped file, the vector files
@@ -27,7 +27,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -135,17 +137,22 @@ def _split() -> str:
     return f"anonymous {anon:.0f}, file-backed {mapped:.0f}"
 
 
-def _wrapped_phases() -> list:
-    """Wrap every phase of ``PHASES``; the log they append to as they end."""
+def each_phase() -> Iterator[tuple[ModuleType, str]]:
+    """(module, name) of every phase of ``PHASES`` this checkout has (a phase another commit has elsewhere or not at
+    all is left out)."""
     import importlib
 
-    log: list = []
-    depth, sampler = [0], HighWater()
     for module_name, names in PHASES.items():
         module = importlib.import_module(module_name)
-        for name in names:
-            if hasattr(module, name):  # a phase another commit has elsewhere or not at all: not timed there
-                _wrap(module, name, log, depth, sampler)
+        yield from ((module, name) for name in names if hasattr(module, name))
+
+
+def _wrapped_phases() -> list:
+    """Wrap every phase of ``PHASES``; the log they append to as they end."""
+    log: list = []
+    depth, sampler = [0], HighWater()
+    for module, name in each_phase():
+        _wrap(module, name, log, depth, sampler)
     return log
 
 
