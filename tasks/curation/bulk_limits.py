@@ -137,8 +137,8 @@ def judge(rule: Rule, values: np.ndarray, labels: Sequence[str] | Classes, *, si
         why = f"{len(values)} images, fewer than the {min_images} a bulk needs: no relative rule"
         return Verdict(rule, Bulk(median, None, None), [], [("*", why)])
     z, limit = _robust_z(rule, values, sigmas)
-    order = np.argsort(z, kind="stable")
-    candidates = order[z[order] < -sigmas].tolist()
+    beyond = np.flatnonzero(z < -sigmas)  # the few beyond the limit, ordered by distance: no sort of every image
+    candidates = beyond[np.argsort(z[beyond], kind="stable")].tolist()
     if not candidates:
         return Verdict(rule, Bulk(median, limit, None), [], [])
     flagged, tail = _beyond_gap(z, candidates, gap)
@@ -156,12 +156,19 @@ def judge(rule: Rule, values: np.ndarray, labels: Sequence[str] | Classes, *, si
 
 def _robust_z(rule: Rule, values: np.ndarray, sigmas: float) -> tuple[np.ndarray, float]:
     """Signed robust distances (negative = towards the bad tail) and the limit in the statistic's units."""
-    t = rule.transform(values)
+    t = rule.transform(values)  # worked in place from here: one array of the family's size, not four
+    if np.shares_memory(t, values):  # a transform that returned its input: the caller's values stay as they are
+        t = t.copy()
     centre = float(np.median(t))
-    sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(t - centre))), rule.min_sigma)
+    np.subtract(t, centre, out=t)
+    spread = np.abs(t)
+    sigma = max(MAD_TO_SIGMA * float(np.median(spread, overwrite_input=True)), rule.min_sigma)
+    del spread
+    if not rule.low_is_bad:
+        np.negative(t, out=t)
+    np.divide(t, sigma, out=t)
     sign = 1.0 if rule.low_is_bad else -1.0
-    z = sign * (t - centre) / sigma
-    return z, rule.inverse(centre - sign * sigmas * sigma)
+    return t, rule.inverse(centre - sign * sigmas * sigma)
 
 
 def _beyond_gap(z: np.ndarray, candidates: list[int], gap: float) -> tuple[list[int], int]:

@@ -105,6 +105,10 @@ class NearestMap:
         """The eligible images' positions, ascending (the rows a full rewrite writes)."""
         return np.flatnonzero(np.frombuffer(self.eligible, dtype=np.uint8))
 
+    def count(self) -> int:
+        """How many images are eligible (no array of their positions)."""
+        return int(np.count_nonzero(np.frombuffer(self.eligible, dtype=np.uint8)))
+
     def by_label(self) -> dict[str, np.ndarray]:
         """label -> the nearest scores of its images that have one, in position order (what ``separation`` tests;
         arrays: a list of Python floats was 32 bytes an image of the table)."""
@@ -189,7 +193,8 @@ def update_nearest(m: NearestMap, stored: pa.Table | StoredRows, scores: CopySco
     gone = newest.gone(m)
     m.left = newest.left(m)
     known, orphans = _place(m, stored, newest, gone)
-    added = [i for i in m.positions().tolist() if not known[i]]
+    # Eligible and no stored row placed: a byte an image compared, not a Python int each (40 bytes an image).
+    added = np.flatnonzero(np.frombuffer(m.eligible, dtype=bool) & ~np.frombuffer(known, dtype=bool)).tolist()
     best, names = _Best(m, scores), m.rows.shas
     scores.want([*(names[i] for i in orphans), *(names[i] for i in added)])  # their stored partners, in one scan
     for i in orphans + added:  # nearest partners that left, and the new images: from their own partners
@@ -407,7 +412,7 @@ def _appends(nearest: NearestMap) -> bool:
     ``written`` and ``eligible`` columns) and they stay within ``COMPACT_FACTOR`` times the images eligible now."""
     added = len(nearest.changed) + len(nearest.left)
     return bool(added) and nearest.stored_rows is not None and \
-        nearest.stored_rows + added <= COMPACT_FACTOR * max(len(nearest.positions()), 1)
+        nearest.stored_rows + added <= COMPACT_FACTOR * max(nearest.count(), 1)
 
 
 def _overwrite(uri: str, nearest: NearestMap, meta: dict) -> None:

@@ -244,7 +244,7 @@ def _rows(shas: list[str], by_sha: RawRows, columns: _Columns, decided: dict[str
         reason = "undecodable" if error.startswith("undecodable") else "fastdup_invalid"
         dropped.append(drop_row(by_sha[shas[k]], reason, home(shas[k]), None, error))
     outliers: list[tuple[str, str, str, ImageFeatures]] = []
-    for sha in (s for s in shas if s in decided):
+    for sha in sorted(decided):  # the sha256 order of ``shas``: the few flagged, not a string of every image
         reason, detail = decided[sha]
         dropped.append(drop_row(by_sha[sha], reason, home(sha), None, detail))
         outliers.append((sha, reason, detail, facts[sha]))

@@ -182,3 +182,32 @@ def test_a_rule_judges_classes_given_as_codes_as_it_judges_their_names():
     assert [classes[i] for i in range(600, 603)] == ["a", "b", "c"] and classes.members("sky").tolist() == list(range(603, 723))
     assert classes.members("none").tolist() == []
 
+
+
+def _judged_by_a_full_sort(rule, values: np.ndarray, sigmas: float) -> list[int]:
+    """The candidates as the rule first found them: every image's robust distance, every image sorted by it."""
+    t = rule.transform(values)
+    centre = float(np.median(t))
+    sigma = max(1.4826 * float(np.median(np.abs(t - centre))), rule.min_sigma)
+    z = (1.0 if rule.low_is_bad else -1.0) * (t - centre) / sigma
+    order = np.argsort(z, kind="stable")
+    return order[z[order] < -sigmas].tolist()
+
+
+@pytest.mark.parametrize("reason", sorted(RULE))
+def test_a_rule_finds_the_same_candidates_in_the_same_order_as_a_sort_of_every_image(reason, monkeypatch):
+    """The rules look only at the images beyond the limit (no sort of a family's every image, worked in place):
+    the candidates, their order (ties by position) and the values handed in are as the full sort had them."""
+    from tasks.curation import bulk_limits
+
+    rule, rng = RULE[reason], np.random.default_rng(7)
+    bulk = rng.normal(120.0, 12.0, 5_000).round(1)  # rounded: ties among the candidates
+    values = np.concatenate([bulk, rng.choice([0.5, 1.0, 3.0, 250.0, 254.0], 60), bulk[:40]])
+    values = np.abs(values)
+    before = values.copy()
+    seen = []
+    monkeypatch.setattr(bulk_limits, "_beyond_gap", lambda z, candidates, gap: (seen.append(candidates), ([], 0))[1])
+    judge(rule, values, ["a"] * len(values), sigmas=3.0, gap=0.5, min_images=10, max_share=0.5)
+    assert seen and seen[0] == _judged_by_a_full_sort(rule, before, 3.0)
+    assert len(seen[0]) > 5  # the planted tail is found: the comparison is not of two empty lists
+    np.testing.assert_array_equal(values, before)
