@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 
 from tasks.curation import copy_score
 from tasks.curation.pair_store import SCAN_ROWS, StoredPairs, StoredScores, both_keys, joined
+from tasks.curation.positions import position_dtype
 from tasks.curation.sha_list import Keys
 from tasks.data import lake
 
@@ -131,7 +132,7 @@ class FreshPairs:
             raise RuntimeError("FreshPairs: sealed (the plan is done), no row is added")
         codes = np.fromiter((self._coded(s) for pair in pairs for s in pair), dtype=np.int64,
                             count=2 * len(pairs)).reshape(-1, 2)
-        kind = np.int32 if len(self.shas) < 2**31 else np.int64  # int32: half the memory of the codes
+        kind = position_dtype(len(self.shas))
         self._parts.append((codes[:, 0].astype(kind), codes[:, 1].astype(kind), np.asarray(scores, dtype=np.float64)))
         self.count += len(pairs)
         self._index = None

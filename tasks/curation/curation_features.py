@@ -59,6 +59,7 @@ from tasks.curation.fastdup_optional import fastdup_installed, import_fastdup
 from tasks.curation.feature_facts import FACT_COLUMNS, FeatureFacts, ImageFeatures
 from tasks.curation.image_stats import NORM_MAX_SIDE, NORM_SIDE, ImageStats, image_stats
 from tasks.curation.pixel_keys import PixelKeys
+from tasks.curation.positions import position_code
 from tasks.curation.sha_list import Keys
 from tasks.curation.tables import RawRows
 from tasks.data import lake
@@ -495,7 +496,7 @@ class UnionFind:
     """
 
     def __init__(self, n: int) -> None:
-        self.parent = array("i" if n < 2**31 else "q", range(n))
+        self.parent = array(position_code(n), range(n))
 
     def find(self, i: int) -> int:
         parent = self.parent

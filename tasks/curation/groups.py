@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from tasks.curation.by_position import PlaceAmong, SortedRank
+from tasks.curation.positions import position_code, position_dtype
 from tasks.curation.sha_list import SortedShas, SortedSubset, keys
 
 KEY_BLOCK = 65_536  # component keys given as strings, coded a block at a time
@@ -89,11 +90,11 @@ class GroupsBuilder:
         self.codes: list[np.ndarray] = []
         self.pending: list[int] = []
         self.outside: dict[str, int] = {}  # a key that is no raw row -> its code past them, less ``n``
-        self.kind = np.int32 if len(eligible) < 2**31 else np.int64  # positions into the eligible images
+        self.kind = position_dtype(len(eligible))  # positions into the eligible images
         # a key's code: a raw row's position, or past the rows one a key named as a string (at most one a component)
-        self.code_kind = np.int32 if self.n + len(eligible) < 2**31 else np.int64
+        self.code_kind = position_dtype(self.n + len(eligible))
         self.sizes = array("q")
-        self.members = array("i" if self.kind == np.int32 else "q")  # as ``Groups`` holds them: no int64 copy
+        self.members = array(position_code(len(eligible)))  # as ``Groups`` holds them: no int64 copy
 
     def code(self, key: str) -> int:
         at = self.base.index_of(key) if self.base is not None else None
@@ -148,7 +149,7 @@ class GroupsBuilder:
         ordered, rank = self._keys(unique, rank.ravel())
         sizes = np.frombuffer(self.sizes, dtype=np.int64)
         members = np.frombuffer(self.members, dtype=self.kind)
-        of_member = np.repeat(rank.astype(np.int32 if len(unique) < 2**31 else np.int64), sizes)
+        of_member = np.repeat(rank.astype(position_dtype(len(unique))), sizes)
         del rank
         starts = np.zeros(len(unique) + 1, dtype=np.int64)
         np.cumsum(np.bincount(of_member, minlength=len(unique)), out=starts[1:])

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from tasks.curation.copy_pairs import CopyScores, score_config
 from tasks.curation.pixel_keys import Digests, PixelKeys, token
+from tasks.curation.positions import position_code
 from tasks.curation.runs import newest_rows
 from tasks.curation.tables import RawRows
 from tasks.data import lake
@@ -60,11 +61,6 @@ NEAREST_SCHEMA = pa.schema(
 )
 NONE = -1  # no partner
 LEGACY = {"written": 0, "eligible": True}  # a table written before these columns: each image's one row
-
-
-def _position_code(rows: int) -> str:
-    """The ``array`` type code of a raw position: int32 below 2**31 rows (4 bytes an image less than int64)."""
-    return "i" if rows < 2**31 else "q"
 
 
 @dataclass
@@ -98,7 +94,7 @@ class NearestMap:
         """No nearest score yet for the eligible images of ``rows`` (``at``: their raw positions)."""
         mask = bytearray(len(rows))
         np.frombuffer(mask, dtype=np.uint8)[at] = 1
-        partner = array(_position_code(len(rows)), [NONE]) * len(rows)
+        partner = array(position_code(len(rows)), [NONE]) * len(rows)
         return cls(rows, pixels, mask, array("d", [math.nan]) * len(rows), partner, set(), True, pairs_version)
 
     def positions(self) -> np.ndarray:

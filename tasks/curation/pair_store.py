@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.curation.by_position import SortedRank
+from tasks.curation.positions import position_dtype
 from tasks.curation.sha_list import Keys, SortedShas, SortedSubset
 from tasks.data import lake
 
@@ -47,7 +48,7 @@ class StoredPairs:
                  code: dict[str, int] | None = None) -> None:
         self.shas = shas
         self.count = len(a)
-        codes = np.int32 if len(shas) < 2**31 else np.int64  # half the memory: 123 MB at the million's pairs
+        codes = position_dtype(len(shas))  # int32: 123 MB less at the million's pairs
         first = np.stack([a, b], axis=1).ravel().astype(codes, copy=False)  # row by row: a's side, then b's
         order = np.argsort(first, kind="stable")
         self._first = first[order]

@@ -21,6 +21,8 @@ from typing import overload
 import numpy as np
 import pyarrow as pa
 
+from tasks.curation.positions import position_code, position_dtype
+
 WRITE_ROWS = 65_536  # lines joined at a time when a list is written
 _LINE = 65  # a sha256's 64 hex digits and a newline: the fast read
 PREFIX_ROWS = 1 << 16  # keys made contiguous at a time for their prefixes, and located at a time
@@ -306,12 +308,11 @@ class SortedSubset(_HeldStrings):
 
     def __init__(self, base: SortedShas, positions: np.ndarray) -> None:
         positions = np.asarray(positions)
-        kind = np.int32 if len(base) < 2**31 else np.int64
-        self.base, self.positions = base, positions.astype(kind)
+        self.base, self.positions = base, positions.astype(position_dtype(len(base)))
         if len(positions) > 1 and not bool((positions[1:] > positions[:-1]).all()):
             raise ValueError("SortedSubset: the positions must be ascending and distinct")
         self.keys = Keys(base.array, None, base.keys.prefix, subset=self.positions)
-        self._bisect = memoryview(np.ascontiguousarray(self.positions)).cast("B").cast("i" if kind is np.int32 else "q")
+        self._bisect = memoryview(np.ascontiguousarray(self.positions)).cast("B").cast(position_code(len(base)))
 
     def __len__(self) -> int:
         return len(self.positions)

@@ -1,0 +1,18 @@
+"""The integer type a position among ``n`` items is held in: int32 below 2**31 items (half the memory of int64, 4 bytes
+an image less in every array of positions or codes a table's size), int64 past them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+WIDE_FROM = 2**31  # items from which a position no longer fits int32
+
+
+def position_dtype(n: int) -> type[np.signedinteger]:
+    """numpy's type for a position among ``n`` items."""
+    return np.int32 if n < WIDE_FROM else np.int64
+
+
+def position_code(n: int) -> str:
+    """The ``array`` module's type code for a position among ``n`` items (``position_dtype``'s)."""
+    return "i" if n < WIDE_FROM else "q"
