@@ -164,10 +164,9 @@ def _robust_z(rule: Rule, values: np.ndarray, sigmas: float) -> tuple[np.ndarray
     spread = np.abs(t)
     sigma = max(MAD_TO_SIGMA * float(np.median(spread, overwrite_input=True)), rule.min_sigma)
     del spread
-    if not rule.low_is_bad:
-        np.negative(t, out=t)
-    np.divide(t, sigma, out=t)
     sign = 1.0 if rule.low_is_bad else -1.0
+    np.multiply(t, sign, out=t)  # exact: the distances as ``sign * (t - centre) / sigma`` has them
+    np.divide(t, sigma, out=t)
     return t, rule.inverse(centre - sign * sigmas * sigma)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFilter
 
-from tasks.curation.bulk_limits import RULES, Classes, judge
+from tasks.curation.bulk_limits import MAD_TO_SIGMA, RULES, Classes, judge
 from tasks.curation.curate import curate
 from tasks.curation.curation_features import decode_stats
 from tasks.curation.image_stats import image_stats
@@ -183,12 +183,11 @@ def test_a_rule_judges_classes_given_as_codes_as_it_judges_their_names():
     assert classes.members("none").tolist() == []
 
 
-
 def _judged_by_a_full_sort(rule, values: np.ndarray, sigmas: float) -> list[int]:
     """The candidates as the rule first found them: every image's robust distance, every image sorted by it."""
     t = rule.transform(values)
     centre = float(np.median(t))
-    sigma = max(1.4826 * float(np.median(np.abs(t - centre))), rule.min_sigma)
+    sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(t - centre))), rule.min_sigma)
     z = (1.0 if rule.low_is_bad else -1.0) * (t - centre) / sigma
     order = np.argsort(z, kind="stable")
     return order[z[order] < -sigmas].tolist()
