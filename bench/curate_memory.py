@@ -7,7 +7,10 @@ run 37: an ingest's reader threads keep their C heap arenas in the process). Eac
 named in ``PHASES``) is wrapped: the table gives the resident memory before and after it, the peak
 after it and by how much it raised the process's peak (``ru_maxrss``), its seconds, and the highs of its anonymous
 and of its file-backed resident memory (sampled every 5 ms: the pages of a memory-mapped file, the vector files
-and the index, count in ``ru_maxrss`` but the kernel can drop them), and the anonymous memory held after it. A phase
+and the index, count in ``ru_maxrss`` but the kernel can drop them), the high of the C heap's memory in use (what the
+libraries asked glibc for and hold: numpy's arrays, Arrow's buffers, faiss's and delta-rs' own; the anonymous high
+less it is the allocator's free but kept memory, Python's small-object arenas and the libraries' own mappings), and
+the anonymous memory held after it. A phase
 that raised the peak is where the memory went.
 
 Usage: PYTHONPATH=.:plugins nice -n 19 python bench/curate_memory.py --images 20000 [--root DIR]
@@ -20,7 +23,6 @@ its full run is not run again), with this checkout's code.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import shutil
 import subprocess
@@ -35,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench.memory import HighWater, peak_mb, rss_mb, rss_split_mb  # noqa: E402
+from bench.memory import HighWater, heap_in_use_mb, mallinfo, peak_mb, rss_mb, rss_split_mb  # noqa: E402
 
 PHASES = {
     "tasks.curation.curate": ["plan_in_workdir", "store_caches", "_record_assignments", "_write_snapshot",
@@ -103,16 +105,11 @@ def run_stage(root: Path, stage: str, home: Path | None = None) -> None:
     curate(settings, raw, run_id=f"mem-{stage}", logical_date=day)
     print(f"{stage}: curation {time.perf_counter() - start:.1f} s, peak RSS {peak_mb():.0f} MB\n")
     print("| phase | resident before MB | after MB | peak after MB | peak raised by MB | s | high anon MB | high file MB "
-          "| anon after MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for d, name, before, after, peak, raised, seconds, anon, mapped, held in log:
+          "| high C heap in use MB | anon after MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for d, name, before, after, peak, raised, seconds, anon, mapped, in_use, held in log:
         print(f"| {'&nbsp;' * 2 * d}{name} | {before:.0f} | {after:.0f} | {peak:.0f} | {raised:.0f} | {seconds:.2f} | "
-              f"{anon:.0f} | {mapped:.0f} | {held:.0f} |")
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+              f"{anon:.0f} | {mapped:.0f} | {in_use:.0f} | {held:.0f} |")
 
 
 def _heap() -> str:
@@ -121,15 +118,12 @@ def _heap() -> str:
 
     pool = pa.default_memory_pool()
     arrow = f"Arrow's pool {pool.bytes_allocated() / 2**20:.0f} MB allocated"
-    try:
-        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    m = mallinfo()
+    if m is None:
         return arrow
-    mallinfo2.restype = _MallInfo2
-    m = mallinfo2()
     return (f"C heaps {m.arena / 2**20:.0f} MB (in use {m.uordblks / 2**20:.0f}, free and kept "
             f"{m.fordblks / 2**20:.0f}), mapped blocks {m.hblkhd / 2**20:.0f} MB ({m.hblks}), {arrow}; "
-            f"anonymous {rss_split_mb()[0]:.0f} MB")
+            f"anonymous {rss_split_mb()[0]:.0f} MB, C heap in use {heap_in_use_mb():.0f} MB")
 
 
 def _split() -> str:
