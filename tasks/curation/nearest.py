@@ -45,7 +45,8 @@ from tasks.data import lake
 
 NEAREST_TABLE = "curation_nearest"
 WRITE_ROWS = 65_536  # rows built and written at a time when the summary is rewritten
-SLICE_ROWS = 16_384  # stored rows made Python values at a time when the summary is read
+SLICE_ROWS = 16_384  # stored rows read, located and made Python values at a time (a read of WRITE_ROWS rows held
+# about 10 MB of their strings, the nearest map's high at 100,000 images: bench/README.md, run 39)
 COMPACT_FACTOR = 2  # the table is written whole once its rows (an image's older rows included) pass this x eligible
 
 NEAREST_SCHEMA = pa.schema(
@@ -222,7 +223,7 @@ class StoredRows:
     rows: int | None = None
 
     def blocks(self, columns: list[str]) -> Iterator[pa.Table]:
-        return lake.scan_blocks_with_defaults(self.uri, self.version, columns, WRITE_ROWS, NEAREST_SCHEMA, LEGACY)
+        return lake.scan_blocks_with_defaults(self.uri, self.version, columns, SLICE_ROWS, NEAREST_SCHEMA, LEGACY)
 
 
 def _with_legacy(part: pa.Table, columns: list[str]) -> pa.Table:

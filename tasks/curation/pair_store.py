@@ -32,8 +32,9 @@ from tasks.data import lake
 log = logging.getLogger("tasks.curation.curate")
 
 # Rows of the key columns read at a time. Their lookups no longer hash every eligible image (``Keys``), so a block
-# need not be large to pay for one: a block of 262,144 rows held about 90 MB while it was read and narrowed.
-SCAN_ROWS = 1 << 16
+# need not be large to pay for one: a block of 262,144 rows held about 90 MB while it was read and narrowed, one of
+# 65,536 about 16 MB, the walk's high at 100,000 images (bench/README.md, run 39: 16,384, the scan 0.5 s slower).
+SCAN_ROWS = 1 << 14
 
 
 class StoredPairs:

@@ -84,7 +84,7 @@ def test_updated_nearest_equals_the_full_scan(tmp_path, monkeypatch) -> None:
     # The stored summary as a curation reads it: from its Delta table, a block of rows at a time, each pass its columns.
     uri = str(tmp_path / "nearest")
     lake.overwrite(uri, table, {"step": "test"})
-    monkeypatch.setattr(nearest_module, "WRITE_ROWS", 7)
+    monkeypatch.setattr(nearest_module, "SLICE_ROWS", 7)
     streamed = over(now)
     assert update_nearest(streamed, nearest_module.StoredRows(uri, lake.current_version(uri)), scores_now) == (added,
                                                                                                              gone)
