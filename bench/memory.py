@@ -68,9 +68,8 @@ def heap_in_use_mb() -> float:
 
 class HighWater:
     """Highs of resident memory while it runs (``high``: total MB; ``split``: [anonymous, file-backed, C heap in use]
-    MB), sampled
-    every ``SAMPLE_S``. A context manager (``before``: resident MB on entry), or ``restart`` for a section's own
-    high inside a longer run (it returns the highs so far, to be merged back with ``merge``)."""
+    MB), sampled every ``SAMPLE_S``. A context manager (``before``: resident MB on entry), or ``restart`` for a
+    section's own high inside a longer run (it returns the highs so far, to be merged back with ``merge``)."""
 
     def __init__(self) -> None:
         self.before = rss_mb()
