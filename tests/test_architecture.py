@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 # Bottom to top; the one rule: a module imports only its own layer and the layers listed before it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("cd4ml_runtime",)),
-    ("foundation", ("tasks", "tasks.errors", "tasks.settings", "tasks.settings_reference", "tasks.files")),
+    ("foundation", ("tasks", "tasks.errors", "tasks.settings", "tasks.settings_reference", "tasks.files",
+                    "tasks.worker_pool")),
     ("data", ("tasks.data",)),
     ("alerting", ("tasks.alerting",)),
     ("curation", ("tasks.curation",)),

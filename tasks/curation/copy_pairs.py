@@ -22,7 +22,9 @@ So:
    the score's version, so a curation scores only pairs it has not seen and a re-run scores none.
 
 A large batch is scored in worker processes (``spawn``: no state inherited from the calling
-process, which may hold threads of Airflow or delta-rs), one per core.
+process, which may hold threads of Airflow or delta-rs), one per core, started by
+``tasks.worker_pool`` so that they run inside an Airflow task too (a spawned worker that re-ran the
+``airflow`` script died on the database URL Airflow 3 gives a task: scoring fell over to one core).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from tasks.curation.pair_store import SCAN_ROWS, StoredPairs, StoredScores, both
 from tasks.curation.positions import position_dtype
 from tasks.curation.sha_list import Keys
 from tasks.data import lake
+from tasks.worker_pool import spawn_pool
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +372,8 @@ class CopyScores:
 class _Scorer:
     """Scores lists of signature pairs: in one pool of spawned workers kept for every block, else in this process.
 
-    Workers that cannot start (e.g. a ``__main__`` script without a main guard) leave the rest to this process.
+    Workers never re-run the caller's main script (``tasks.worker_pool``); workers that cannot start or die leave the
+    rest to this process.
     """
 
     def __init__(self, workers: int, total: int) -> None:
@@ -379,7 +382,7 @@ class _Scorer:
 
     def __enter__(self) -> _Scorer:
         if self.workers >= 2:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"))
+            self._pool = spawn_pool(self.workers)
         return self
 
     def __call__(self, items: list[tuple[bytes, bytes]]) -> list[float]:

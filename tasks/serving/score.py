@@ -252,13 +252,10 @@ class _LazyPool:
         if self.broken:
             return None
         if self.pool is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
             from tasks.serving import decode_worker
+            from tasks.worker_pool import spawn_pool
 
-            self.pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=decode_worker.init, initargs=(str(self.runtime_dir),))
+            self.pool = spawn_pool(self.workers, initializer=decode_worker.init, initargs=(str(self.runtime_dir),))
         return self.pool.submit(fn, *args)
 
     def result(self, future: Any) -> tuple[np.ndarray, dict[int, str]] | None:

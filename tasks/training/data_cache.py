@@ -42,6 +42,7 @@ import torch
 from cd4ml_runtime.preprocess import ChannelStats, ImageDecodeError, PreprocessSpec, decode_many
 from tasks.data import lake
 from tasks.errors import DataError
+from tasks.worker_pool import spawn_pool
 
 CACHE_FORMAT = 2
 META_FILE = "meta.json"
@@ -180,9 +181,7 @@ class _Decoder:
         workers = min(os.cpu_count() or 1, 8)
         self.pool: ProcessPoolExecutor | None = None
         if rows >= PARALLEL_FROM and workers > 1:
-            import multiprocessing
-
-            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+            self.pool = spawn_pool(workers)
             self.workers = workers
 
     def map(self, batches: Iterator[list[bytes]]) -> Iterator[np.ndarray]:

@@ -1,5 +1,6 @@
-"""Copy scores in worker processes: a caller without a ``__main__`` guard gets every score in-process, never a hang,
-and what its frames hold is freed when the call returns."""
+"""Copy scores in worker processes: a caller without a ``__main__`` guard gets them from the workers (which never
+re-run it); workers that cannot start leave every score to this process, never a hang, and what the caller's frames
+hold is freed when the call returns."""
 
 from __future__ import annotations
 
@@ -43,12 +44,30 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_a_script_without_a_main_guard_is_scored_in_process(tmp_path: Path) -> None:
+# Imported at every interpreter's start (it is on PYTHONPATH): a process started once WORKERS_FAIL is set exits at
+# once, as a worker that cannot start does.
+SITECUSTOMIZE = "import os\nif os.environ.get('WORKERS_FAIL'):\n    os._exit(3)\n"
+
+
+def _run(tmp_path: Path, workers_fail: bool) -> subprocess.CompletedProcess:
     script = tmp_path / "no_guard.py"
-    script.write_text(SCRIPT)  # no `if __name__ == "__main__":`: spawned workers re-run it and cannot start
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'plugins'}"}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
+    script.write_text(SCRIPT if not workers_fail else 'import os\nos.environ["WORKERS_FAIL"] = "1"\n' + SCRIPT)
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), str(REPO / "plugins")])}
+    env.pop("WORKERS_FAIL", None)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
                           cwd=tmp_path)
+
+
+def test_a_script_without_a_main_guard_is_scored_by_the_workers(tmp_path: Path) -> None:
+    done = _run(tmp_path, workers_fail=False)  # no `if __name__ == "__main__":`: the workers must not re-run it
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "scored 4560" in done.stdout.splitlines()[-1]
+    assert "in this process" not in done.stderr
+
+
+def test_workers_that_cannot_start_leave_the_scores_to_this_process(tmp_path: Path) -> None:
+    done = _run(tmp_path, workers_fail=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "scored 4560" in done.stdout.splitlines()[-1]
     # The failed workers' exception kept every frame up the stack (a whole plan) until a full garbage collection.
