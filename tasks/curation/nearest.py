@@ -30,6 +30,7 @@ import math
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,8 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.curation.copy_pairs import CopyScores, score_config
+from tasks.curation.mapped_arrays import by_position
 from tasks.curation.pixel_keys import Digests, PixelKeys, token
-from tasks.curation.positions import position_code
+from tasks.curation.positions import position_code, position_dtype
 from tasks.curation.runs import newest_rows
 from tasks.curation.tables import RawRows
 from tasks.data import lake
@@ -70,15 +72,16 @@ class NearestMap:
     what a store must write: the ``changed`` rows, or every row (``full``).
 
     Arrays, not a map of tuples: reading the summary added 137 bytes a table image to a batch (328 once the pixel keys
-    no longer shared their strings with it), now 20 (bench/README.md, run 23). The label and the pixel key of a row
-    are the raw rows' and the pixel keys' (``pixel_keys``).
+    no longer shared their strings with it), then 20 (bench/README.md, run 23), mapped from files in ``scratch`` since
+    run 41 (``mapped_arrays``: not the process's own memory). The label and the pixel key of a row are the raw rows'
+    and the pixel keys' (``pixel_keys``).
     """
 
     rows: RawRows
     pixels: PixelKeys
-    eligible: bytearray  # by position: 1 where the image is eligible now
-    score: array  # float64 by position: NaN where there is no scored partner of its label
-    partner: array  # int32 by position (int64 past 2**31 rows): the partner's position, NONE
+    eligible: bytearray | memoryview  # by position: 1 where the image is eligible now
+    score: array | memoryview  # float64 by position: NaN where there is no scored partner of its label
+    partner: array | memoryview  # int32 by position (int64 past 2**31 rows): the partner's position, NONE
     changed: set[int]  # positions to write (a batch's); every eligible row when ``full``
     full: bool
     pairs_version: int | None  # the curation_pairs version the stored summary was checked against
@@ -89,14 +92,18 @@ class NearestMap:
     written_by: dict[str, str | None] | None = None
     left: list[tuple[str, str, str]] = field(default_factory=list)  # (sha256, label, pixel key) of each image gone
     stored_rows: int | None = None  # rows in the stored table (older rows of an image included); None: unknown
+    scratch: Path | None = None  # where the arrays by position are mapped from (``mapped_arrays``); None: in memory
 
     @classmethod
-    def over(cls, rows: RawRows, pixels: PixelKeys, at: np.ndarray, pairs_version: int | None) -> NearestMap:
-        """No nearest score yet for the eligible images of ``rows`` (``at``: their raw positions)."""
-        mask = bytearray(len(rows))
+    def over(cls, rows: RawRows, pixels: PixelKeys, at: np.ndarray, pairs_version: int | None,
+             scratch: Path | None = None) -> NearestMap:
+        """No nearest score yet for the eligible images of ``rows`` (``at``: their raw positions); the arrays by
+        position mapped from files in ``scratch`` when given."""
+        n = len(rows)
+        mask = by_position(n, "B", 0, scratch)
         np.frombuffer(mask, dtype=np.uint8)[at] = 1
-        partner = array(position_code(len(rows)), [NONE]) * len(rows)
-        return cls(rows, pixels, mask, array("d", [math.nan]) * len(rows), partner, set(), True, pairs_version)
+        return cls(rows, pixels, mask, by_position(n, "d", math.nan, scratch),
+                   by_position(n, position_code(n), NONE, scratch), set(), True, pairs_version, scratch=scratch)
 
     def positions(self) -> np.ndarray:
         """The eligible images' positions, ascending (the rows a full rewrite writes)."""
@@ -261,8 +268,8 @@ def _located(rows: RawRows, column: pa.ChunkedArray) -> np.ndarray:
 class _Newest:
     """Each image's newest stored row (the one that counts), found in one pass over the stored rows."""
 
-    written: array  # int32 by position: the version the newest row was written at, -1: no row
-    live: bytearray  # by position: 1 where the newest row is eligible
+    written: array | memoryview  # int32 by position: the version the newest row was written at, -1: no row
+    live: bytearray | memoryview  # by position: 1 where the newest row is eligible
     outside: dict[str, tuple[int, bool, str, str]]  # images not in the raw version: (written, eligible, label, key)
     kept_out: dict[int, tuple[str, str]]  # (label, key) of newest eligible rows of images not eligible now
 
@@ -281,10 +288,10 @@ def _newest(m: NearestMap, stored: pa.Table | StoredRows) -> _Newest | None:
     eligible now has another label or pixel key than the image has now. A slice of rows at a time as arrays: a
     string is made only for a row of an image that is not a raw row, or eligible then and not now."""
     n = len(m.rows)
-    newest = _Newest(array("i", [-1]) * n, bytearray(n), {}, {})  # a table version: int32
+    newest = _Newest(by_position(n, "i", -1, m.scratch), by_position(n, "B", 0, m.scratch), {}, {})  # a version: int32
     written, live = np.frombuffer(newest.written, dtype=np.int32), np.frombuffer(newest.live, dtype=np.uint8)
     eligible = np.frombuffer(m.eligible, dtype=bool)  # 0 or 1 a byte: read as bools, no copy
-    differs = np.zeros(n, dtype=bool)  # by position: the newest row so far is live and not as the image is now
+    differs = np.frombuffer(by_position(n, "B", 0, m.scratch), dtype=bool)  # the newest row so far: live, not as now
     for at, piece in _pieces(stored, ["sha256", "label", "pixel_key", "written", "eligible"], m.rows):
         w = piece.column("written").to_numpy().astype(np.int64)
         on = piece.column("eligible").to_numpy(zero_copy_only=False).astype(bool)
@@ -326,15 +333,16 @@ def _not_as_now(m: NearestMap, at: np.ndarray, rows: pa.Table) -> np.ndarray:
     return other
 
 
-def _place(m: NearestMap, stored: pa.Table | StoredRows, newest: _Newest, gone: set[str]) -> tuple[bytearray, list[int]]:
+def _place(m: NearestMap, stored: pa.Table | StoredRows, newest: _Newest, gone: set[str]
+           ) -> tuple[bytearray | memoryview, list[int]]:
     """(by position: 1 where a stored row was placed; the placed rows whose nearest partner is ``gone``): each image's
     newest row, where it is eligible then and now. A slice of rows at a time as arrays."""
-    known = bytearray(len(m.rows))
+    known = by_position(len(m.rows), "B", 0, m.scratch)
     placed = np.frombuffer(known, dtype=np.uint8)
     orphans: list[int] = []
     written, live = np.frombuffer(newest.written, dtype=np.int32), np.frombuffer(newest.live, dtype=np.uint8)
     eligible = np.frombuffer(m.eligible, dtype=bool)
-    score, partner = np.frombuffer(m.score, dtype=np.float64), np.frombuffer(m.partner, dtype=m.partner.typecode)
+    score, partner = np.frombuffer(m.score, dtype=np.float64), np.frombuffer(m.partner, dtype=position_dtype(len(m.rows)))
     gone_at = np.array(sorted(j for j in (m.rows.at.get(s) for s in gone) if j is not None), dtype=np.int64)
     for (at, partner_at), piece in _pieces(stored, ["nearest", "partner", "written"], m.rows, ("sha256", "partner")):
         w = piece.column("written").to_numpy().astype(np.int64)
@@ -355,11 +363,11 @@ def _place(m: NearestMap, stored: pa.Table | StoredRows, newest: _Newest, gone: 
 
 
 def nearest_map(uri: str, pairs_uri: str, rows: RawRows, pixels: PixelKeys, at: np.ndarray,
-                scores: CopyScores) -> NearestMap:
+                scores: CopyScores, scratch: Path | None = None) -> NearestMap:
     """The nearest map of this curation (``at``: the eligible images' raw positions): the stored summary updated when
-    it is current, else the full scan."""
+    it is current, else the full scan; its arrays by position mapped from files in ``scratch`` when given."""
     pairs_version = lake.current_version(pairs_uri)
-    m = NearestMap.over(rows, pixels, at, pairs_version)
+    m = NearestMap.over(rows, pixels, at, pairs_version, scratch)
     stored = _stored(uri, pairs_version)
     updated = None if stored is None else update_nearest(m, stored[0], scores)
     if stored is None or updated is None:  # ``m`` is as made: a failed check fills nothing

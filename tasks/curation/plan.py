@@ -125,7 +125,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
         roots, graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     del roots
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), by_sha, pixels,
-                          raw_at, graph.scores)
+                          raw_at, graph.scores, work)  # its arrays by table position mapped from files, not held
     graph.scores.forget_partners()  # the summary's images' partners: the walk gathers its own
     prior = prior_walk(settings, record, record_version, nearest)
     reuse = None if prior is None else (prior, touched_components(groups, record, raw_at, renamed, nearest, raw_version))

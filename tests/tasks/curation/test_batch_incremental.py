@@ -45,7 +45,8 @@ def _scores(pairs: dict[tuple[str, str], float], fresh: dict[tuple[str, str], fl
     return scores
 
 
-def test_updated_nearest_equals_the_full_scan(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("mapped", [False, True])  # the arrays by position in memory, and mapped from files
+def test_updated_nearest_equals_the_full_scan(tmp_path, monkeypatch, mapped: bool) -> None:
     rng = random.Random(3)
     shas = [f"{i:04d}" for i in range(80)]
     label = {s: str(rng.randrange(3)) for s in shas}
@@ -58,7 +59,8 @@ def test_updated_nearest_equals_the_full_scan(tmp_path, monkeypatch) -> None:
 
     def over(eligible: list[str], labels: dict[str, str] = label) -> NearestMap:
         rows = RawRows.of(RawFacts(s, labels[s], 32, 32) for s in shas)
-        return NearestMap.over(rows, PixelKeys.of(rows.at, [pixels[s] for s in rows.shas]), rows.positions(eligible), 1)
+        return NearestMap.over(rows, PixelKeys.of(rows.at, [pixels[s] for s in rows.shas]), rows.positions(eligible), 1,
+                               tmp_path / "scratch" if mapped else None)
 
     prior = full_nearest(over(before),
                          _scores({p: v for p, v in stored.items() if p[0] in before and p[1] in before}, {}))

@@ -1,0 +1,48 @@
+"""Arrays by table position mapped from files: the same values as ``array``, no file left behind, and their pages not
+the process's anonymous memory."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.curation.mapped_arrays import by_position
+
+
+@pytest.mark.parametrize(("typecode", "fill"), [("B", 0), ("B", 1), ("i", -1), ("q", -1), ("d", math.nan), ("d", 0.5)])
+def test_a_mapped_array_reads_and_writes_as_an_array_does(tmp_path: Path, typecode: str, fill: float) -> None:
+    mapped, plain = by_position(1_000, typecode, fill, tmp_path / "scratch"), by_position(1_000, typecode, fill, None)
+    assert isinstance(plain, array) and len(mapped) == len(plain) == 1_000
+    assert np.array_equal(np.frombuffer(mapped, dtype=np.dtype(typecode)), np.frombuffer(plain, dtype=np.dtype(typecode)),
+                          equal_nan=typecode == "d")
+    for values in (mapped, plain):
+        values[7] = 1  # an item set by index, and through numpy's view of the same memory
+        np.frombuffer(values, dtype=np.dtype(typecode))[9] = 2
+    assert (mapped[7], mapped[9]) == (plain[7], plain[9]) == (1, 2)
+    assert type(mapped[7]) is type(plain[7])  # a Python int or float, as from an array
+    assert list((tmp_path / "scratch").iterdir()) == []  # unlinked once mapped
+    assert len(by_position(0, typecode, fill, tmp_path / "scratch")) == 0
+
+
+def _kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+def test_a_mapped_arrays_pages_are_not_anonymous_memory(tmp_path: Path) -> None:
+    n = 8 << 20  # 64 MiB of float64, every page written
+    anonymous = _kib("RssAnon")
+    mapped = by_position(n, "d", math.nan, tmp_path)
+    grown = _kib("RssAnon") - anonymous
+    assert np.isnan(np.frombuffer(mapped, dtype=np.float64)).all()
+    assert grown < 8 << 10  # KiB: under 8 MiB of the 64 (numpy's own temporaries), where an array adds all 64
+    held = by_position(n, "d", math.nan, None)
+    assert _kib("RssAnon") - anonymous > 48 << 10
+    del held
