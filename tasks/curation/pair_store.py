@@ -35,6 +35,11 @@ log = logging.getLogger("tasks.curation.curate")
 # need not be large to pay for one: a block of 262,144 rows held about 90 MB while it was read and narrowed, one of
 # 65,536 about 16 MB, the walk's high at 100,000 images (bench/README.md, run 39: 16,384, the scan 0.5 s slower).
 SCAN_ROWS = 1 << 14
+# Rows kept (a batch's, narrowed) before they are coded: a binary search a key has no cost a call, so they are coded
+# as soon as a block's worth has gathered. Gathered up to ``lake.LOOKUP_BLOCK_ROWS`` (262,144) they were every stored
+# pair a batch reads at once (161,813 at 100,000 images: their two key columns joined and their codes, about 25 MB,
+# the copy links' traced high; bench/README.md, run 41).
+CODE_ROWS = SCAN_ROWS
 
 
 class StoredPairs:
@@ -142,9 +147,9 @@ class StoredScores:
         has not been read (a pair with a read image was read with it), kept as eligible positions.
 
         A block's rows are first narrowed to those naming a wanted image (a set lookup of the few wanted); the
-        rows left are coded against the eligible images ``LOOKUP_BLOCK_ROWS`` at a time, by binary search in their
-        byte array (``sha_list.Keys``: an Arrow lookup hashed its whole value set each time, 0.43 s and about
-        190 MB held a million). When most images are wanted (a full scan) the narrowing is skipped.
+        rows left are coded against the eligible images ``CODE_ROWS`` at a time, by binary search in their byte
+        array (``sha_list.Keys``: an Arrow lookup hashed its whole value set each time, 0.43 s and about 190 MB held
+        a million). When most images are wanted (a full scan) the narrowing is skipped.
         """
         self.scans += 1
         is_new = np.zeros(len(self.eligible), dtype=bool)
@@ -160,7 +165,7 @@ class StoredScores:
                 found = pc.is_in(both_keys(block), value_set=narrow).combine_chunks()
                 keep = pc.and_(keep, pc.or_(found.slice(0, block.num_rows), found.slice(block.num_rows)))
             pending.append(block.select(["sha256_a", "sha256_b", "score"]).filter(keep))
-            if sum(t.num_rows for t in pending) >= lake.LOOKUP_BLOCK_ROWS:
+            if sum(t.num_rows for t in pending) >= CODE_ROWS:
                 self._code_rows(pa.concat_tables(pending), self._keys, is_new)
                 pending = []
         if pending:

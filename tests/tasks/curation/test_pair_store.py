@@ -8,6 +8,7 @@ import random
 import pytest
 
 import tasks.curation.copy_pairs as copy_pairs
+from tasks.curation import pair_store
 from tasks.curation.copy_pairs import CopyScores, FreshPairs, score_config, store_scores
 from tasks.curation.pair_store import StoredScores
 
@@ -37,7 +38,12 @@ def _expected(sha: str, eligible: set[str], scores: dict[tuple[str, str], float]
     return {b if a == sha else a: v for (a, b), v in scores.items() if sha in (a, b) and a in eligible and b in eligible}
 
 
-def test_the_images_asked_for_get_all_their_eligible_partners_from_one_scan(table) -> None:
+@pytest.mark.parametrize(("scan_rows", "code_rows"), [(None, None), (64, 5), (64, 1_000)])
+def test_the_images_asked_for_get_all_their_eligible_partners_from_one_scan(table, monkeypatch, scan_rows, code_rows
+                                                                            ) -> None:
+    if scan_rows is not None:  # blocks of the table's rows, and the narrowed rows coded a few at a time or many
+        monkeypatch.setattr(pair_store, "SCAN_ROWS", scan_rows)
+        monkeypatch.setattr(pair_store, "CODE_ROWS", code_rows)
     uri, shas, scores = table
     eligible = shas[::2] + shas[1::4]  # some images are not eligible: their pairs are not read
     eligible.sort()
