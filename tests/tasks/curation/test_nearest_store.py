@@ -156,3 +156,27 @@ def test_each_images_newest_stored_row_is_the_one_a_row_by_row_pass_keeps(monkey
     assert {i: w for i, w in enumerate(got.written) if w >= 0} == written
     assert {i: bool(v) for i, v in enumerate(got.live) if i in written} == live
     assert got.outside == outside and got.kept_out == kept_out
+
+
+@pytest.mark.parametrize("write_rows", [7, 65_536])  # blocks of positions, a partial last block; one block
+def test_the_scores_by_label_are_each_labels_scored_eligible_images_in_position_order(
+        monkeypatch: pytest.MonkeyPatch, write_rows: int) -> None:
+    import math
+    import random
+
+    monkeypatch.setattr(nearest, "WRITE_ROWS", write_rows)
+    rng = random.Random(5)
+    shas = [f"{i:064x}" for i in range(60)]
+    label = {s: f"c{rng.randrange(4)}" for s in shas}  # c3 may be given to none of the eligible
+    rows = RawRows.of(RawFacts(s, label[s], 32, 32) for s in shas)
+    eligible = [s for s in shas if rng.random() < 0.8]
+    m = NearestMap.over(rows, PixelKeys.of(rows.at, [f"p{i}" for i in range(60)]), rows.positions(eligible), 1)
+    for i in range(60):
+        if rng.random() < 0.7:  # some eligible images have no scored partner (NaN); others are not eligible
+            m.score[i] = rng.random()
+    expected: dict[str, list[float]] = {}
+    for i, s in enumerate(rows.shas):
+        if s in eligible and not math.isnan(m.score[i]):
+            expected.setdefault(label[s], []).append(m.score[i])
+    got = m.by_label()
+    assert list(got) == sorted(expected) and {k: v.tolist() for k, v in got.items()} == expected
