@@ -304,6 +304,20 @@ def _cd4ml(d: Deployment, *args: str, **extra: str) -> str:
 
 
 # --------------------------------------------------------------------------------------- tests
+def _copies_scored_in_workers(home: Path, env: str) -> None:
+    """``env``'s curation, a task in a Celery worker, scored its copies in worker processes: enough pairs for the
+    pool, and no fall-over to the task's own process (a spawned worker that re-ran the ``airflow`` script died on the
+    database URL Airflow 3 gives a task: ``tasks.worker_pool``)."""
+    from tasks.curation.copy_pairs import PARALLEL_FROM
+
+    root = home / "cd4ml" / "topology" / env
+    reports = sorted(root.glob(f"{env}/reports/curation/curation_raw0_*.json"))
+    logs = sorted(root.glob("airflow-scaleout/logs/dag_id=cd4ml_curate/*/task_id=curate/attempt=*.log"))
+    assert reports and logs, (reports, logs)
+    assert json.loads(reports[0].read_text())["copies"]["pairs_scored"] >= PARALLEL_FROM
+    assert not [p for p in logs if "copy-score workers failed" in p.read_text()]
+
+
 def test_a_model_trained_in_sit_walks_to_prod_by_events_gates_and_an_approval(topo) -> None:
     sit, uat, prod = (topo[e] for e in ENVS)
     for d in (uat, prod, sit):  # each environment ingests and curates its own landing
@@ -317,6 +331,7 @@ def test_a_model_trained_in_sit_walks_to_prod_by_events_gates_and_an_approval(to
     for d in (uat, prod, sit):
         _succeeds(d, "cd4ml_ingest", _runs(d, "cd4ml_ingest")[0])
         _succeeds(d, "cd4ml_curate", _new_run(d, "cd4ml_curate", 0))
+    _copies_scored_in_workers(topo["home"], "sit")
     sit.handle.wait_for_dag("cd4ml_train", timeout=300)
     sit.handle.unpause("cd4ml_train")  # only now: uat must have its own data before sit's champion reaches it
     _wait_listeners(topo, "sit", 1)  # uat's triggerer listens on sit -> uat, prod's on uat -> prod
