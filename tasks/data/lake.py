@@ -329,20 +329,19 @@ def scan_keyed(uri: str, version: int, key: str, values: pa.Array, columns: list
     about ``block_rows`` rows or ``block_bytes`` bytes, whichever comes first (``READ_ROWS`` are read at a time);
     with ``position``, a column of that name gives each row's key's index in ``values`` (int32).
 
-    Two passes. The key column alone, ``LOOKUP_BLOCK_ROWS`` at a time (one lookup each: it hashes its whole
-    value set), marks the wanted rows; then only the rows marked are kept from the other columns, and on a plain
-    local table only the row groups holding one are read. Why: filtered block by block, a scan held a block of
-    every column for each lookup, a quarter of a million images (0.25 GB of 32x32 PNGs, tens of GB of photos)
-    to keep a few hundred, and read every row group for a batch's own images.
+    Two passes. The key column alone, a block at a time (``_marks``), finds the wanted rows; then only those rows are
+    kept from the other columns, and on a plain local table only the row groups holding one are read. Why: filtered
+    block by block, a scan held a block of every column for each lookup, a quarter of a million images (0.25 GB of
+    32x32 PNGs, tens of GB of photos) to keep a few hundred, and read every row group for a batch's own images.
     """
-    at = _positions(uri, version, key, values) if len(values) else None
-    if at is None or not (at >= 0).any():
+    marks = _marks(uri, version, key, values) if len(values) else None
+    if marks is None or not len(marks.rows):
         return
     table = open_table(uri, version)
     files = _plain_local_files(table)
     read_rows = min(block_rows, READ_ROWS)
-    rows = _marked_row_groups(files, columns, pa.schema(table.schema().to_arrow()), at, read_rows, position) \
-        if files is not None else _marked_batches(scan_batches(uri, version, columns, batch_rows=read_rows), at,
+    rows = _marked_row_groups(files, columns, pa.schema(table.schema().to_arrow()), marks, read_rows, position) \
+        if files is not None else _marked_batches(scan_batches(uri, version, columns, batch_rows=read_rows), marks,
                                                   position)
     try:
         yield from _regrouped(rows, block_rows, block_bytes)
@@ -380,42 +379,67 @@ def _plain_type(kind: pa.DataType) -> pa.DataType:
     return pa.string() if pa.types.is_string_view(kind) else kind
 
 
-def _positions(uri: str, version: int, key: str, values: pa.Array) -> np.ndarray:
-    """Each row's (in scan order) key's index in ``values``, -1 where it is not one of them."""
-    parts = [pc.index_in(block.column(key), value_set=values).fill_null(-1).to_numpy().astype(np.int32)
-             for block in scan_blocks(uri, version, [key], LOOKUP_BLOCK_ROWS)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+@dataclass(frozen=True)
+class _Marks:
+    """The wanted rows of a scan: ``rows`` (ascending, int64) among ``total`` rows, and each one's key's index in the
+    values asked for (``codes``, int32). Only the rows found are held: an int32 for every row of the table was 4
+    bytes an image of the table in a batch that wants a few thousand (bench/README.md, run 42)."""
+
+    rows: np.ndarray
+    codes: np.ndarray
+    total: int
+
+    def within(self, start: int, stop: int) -> _Marks:
+        """The marks of rows ``start`` to ``stop`` (excluded), counted from ``start``."""
+        lo, hi = np.searchsorted(self.rows, [start, stop]).tolist()
+        return _Marks(self.rows[lo:hi] - start, self.codes[lo:hi], stop - start)
 
 
-def _marked_row_groups(files: list[str], columns: list[str], schema: pa.Schema, at: np.ndarray, read_rows: int,
+def _marks(uri: str, version: int, key: str, values: pa.Array) -> _Marks:
+    """The rows (in scan order) whose ``key`` is one of ``values``, and its index there.
+
+    The key column is read a block at a time: ``LOOKUP_BLOCK_ROWS`` rows for a large value set (an Arrow set lookup
+    hashes its whole value set on every call), ``SEARCH_BLOCK_ROWS`` for one no larger than that block, whose
+    hashing costs little beside the block's: a batch's lookup then holds a block of 4 MB of keys, not 17."""
+    block_rows = SEARCH_BLOCK_ROWS if len(values) <= SEARCH_BLOCK_ROWS else LOOKUP_BLOCK_ROWS
+    rows, codes, total = [], [], 0
+    for block in scan_blocks(uri, version, [key], block_rows):
+        at = pc.index_in(block.column(key), value_set=values).fill_null(-1).to_numpy()
+        found = np.flatnonzero(at >= 0)
+        rows.append(found + total)
+        codes.append(at[found].astype(np.int32))
+        total += block.num_rows
+    if not rows:
+        return _Marks(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), 0)
+    return _Marks(np.concatenate(rows).astype(np.int64), np.concatenate(codes), total)
+
+
+def _marked_row_groups(files: list[str], columns: list[str], schema: pa.Schema, marks: _Marks, read_rows: int,
                        position: str | None) -> Iterator[pa.RecordBatch]:
-    """The marked rows (``at >= 0``) of plain local files (in ``_scanned``'s order), reading only the row groups
-    holding one."""
-
+    """The marked rows of plain local files (in ``_scanned``'s order), reading only the row groups holding one."""
     offset = 0
     for path in files:
         parquet = _parquet_file(path)
         for group in range(parquet.num_row_groups):
             size = parquet.metadata.row_group(group).num_rows
-            part, offset = at[offset:offset + size], offset + size
-            if (part >= 0).any():
+            part, offset = marks.within(offset, offset + size), offset + size
+            if len(part.rows):
                 yield from _marked_batches(_file_batches(parquet, columns, schema, read_rows, [group]), part, position)
-    if offset != len(at):
-        raise DataError(f"a keyed scan read {offset} rows where its keys had {len(at)}")
+    if offset != marks.total:
+        raise DataError(f"a keyed scan read {offset} rows where its keys had {marks.total}")
 
 
-def _marked_batches(batches: Iterable[pa.RecordBatch], at: np.ndarray, position: str | None
+def _marked_batches(batches: Iterable[pa.RecordBatch], marks: _Marks, position: str | None
                     ) -> Iterator[pa.RecordBatch]:
-    """The marked rows (``at >= 0``) of ``batches`` (their rows in the order of ``at``), with ``position``."""
+    """The marked rows of ``batches`` (their rows in the order of ``marks``), with ``position``."""
     start = 0
     for batch in batches:
-        part, start = at[start:start + batch.num_rows], start + batch.num_rows
-        mask = part >= 0
-        if mask.any():
-            kept = _plain_strings(batch.filter(pa.array(mask)))  # a MERGE's files hold string_view
-            yield kept if position is None else kept.append_column(position, pa.array(part[mask]))
-    if start != len(at):
-        raise DataError(f"a keyed scan read {start} rows where its keys had {len(at)}")
+        part, start = marks.within(start, start + batch.num_rows), start + batch.num_rows
+        if len(part.rows):
+            kept = _plain_strings(batch.take(pa.array(part.rows)))  # a MERGE's files hold string_view
+            yield kept if position is None else kept.append_column(position, pa.array(part.codes))
+    if start != marks.total:
+        raise DataError(f"a keyed scan read {start} rows where its keys had {marks.total}")
 
 
 def _regrouped(batches: Iterable[pa.RecordBatch], block_rows: int, block_bytes: int) -> Iterator[pa.Table]:

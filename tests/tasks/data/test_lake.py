@@ -359,6 +359,22 @@ def test_scan_keyed_gives_the_wanted_rows_in_order_reading_only_the_row_groups_h
     assert list(lake.scan_keyed(uri, version, "k", pa.array(["k99"]), ["k"], 2, 1 << 20)) == []
 
 
+def test_a_keyed_scan_holds_only_the_rows_it_found_read_in_blocks_sized_by_its_value_set(tmp_path, monkeypatch):
+    uri, version = _keyed_table(tmp_path)
+    sizes = []
+    real = lake.scan_blocks
+    monkeypatch.setattr(lake, "scan_blocks", lambda *a, **kw: (sizes.append(a[3]), real(*a, **kw))[1])
+    marks = lake._marks(uri, version, "k", pa.array(["k03", "k33", "k99"]))
+    assert marks.total == 40 and len(marks.rows) == len(marks.codes) == 2  # an entry a row found, not a row read
+    assert sizes == [lake.SEARCH_BLOCK_ROWS]  # a few keys: the smaller block
+    order = [k for b in lake.scan_batches(uri, version, ["k"]) for k in b.column("k").to_pylist()]
+    assert [order[r] for r in marks.rows.tolist()] == sorted(["k03", "k33"], key=order.index)
+    part = marks.within(int(marks.rows[0]), 40)
+    assert part.total == 40 - int(marks.rows[0]) and part.rows[0] == 0 and len(part.rows) == 2
+    many = pa.array([f"x{i}" for i in range(lake.SEARCH_BLOCK_ROWS + 1)])
+    assert not len(lake._marks(uri, version, "k", many).rows) and sizes[-1] == lake.LOOKUP_BLOCK_ROWS
+
+
 def test_rows_for_keys_aligns_a_row_to_each_key_asked_with_nulls_where_none(tmp_path):
     uri, version = _keyed_table(tmp_path)
     wanted = pa.chunked_array([["k33", None, "k99"], ["k03", "k33"]])  # a null, a missing key, a repeat
