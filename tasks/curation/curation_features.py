@@ -43,7 +43,6 @@ import io
 import logging
 import shutil
 import warnings
-from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
@@ -58,8 +57,9 @@ from PIL import Image, ImageOps
 from tasks.curation.fastdup_optional import fastdup_installed, import_fastdup
 from tasks.curation.feature_facts import FACT_COLUMNS, FeatureFacts, ImageFeatures
 from tasks.curation.image_stats import NORM_MAX_SIDE, NORM_SIDE, ImageStats, image_stats
+from tasks.curation.mapped_arrays import by_position
 from tasks.curation.pixel_keys import PixelKeys
-from tasks.curation.positions import position_code
+from tasks.curation.positions import position_code, position_dtype
 from tasks.curation.sha_list import Keys
 from tasks.curation.tables import RawRows
 from tasks.data import lake
@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 
 EXPORT_MIN_SIDE = 32  # px, shorter side of the copy fastdup reads; fastdup skips images under 10x10
 GALLERY_IMAGES = 20  # images (or pairs) per gallery
+FILL_ROWS = 1 << 16  # indices a union-find sets as their own parents at a time
 
 FEATURES_SCHEMA = pa.schema(
     [
@@ -491,12 +492,17 @@ def store_features(uri: str, rows: pa.Table, metadata: dict[str, Any]) -> int | 
 class UnionFind:
     """Disjoint sets over 0..n-1; the smaller index becomes the root, so the result is order-free.
 
-    The parents are an ``array`` of machine integers (4 bytes an image below 2**31), not a list of Python ints (36
-    bytes an image: the list's pointer and an int object each), held from the grouping to the end of the walk.
+    The parents are machine integers (4 bytes an image below 2**31), not a list of Python ints (36 bytes an image: the
+    list's pointer and an int object each), held through the grouping: an ``array``, or with a scratch folder a
+    mapping of a file there (``mapped_arrays``).
     """
 
-    def __init__(self, n: int) -> None:
-        self.parent = array(position_code(n), range(n))
+    def __init__(self, n: int, scratch: Path | None = None) -> None:
+        """``scratch``: a folder the parents are mapped from (``mapped_arrays``: not the process's own memory)."""
+        self.parent = by_position(n, position_code(n), 0, scratch)
+        parents = self._parents()
+        for start in range(0, n, FILL_ROWS):  # each its own parent, a block at a time (no range of every index)
+            parents[start:start + FILL_ROWS] = np.arange(start, min(n, start + FILL_ROWS), dtype=parents.dtype)
 
     def find(self, i: int) -> int:
         parent = self.parent
@@ -538,7 +544,7 @@ class UnionFind:
             parent = up
 
     def _parents(self) -> np.ndarray:
-        return np.frombuffer(self.parent, dtype=np.int32 if self.parent.typecode == "i" else np.int64)
+        return np.frombuffer(self.parent, dtype=position_dtype(len(self.parent)))
 
 
 # ---------------------------------------------------------------- galleries

@@ -43,3 +43,13 @@ def by_position(n: int, typecode: str, fill: float, folder: Path | None) -> arra
     if fill != 0:
         np.frombuffer(view, dtype=np.dtype(typecode))[:] = fill
     return view
+
+
+def mapped_copy(values: np.ndarray, folder: Path | None) -> np.ndarray:
+    """``values`` (one dimension) copied into a mapping of ``folder`` (``by_position``) as a writable numpy array of
+    their type, or ``values`` themselves without a folder."""
+    if folder is None:
+        return values
+    out = np.frombuffer(by_position(len(values), values.dtype.char, 0, folder), dtype=values.dtype)
+    out[:] = values
+    return out

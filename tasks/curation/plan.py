@@ -116,11 +116,11 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     del features
     asked = Keys.of(eligible)  # how the stored lists look them up: their own bytes
     raw_at = by_sha.positions_of(eligible)  # each eligible image's raw position (the pixel keys' and the record's)
-    views = _views(settings, eligible, asked, vectors)
+    views = _views(settings, eligible, asked, vectors, work)
     del vectors  # read from the views' files from here on: not held
-    graph = _group(settings, eligible, asked, record, pixels, raw_at, images, views)
-    del views  # the neighbours are found: each view's row map (4 bytes an eligible image) is not held to the end
-    roots, graph.sets = graph.sets.roots(), None  # the union-find (4 bytes an eligible image) is not held to the end
+    graph = _group(settings, eligible, asked, record, pixels, raw_at, images, views, work)
+    del views  # the neighbours are found: each view's row map (mapped in ``work``) is let go
+    roots, graph.sets = graph.sets.roots(), None  # the union-find (mapped in ``work`` too) is let go
     assignments, groups, renamed, new_images, bridges = assign(
         roots, graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
     del roots
@@ -268,11 +268,11 @@ class _Graph:
 
 
 def _group(settings: Settings, eligible: SortedSubset, asked: Keys, record: Record, pixels: PixelKeys,
-           raw_at: np.ndarray, images: RawImages, views: list[RowView]) -> _Graph:
+           raw_at: np.ndarray, images: RawImages, views: list[RowView], work: Path) -> _Graph:
     """Recorded components as they are, plus edges from unrecorded images: same pixels, similar, copies (the
-    neighbours from ``views``: the embedding's views of ``eligible``, by position)."""
+    neighbours from ``views``: the embedding's views of ``eligible``, by position; the union-find mapped in ``work``)."""
     cfg = settings.curation
-    sets, pending = _known_sets(raw_at, record, pixels)
+    sets, pending = _known_sets(raw_at, record, pixels, work)
     neighbours = _neighbours(settings, eligible, asked, views, pending)
     for a, b in _rows(neighbours.similar):
         sets.union(a, b)
@@ -291,14 +291,14 @@ def _group(settings: Settings, eligible: SortedSubset, asked: Keys, record: Reco
                   len(candidates), copy_edges, search)
 
 
-def _known_sets(at: np.ndarray, record: Record, pixels: PixelKeys) -> tuple[UnionFind, np.ndarray]:
+def _known_sets(at: np.ndarray, record: Record, pixels: PixelKeys, scratch: Path) -> tuple[UnionFind, np.ndarray]:
     """(the recorded components as they are, each new image joined to the first eligible image of its pixels; the
     new images' positions).
 
     A recorded image's parent is its component's first eligible image, set for all at once from the components as
     integer codes (a map from each component to its first image, a Python int each, was about 75 MB at a million).
-    ``at``: the eligible images' raw positions."""
-    sets = UnionFind(len(at))
+    ``at``: the eligible images' raw positions; ``scratch``: the folder the union-find's parents are mapped from."""
+    sets = UnionFind(len(at), scratch)
     codes = record.component_codes(at)
     pending = np.flatnonzero(codes < 0)
     sets.attach_codes(codes)  # a recorded component's first image: its members' root
@@ -308,8 +308,9 @@ def _known_sets(at: np.ndarray, record: Record, pixels: PixelKeys) -> tuple[Unio
     return sets, pending
 
 
-def _views(settings: Settings, eligible: list[str], asked: Keys, features: Features) -> list[RowView]:
-    """The embedding (and, for pixels, the blurred embedding) of the eligible images, by position.
+def _views(settings: Settings, eligible: list[str], asked: Keys, features: Features, work: Path) -> list[RowView]:
+    """The embedding (and, for pixels, the blurred embedding) of the eligible images, by position (their row maps
+    mapped in ``work``).
 
     Read from their memory-mapped files (``tasks.curation.vectors``), extended first with the images they lack:
     this run's fresh rows (``features``), or the stored rows when a file is rebuilt.
@@ -327,7 +328,7 @@ def _views(settings: Settings, eligible: list[str], asked: Keys, features: Featu
 
     derived = [lambda m: blurred(m, cfg.feature_size)] if cfg.embedding == "pixels" and eligible else []
     return stored_views(index_dir(settings.storage.lake_uri, settings.reports_path), config, eligible, vectors_of,
-                        derived, asked)
+                        derived, asked, work)
 
 
 def _neighbours(settings: Settings, eligible: list[str], asked: Keys, views: list[RowView], pending: np.ndarray

@@ -42,6 +42,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from tasks.curation.mapped_arrays import mapped_copy
+from tasks.curation.positions import position_dtype
 from tasks.curation.sha_list import Keys, ShaList
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ class VectorFile:
 
     def rows(self, shas: Keys) -> np.ndarray:
         """The row of each of ``shas``, -1 where it has none."""
-        return self.shas.rows_of(shas)
+        return self.shas.rows_of(shas, position_dtype(len(self.shas)))
 
     def append(self, shas: Sequence[str], blocks: Iterable[np.ndarray]) -> None:
         """Add the rows of ``blocks`` (in order, one per sha of ``shas``, none already in the file) after the stored
@@ -174,9 +176,11 @@ def _consecutive(rows: np.ndarray) -> bool:
 class RowView:
     """The rows of ``eligible`` (by position) in a memory-mapped file: gathers only the rows asked for."""
 
-    def __init__(self, array: np.ndarray, rows: np.ndarray) -> None:
-        # int32 where the file's rows allow: 4 bytes an eligible image a view, held through the plan
-        self._array, self._rows = array, rows.astype(np.int32) if len(array) < 2**31 else rows
+    def __init__(self, array: np.ndarray, rows: np.ndarray, scratch: Path | None = None) -> None:
+        # int32 where the file's rows allow: 4 bytes an eligible image a view, held through the grouping (with a
+        # ``scratch`` folder, a mapping of a file there: ``mapped_arrays``)
+        self._array = array
+        self._rows = mapped_copy(rows.astype(position_dtype(len(array)), copy=False), scratch)
         self.shape = (len(rows), array.shape[1])
 
     def __len__(self) -> int:
@@ -215,14 +219,15 @@ def _extending(folder: Path, key: str) -> Iterator[None]:
 
 def stored_views(folder: Path, version: str, eligible: Sequence[str],
                  vectors_of: Callable[[list[str]], np.ndarray],
-                 derived: Sequence[Callable[[np.ndarray], np.ndarray]] = (), asked: Keys | None = None
-                 ) -> list[RowView]:
+                 derived: Sequence[Callable[[np.ndarray], np.ndarray]] = (), asked: Keys | None = None,
+                 scratch: Path | None = None) -> list[RowView]:
     """Each view of the eligible images, positions as in ``eligible``: view 0 the unit embedding, then ``derived``.
 
     The files are extended first with the images they lack (``vectors_of(shas)``: their unit rows,
     in that order; a derived view is computed from those rows only, a block of rows at a time: the
     blurred view's float64 scratch is a block's, not the batch's, and a row's value does not depend on it).
-    ``asked``: the eligible images' ``Keys``, when the caller has them (a curation builds them once).
+    ``asked``: the eligible images' ``Keys``, when the caller has them (a curation builds them once); ``scratch``: a
+    folder the views' row maps are mapped from (``RowView``).
     """
     views: list[RowView] = []
     fetched: dict[tuple[str, ...], np.ndarray] = {}
@@ -243,5 +248,6 @@ def stored_views(folder: Path, version: str, eligible: Sequence[str],
                 rows = store.rows(asked)
         if len(rows) and int(rows.min()) < 0:
             raise ValueError(f"{store.path.name}: {int((rows < 0).sum())} eligible images have no row")
-        views.append(RowView(store.array if store.array is not None else np.zeros((0, 1), np.float32), rows))
+        views.append(RowView(store.array if store.array is not None else np.zeros((0, 1), np.float32), rows, scratch))
+        del rows
     return views

@@ -40,16 +40,22 @@ def test_no_components_are_no_groups():
     assert groups.starts.tolist() == [0] and groups.members.dtype == np.int64
 
 
-def test_roots_by_pointer_jumping_are_each_find_and_as_recorded_marks_unchanged_components():
+@pytest.mark.parametrize("mapped", [False, True])
+def test_roots_by_pointer_jumping_are_each_find_and_as_recorded_marks_unchanged_components(tmp_path, monkeypatch,
+                                                                                           mapped):
+    from tasks.curation import curation_features
     from tasks.curation.assignments import as_recorded, components_of
     from tasks.curation.curation_features import UnionFind
 
+    monkeypatch.setattr(curation_features, "FILL_ROWS", 64)  # each its own parent a few blocks at a time
     rng = random.Random(5)
-    sets = UnionFind(500)
+    sets = UnionFind(500, tmp_path / "scratch" if mapped else None)
+    assert sets.roots().tolist() == list(range(500))
     for _ in range(400):
         sets.union(rng.randrange(500), rng.randrange(500))
     roots = sets.roots()
     assert roots.tolist() == [sets.find(i) for i in range(500)]
+    assert roots.dtype == np.int32 and (not mapped or list((tmp_path / "scratch").iterdir()) == [])  # unlinked
     codes = np.array([-1 if rng.random() < 0.05 else int(r) % 7 for r in roots.tolist()])  # a code a component, mostly
     codes[roots == roots[3]] = -1  # a component with only new images
     same = as_recorded(roots, codes)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.curation.mapped_arrays import by_position
+from tasks.curation.mapped_arrays import by_position, mapped_copy
 
 
 @pytest.mark.parametrize(("typecode", "fill"), [("B", 0), ("B", 1), ("i", -1), ("q", -1), ("d", math.nan), ("d", 0.5)])
@@ -46,3 +46,13 @@ def test_a_mapped_arrays_pages_are_not_anonymous_memory(tmp_path: Path) -> None:
     held = by_position(n, "d", math.nan, None)
     assert _kib("RssAnon") - anonymous > 48 << 10
     del held
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32])
+def test_a_mapped_copy_holds_the_values_writable_and_without_a_folder_is_them(tmp_path: Path, dtype) -> None:
+    values = (np.arange(1_000) * 3 - 7).astype(dtype)
+    copied = mapped_copy(values, tmp_path)
+    assert copied.dtype == dtype and np.array_equal(copied, values) and not np.shares_memory(copied, values)
+    copied[5] = 1
+    assert values[5] == 8 and list(tmp_path.iterdir()) == []
+    assert mapped_copy(values, None) is values and len(mapped_copy(values[:0], tmp_path)) == 0

@@ -162,3 +162,17 @@ def test_sorted_shas_and_a_subset_of_them_read_and_look_up_as_sorted_lists(width
     assert listed.located(Keys.of(subset)).tolist() == [9, -1, 1]
     assert listed.rows_of(Keys.of(subset)).tolist()[:10] == [-1, 2, -1, -1, -1, -1, -1, -1, -1, 0]
     assert ShaList.of(chosen[:2]).located(Keys.of(base.take(np.zeros(0, dtype=np.int64)))).tolist() == [-1, -1]
+
+
+def test_rows_found_a_block_of_the_list_at_a_time_are_the_first_of_an_image_listed_twice(monkeypatch):
+    from tasks.curation import sha_list
+
+    monkeypatch.setattr(sha_list, "PREFIX_ROWS", 4)  # the list read 4 rows at a time
+    shas = _shas(30, 6)
+    listed = shas[:10] + [shas[3]] + shas[10:20] + [shas[3], shas[12]] + shas[20:25]  # twice, in and across blocks
+    asked = sorted(random.Random(2).sample(shas, 20))
+    expected = [listed.index(s) if s in listed else -1 for s in asked]
+    rows = ShaList.of(listed).rows_of(Keys.of(asked), np.int32)
+    assert rows.dtype == np.int32 and rows.tolist() == expected
+    monkeypatch.setattr(sha_list, "PREFIX_ROWS", 1 << 16)
+    assert ShaList.of(listed).rows_of(Keys.of(asked)).tolist() == expected  # the list as one block: the same

@@ -75,9 +75,10 @@ def test_a_missing_or_stale_file_is_rebuilt_with_the_same_rows(tmp_path: Path, m
     np.testing.assert_array_equal(np.asarray(again[1]), blurred(m, 8))
 
 
-def test_row_view_gathers_by_position() -> None:
+@pytest.mark.parametrize("mapped", [False, True])
+def test_row_view_gathers_by_position(tmp_path: Path, mapped: bool) -> None:
     m = _unit_rows(10, dim=4)
-    view = RowView(m, np.array([9, 2, 5]))
+    view = RowView(m, np.array([9, 2, 5]), tmp_path if mapped else None)  # its row map mapped from a file, or held
     assert view.shape == (3, 4) and len(view) == 3
     np.testing.assert_array_equal(view[np.array([[0, 2], [1, 1]])], m[[[9, 5], [2, 2]]])
     np.testing.assert_array_equal(np.asarray(view), m[[9, 2, 5]])
