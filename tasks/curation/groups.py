@@ -95,6 +95,7 @@ class GroupsBuilder:
         self.code_kind = position_dtype(self.n + len(eligible))
         self.sizes = array("q")
         self.members = array(position_code(len(eligible)))  # as ``Groups`` holds them: no int64 copy
+        self.bulk = 0  # components given first, by ``add_many``, in order: ascending codes, each one's members ascending
 
     def code(self, key: str) -> int:
         at = self.base.index_of(key) if self.base is not None else None
@@ -118,9 +119,12 @@ class GroupsBuilder:
         codes = np.array(codes, dtype=self.code_kind)
         for j in np.flatnonzero(codes >= self.n).tolist():  # every code when there is no base: each named
             codes[j] = self.code(name_of(int(codes[j])))
+        first = not self.sizes
         self.codes.append(codes)
         self.sizes.frombytes(memoryview(np.ascontiguousarray(sizes, dtype=np.int64)).cast("B"))  # no int a size
         self._extend(members)
+        if first and _ascending(codes) and _each_ascending(np.frombuffer(self.members, dtype=self.kind), self.sizes):
+            self.bulk = len(codes)  # in the order ``Groups`` holds: ``build`` merges what follows into them
 
     def _extend(self, positions: np.ndarray) -> None:
         """The members appended as they are held, without a bytes copy (``tobytes`` of every member's int64 copy
@@ -137,8 +141,13 @@ class GroupsBuilder:
 
         The members and each member's key place are sorted as int32 (below 2**31 eligible images and keys) and the
         members gathered in their own type: at a million images the int64 members, their key places, the order and
-        the gathered copy held about 67 bytes an image at once (bench/README.md, run 37)."""
+        the gathered copy held about 67 bytes an image at once (bench/README.md, run 37). Components given first in
+        order (``bulk``: a batch's recorded components as they were, nearly all of a table's) are not sorted again:
+        the few given after them are sorted alone and merged in (``_merged``)."""
         self._flush()
+        merged = self._merged() if self.bulk else None
+        if merged is not None:
+            return merged
         every = np.concatenate([np.zeros(0, dtype=self.code_kind), *self.codes])
         self.codes = []
         if not len(every):
@@ -156,6 +165,33 @@ class GroupsBuilder:
         order = np.lexsort((members, of_member))
         del of_member
         return Groups(self.eligible, ordered, starts, members[order])
+
+    def _merged(self) -> Groups | None:
+        """The groups from the ``bulk`` components and those after them (``rest``: sorted alone, as ``build`` sorts
+        all), merged by key: their keys spliced into the bulk's codes, their members into the bulk's. None where the
+        merge does not apply (more components after the bulk than in it, a key given twice, a key no raw row)."""
+        bulk_codes = self.codes[0]
+        rest = GroupsBuilder(self.eligible)
+        rest.codes, rest.sizes, rest.outside = self.codes[1:], self.sizes[self.bulk:], self.outside
+        sizes = np.frombuffer(self.sizes, dtype=np.int64)
+        members = np.frombuffer(self.members, dtype=self.kind)
+        bulk_members = int(sizes[:self.bulk].sum())
+        rest.members = array(position_code(len(self.eligible)), members[bulk_members:].tobytes())
+        if len(rest.sizes) > self.bulk:
+            return None
+        groups = rest.build()
+        codes = groups.ordered.members.positions if isinstance(groups.ordered.members, SortedSubset) else None
+        if codes is None and len(groups):
+            return None
+        codes = np.zeros(0, dtype=bulk_codes.dtype) if codes is None else codes.astype(bulk_codes.dtype)
+        at = np.searchsorted(bulk_codes, codes)
+        if int(bulk_codes[-1]) >= self.n or (bulk_codes[np.minimum(at, len(bulk_codes) - 1)] == codes).any():
+            return None
+        keys = np.insert(bulk_codes, at, codes)
+        starts = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(np.insert(sizes[:self.bulk], at, np.diff(groups.starts)), out=starts[1:])
+        return Groups(self.eligible, SortedSubset(self.base, keys), starts,
+                      _spliced(members[:bulk_members], sizes[:self.bulk], at, groups))
 
     def _keys(self, unique: np.ndarray, rank: np.ndarray) -> tuple[SortedShas | SortedSubset, np.ndarray]:
         """The keys (``unique``: their codes, ascending) in sha256 order, and each given key's place among them
@@ -176,3 +212,42 @@ class GroupsBuilder:
         place = np.empty(len(order), dtype=np.int64)
         place[order] = np.arange(len(order))
         return SortedShas(key_bytes[order]), place[rank]
+
+
+def _ascending(values: np.ndarray) -> bool:
+    """Strictly ascending (so distinct)."""
+    return bool((values[1:] > values[:-1]).all())
+
+
+def _each_ascending(members: np.ndarray, sizes: array, block: int = KEY_BLOCK) -> bool:
+    """Whether each component's members (one after the other, ``sizes`` of them) are strictly ascending: checked a
+    block of members at a time (a step down only where a component starts)."""
+    starts = np.zeros(len(sizes), dtype=np.int64)
+    np.cumsum(np.frombuffer(sizes, dtype=np.int64)[:-1], out=starts[1:])
+    for at in range(0, len(members), block):
+        part = members[at:at + block + 1]
+        down = np.flatnonzero(part[1:] <= part[:-1]) + at + 1  # where a member is not above the one before it
+        if len(down) and not np.isin(down, starts).all():
+            return False
+    return True
+
+
+def _spliced(bulk: np.ndarray, sizes: np.ndarray, at: np.ndarray, rest: Groups) -> np.ndarray:
+    """The bulk's members (``sizes`` a component) with each of ``rest``'s components placed before the bulk component
+    its key is inserted before (``at``), in one array of the members' type."""
+    if not len(rest):
+        return bulk  # the builder's own array: no copy
+    bulk_starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bulk_starts[1:])
+    ends = bulk_starts[at].tolist()
+    del bulk_starts
+    out = np.empty(len(bulk) + len(rest.members), dtype=bulk.dtype)
+    done = taken = 0
+    for k, end in enumerate(ends):
+        out[done:done + end - taken] = bulk[taken:end]
+        done, taken = done + end - taken, end
+        piece = rest.members[rest.starts[k]:rest.starts[k + 1]]
+        out[done:done + len(piece)] = piece
+        done += len(piece)
+    out[done:] = bulk[taken:]
+    return out

@@ -95,3 +95,57 @@ def test_keys_that_are_raw_rows_are_held_as_their_positions_and_others_by_name()
     groups = builder.build()
     assert list(groups) == sorted([raw[5], "gone-key", "a-new-key"])
     assert dict(groups) == {raw[5]: [eligible[2]], "gone-key": [eligible[3], eligible[6]], "a-new-key": [eligible[8]]}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_components_given_in_order_then_a_few_more_build_the_groups_a_full_sort_builds(seed):
+    from tasks.curation.sha_list import SortedShas, SortedSubset
+
+    rng = random.Random(seed)
+    raw = SortedShas.of(sorted(f"{i:05x}" for i in range(400)))
+    eligible = SortedSubset(raw, np.array(sorted(rng.sample(range(400), 300))))
+    positions = list(range(300))
+    rng.shuffle(positions)
+    recorded, later = positions[:240], positions[240:]
+    bulk = {}  # raw row of the key -> members
+    for p in recorded:
+        bulk.setdefault(int(eligible.positions[rng.choice(recorded[:120])]), []).append(p)
+    codes = np.array(sorted(bulk))
+    members = np.concatenate([sorted(bulk[c]) for c in codes.tolist()])
+    sizes = np.array([len(bulk[c]) for c in codes.tolist()])
+    after = []
+    while later:
+        take, later = sorted(later[:rng.choice((1, 2, 3))]), later[3:]
+        roll = rng.random()
+        key = (raw[int(codes[0])] if roll < 0.1 * (seed % 2) else "gone" if roll > 1 - 0.1 * (seed % 3 == 2)
+               else eligible[take[0]])  # a key given twice, a key no raw row (the merge then falls back), or new
+        after.append((key, take))
+
+    def built(merge: bool):
+        builder = GroupsBuilder(eligible)
+        builder.add_many(codes, sizes, members, lambda code: "unused")
+        assert builder.bulk == len(codes)
+        builder.bulk = builder.bulk if merge else 0
+        for key, take in after:
+            builder.add(key, np.array(take))
+        return builder.build()
+
+    merged, sorted_once = built(True), built(False)
+    assert list(merged) == list(sorted_once) and dict(merged.items()) == dict(sorted_once.items())
+    assert merged.members.dtype == sorted_once.members.dtype and merged.starts.tolist() == sorted_once.starts.tolist()
+    assert np.array_equal(merged.members, sorted_once.members)
+
+
+def test_components_given_out_of_order_are_sorted_whole():
+    from tasks.curation.sha_list import SortedShas, SortedSubset
+
+    raw = SortedShas.of([f"{i:04x}" for i in range(10)])
+    eligible = SortedSubset(raw, np.arange(10))
+    builder = GroupsBuilder(eligible)
+    builder.add_many(np.array([4, 2]), np.array([1, 1]), np.array([1, 0]), lambda code: raw[code])
+    assert builder.bulk == 0  # not ascending: the whole sort
+    assert dict(builder.build()) == {"0002": ["0000"], "0004": ["0001"]}
+    unsorted = GroupsBuilder(eligible)
+    unsorted.add_many(np.array([2, 4]), np.array([2, 1]), np.array([3, 1, 0]), lambda code: raw[code])
+    assert unsorted.bulk == 0  # a component's members not ascending: the whole sort
+    assert dict(unsorted.build()) == {"0002": ["0001", "0003"], "0004": ["0000"]}
