@@ -114,8 +114,9 @@ class Touched:
 def touched_components(groups: Groups, record: Record, raw_at: np.ndarray, renamed: dict[str, str],
                        nearest: NearestMap, raw_version: int | None = None) -> Touched:
     """The components that gained, lost or merged members since the previous curation (``raw_at``: the eligible
-    images' raw positions), found by code for every member at once (a lookup of every member's string and assignment
-    was about 5 us an image).
+    images' raw positions), found by code for the members of ``TOUCH_BLOCK`` components at a time (a lookup of every
+    member's string and assignment was about 5 us an image; the codes of every member at once, about 35 bytes an
+    image of the table).
 
     A member recorded in a component not merged into its own, a recorded member newly eligible or a member gone touch
     the component ``whole``. A component whose only changes are members not recorded before and recorded components
@@ -124,17 +125,8 @@ def touched_components(groups: Groups, record: Record, raw_at: np.ndarray, renam
     without ``raw_version`` every touched component is walked whole.
     """
     keys = groups.ordered.members
-    of_member = np.repeat(np.arange(len(keys), dtype=np.int32), np.diff(groups.starts))  # 4 bytes an image, as below
-    at = raw_at[groups.members]
-    member = record.component_codes(at)
-    new = member < 0
-    key_code = record.key_codes(keys).astype(member.dtype)[of_member]
-    elsewhere = ~new & (member != key_code)  # recorded in another component: merged into this one, or moved
-    moved = elsewhere & ~_merged_into(record, renamed, member, key_code)
-    added = [i for i in (record.rows.at.get(s) for s in nearest.added or ()) if i is not None]
-    if added:
-        moved |= ~new & np.isin(at, added)  # recorded, and eligible again
-    whole = {keys[k] for k in np.unique(of_member[moved]).tolist()}
+    key_codes = record.key_codes(keys)
+    whole: set[str] = set()
     for sha in nearest.gone or ():
         if sha in record:
             component = record[sha].component
@@ -142,40 +134,88 @@ def touched_components(groups: Groups, record: Record, raw_at: np.ndarray, renam
     parts: dict[str, list[str]] = {}
     for merged, key in renamed.items():
         parts.setdefault(key, []).append(merged)
-    recorded = np.bincount(of_member[~new], minlength=len(keys))
-    extendable = _before(record, raw_version)
+    block = _Block(record, _Merges.of(record, renamed), parts, _before(record, raw_version),
+                   [i for i in (record.rows.at.get(s) for s in nearest.added or ()) if i is not None])
     grown: dict[str, Grown] = {}
-    for k in np.unique(of_member[new | elsewhere]).tolist():
-        key = keys[k]
-        if key in whole:
-            continue
-        if not recorded[k] or not extendable:  # a component of new images only, or a backfill: walked
-            whole.add(key)
-            continue
-        lo, hi = int(groups.starts[k]), int(groups.starts[k + 1])
-        merged = tuple(sorted(parts.get(key, ())))
-        grown[key] = Grown(groups.members[lo:hi][new[lo:hi]], merged, member[lo:hi].copy() if merged else None)
+    for first in range(0, len(keys), TOUCH_BLOCK):
+        last = min(len(keys), first + TOUCH_BLOCK)
+        lo, hi = int(groups.starts[first]), int(groups.starts[last])
+        sizes = np.diff(groups.starts[first:last + 1])
+        block.touched(keys, first, sizes, key_codes[first:last], groups.members[lo:hi], raw_at, whole, grown)
     whole |= {key for key in parts if key not in grown}
     return Touched(whole, grown)
 
 
-def _merged_into(record: Record, renamed: dict[str, str], member: np.ndarray, key_code: np.ndarray) -> np.ndarray:
-    """Which members are recorded in a component merged now into the one they are in (``member``: each one's recorded
-    component code, ``key_code``: its component's key's)."""
-    if not renamed:
-        return np.zeros(len(member), dtype=bool)
-    merged = sorted(renamed)
-    into = record.key_codes(SortedShas.of(merged))  # as ``member`` codes them
-    final = dict(zip(sorted(set(renamed.values())), record.key_codes(SortedShas.of(sorted(set(renamed.values())))).tolist()))
-    order = np.argsort(into)
-    into, target = into[order], np.array([final[renamed[merged[i]]] for i in order.tolist()], dtype=np.int64)
-    i = np.minimum(np.searchsorted(into, member), len(into) - 1)
-    return (into[i] == member) & (target[i] == key_code)
+TOUCH_BLOCK = 1 << 16  # components whose members ``touched_components`` codes at a time
+
+
+@dataclass(frozen=True)
+class _Block:
+    """What ``touched_components`` reads for every block of components."""
+
+    record: Record
+    merges: _Merges
+    parts: dict[str, list[str]]
+    extendable: bool  # every recorded image was first assigned before this raw version
+    added: list[int]  # the raw positions of recorded images eligible again
+
+    def touched(self, keys: Any, first: int, sizes: np.ndarray, key_codes: np.ndarray, members: np.ndarray,
+                raw_at: np.ndarray, whole: set[str], grown: dict[str, Grown]) -> None:
+        """Add the components ``first``, ``first + 1``, ... (``sizes`` members each: ``members``) that are touched to
+        ``whole`` or ``grown``."""
+        of_member = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)  # the component within the block
+        at = raw_at[members]
+        member = self.record.component_codes(at)
+        new = member < 0
+        elsewhere = ~new & (member != key_codes.astype(member.dtype)[of_member])  # merged into this one, or moved
+        moved = elsewhere & ~self.merges.into(member, key_codes.astype(np.int64)[of_member])
+        if self.added:
+            moved |= ~new & np.isin(at, self.added)  # recorded, and eligible again
+        whole |= {keys[first + k] for k in np.unique(of_member[moved]).tolist()}
+        recorded = np.bincount(of_member[~new], minlength=len(sizes))
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        for k in np.unique(of_member[new | elsewhere]).tolist():
+            key = keys[first + k]
+            if key in whole:
+                continue
+            if not recorded[k] or not self.extendable:  # a component of new images only, or a backfill: walked
+                whole.add(key)
+                continue
+            lo, hi = int(starts[k]), int(starts[k + 1])
+            merged = tuple(sorted(self.parts.get(key, ())))
+            grown[key] = Grown(members[lo:hi][new[lo:hi]], merged, member[lo:hi].copy() if merged else None)
+
+
+@dataclass(frozen=True)
+class _Merges:
+    """The recorded components merged now, as codes: each one's (``merged``, ascending) and its final key's."""
+
+    merged: np.ndarray
+    target: np.ndarray
+
+    @classmethod
+    def of(cls, record: Record, renamed: dict[str, str]) -> _Merges:
+        if not renamed:
+            return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        merged = sorted(renamed)
+        into = record.key_codes(SortedShas.of(merged))  # as ``component_codes`` codes them
+        finals = sorted(set(renamed.values()))
+        final = dict(zip(finals, record.key_codes(SortedShas.of(finals)).tolist()))
+        order = np.argsort(into)
+        return cls(np.asarray(into)[order],
+                   np.array([final[renamed[merged[i]]] for i in order.tolist()], dtype=np.int64))
+
+    def into(self, member: np.ndarray, key_code: np.ndarray) -> np.ndarray:
+        """Which members are recorded in a component merged now into the one they are in (``member``: each one's
+        recorded component code, ``key_code``: its component's key's)."""
+        if not len(self.merged):
+            return np.zeros(len(member), dtype=bool)
+        i = np.minimum(np.searchsorted(self.merged, member), len(self.merged) - 1)
+        return (self.merged[i] == member) & (self.target[i] == key_code)
 
 
 def _before(record: Record, raw_version: int | None) -> bool:
     """Whether every recorded image of the raw version was first assigned before ``raw_version``."""
     if raw_version is None:
         return False
-    first = record.first[record.split != 0]
-    return not len(first) or int(first.max()) < raw_version
+    return int(np.max(record.first, where=record.split != 0, initial=-1)) < raw_version  # no gathered copy

@@ -13,7 +13,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from tasks.curation import prior_walk
 from tasks.curation.assignments import Assignment, Record
 from tasks.curation.curate import curate
 from tasks.curation.groups import GroupsBuilder
@@ -77,7 +79,9 @@ def _nearest(added: set[str], gone: set[str]) -> NearestMap:
     return m
 
 
-def test_touched_components_are_those_that_gained_lost_or_merged_members() -> None:
+@pytest.mark.parametrize("block", [1, 2, 65_536])
+def test_touched_components_are_those_that_gained_lost_or_merged_members(monkeypatch, block) -> None:
+    monkeypatch.setattr(prior_walk, "TOUCH_BLOCK", block)  # the members of a block of components coded at a time
     given = {s: Assignment(k, "train", 0, "c1") for s, k in
              [("a1", "a"), ("a2", "a"), ("b1", "b"), ("c1", "c"), ("d1", "d"), ("e1", "e"), ("f1", "f")]}
     members = {"a": ["a1", "a2"], "b": ["b1", "new"], "c": ["c1"], "d": ["d1"], "e": ["e1", "f1"]}
