@@ -11,6 +11,7 @@ import hashlib
 import logging
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -440,6 +441,7 @@ class RecordAfter(Mapping[str, Assignment]):
 def assign(
     roots: np.ndarray, eligible: Sequence[str], record: Record, raw_at: np.ndarray,
     pixels: PixelKeys, by_sha: RawRows, scores: CopyScores, cfg: Any, raw_version: int, run_id: str,
+    scratch: Path | None = None,
 ) -> tuple[RecordAfter, Groups, dict[str, str], int, list[Bridge]]:
     """Keys and splits for this curation's components (the rules in the module doc); ``roots``: each eligible image's
     component, as the position of its first member (``raw_at``: their raw positions, where the record is read by
@@ -447,12 +449,13 @@ def assign(
     the others are assigned one at a time, a string made for a component's key and its new members only.
 
     Returns (the whole record after it, final component key -> eligible members, merged key -> key,
-    images assigned now, new images that would bridge splits: named by ``bridge_rows``).
+    images assigned now, new images that would bridge splits: named by ``bridge_rows``). ``scratch``: the folder the
+    groups' arrays are mapped from (``GroupsBuilder``).
     """
     bridges: list[Bridge] = []
     changes: dict[str, Assignment] = {}  # rows added or renamed now, laid over the record (``RecordAfter``)
     renamed: dict[str, str] = {}
-    groups = GroupsBuilder(eligible)  # final component key -> eligible members
+    groups = GroupsBuilder(eligible, scratch)  # final component key -> eligible members
     coded = record.component_codes(raw_at)  # each eligible image's component code, -1: none
     same = as_recorded(roots, coded)
     kept = np.flatnonzero(same).astype(raw_at.dtype)  # positions: int32 as the raw ones

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from tasks.curation.by_position import PlaceAmong, SortedRank
+from tasks.curation.mapped_arrays import mapped_copy, mapped_zeros
 from tasks.curation.positions import position_code, position_dtype
 from tasks.curation.sha_list import SortedShas, SortedSubset, keys
 
@@ -83,8 +85,10 @@ class GroupsBuilder:
     that left the raw version). The groups' keys are then the raw rows' own, 4 bytes a component (as bytes, with their
     prefixes for the lookups, they were 72: at a million images about 26 MB held from the assignment to the end)."""
 
-    def __init__(self, eligible: Sequence[str]) -> None:
-        self.eligible = eligible
+    def __init__(self, eligible: Sequence[str], scratch: Path | None = None) -> None:
+        """``scratch``: a folder the built groups' arrays are mapped from (``mapped_arrays``), held from the assignment
+        to the end of the walk (about 16 bytes an image where most components are one image)."""
+        self.eligible, self.scratch = eligible, scratch
         self.base = eligible.base if isinstance(eligible, SortedSubset) else None
         self.n = len(self.base) if self.base is not None else 0
         self.codes: list[np.ndarray] = []
@@ -160,11 +164,12 @@ class GroupsBuilder:
         members = np.frombuffer(self.members, dtype=self.kind)
         of_member = np.repeat(rank.astype(position_dtype(len(unique))), sizes)
         del rank
-        starts = np.zeros(len(unique) + 1, dtype=np.int64)
+        starts = mapped_zeros(len(unique) + 1, np.int64, self.scratch)
         np.cumsum(np.bincount(of_member, minlength=len(unique)), out=starts[1:])
         order = np.lexsort((members, of_member))
         del of_member
-        return Groups(self.eligible, ordered, starts, members[order])
+        return Groups(self.eligible, ordered, starts, np.take(members, order, out=mapped_zeros(len(order), self.kind,
+                                                                                                self.scratch)))
 
     def _merged(self) -> Groups | None:
         """The groups from the ``bulk`` components and those after them (``rest``: sorted alone, as ``build`` sorts
@@ -187,11 +192,12 @@ class GroupsBuilder:
         at = np.searchsorted(bulk_codes, codes)
         if int(bulk_codes[-1]) >= self.n or (bulk_codes[np.minimum(at, len(bulk_codes) - 1)] == codes).any():
             return None
-        keys = np.insert(bulk_codes, at, codes)
-        starts = np.zeros(len(keys) + 1, dtype=np.int64)
+        keys = mapped_copy(np.insert(bulk_codes, at, codes), self.scratch)
+        starts = mapped_zeros(len(keys) + 1, np.int64, self.scratch)
         np.cumsum(np.insert(sizes[:self.bulk], at, np.diff(groups.starts)), out=starts[1:])
+        out = mapped_zeros(len(members), self.kind, self.scratch)
         return Groups(self.eligible, SortedSubset(self.base, keys), starts,
-                      _spliced(members[:bulk_members], sizes[:self.bulk], at, groups))
+                      _spliced(members[:bulk_members], sizes[:self.bulk], at, groups, out))
 
     def _keys(self, unique: np.ndarray, rank: np.ndarray) -> tuple[SortedShas | SortedSubset, np.ndarray]:
         """The keys (``unique``: their codes, ascending) in sha256 order, and each given key's place among them
@@ -232,16 +238,13 @@ def _each_ascending(members: np.ndarray, sizes: array, block: int = KEY_BLOCK) -
     return True
 
 
-def _spliced(bulk: np.ndarray, sizes: np.ndarray, at: np.ndarray, rest: Groups) -> np.ndarray:
+def _spliced(bulk: np.ndarray, sizes: np.ndarray, at: np.ndarray, rest: Groups, out: np.ndarray) -> np.ndarray:
     """The bulk's members (``sizes`` a component) with each of ``rest``'s components placed before the bulk component
-    its key is inserted before (``at``), in one array of the members' type."""
-    if not len(rest):
-        return bulk  # the builder's own array: no copy
+    its key is inserted before (``at``), written into ``out`` (as long as both)."""
     bulk_starts = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bulk_starts[1:])
     ends = bulk_starts[at].tolist()
     del bulk_starts
-    out = np.empty(len(bulk) + len(rest.members), dtype=bulk.dtype)
     done = taken = 0
     for k, end in enumerate(ends):
         out[done:done + end - taken] = bulk[taken:end]

@@ -45,11 +45,19 @@ def by_position(n: int, typecode: str, fill: float, folder: Path | None) -> arra
     return view
 
 
+def mapped_zeros(n: int, dtype: type | np.dtype, folder: Path | None) -> np.ndarray:
+    """``n`` zeros of ``dtype`` as a writable numpy array: a mapping of an unlinked file in ``folder`` (``by_position``),
+    or an ordinary array without a folder."""
+    if folder is None:
+        return np.zeros(n, dtype=dtype)
+    return np.frombuffer(by_position(n, np.dtype(dtype).char, 0, folder), dtype=dtype)
+
+
 def mapped_copy(values: np.ndarray, folder: Path | None) -> np.ndarray:
-    """``values`` (one dimension) copied into a mapping of ``folder`` (``by_position``) as a writable numpy array of
-    their type, or ``values`` themselves without a folder."""
+    """``values`` (one dimension) copied into a mapping of ``folder`` (``mapped_zeros``), or ``values`` themselves
+    without a folder."""
     if folder is None:
         return values
-    out = np.frombuffer(by_position(len(values), values.dtype.char, 0, folder), dtype=values.dtype)
+    out = mapped_zeros(len(values), values.dtype, folder)
     out[:] = values
     return out

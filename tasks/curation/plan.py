@@ -122,7 +122,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     del views  # the neighbours are found: each view's row map (mapped in ``work``) is let go
     roots, graph.sets = graph.sets.roots(), None  # the union-find (mapped in ``work`` too) is let go
     assignments, groups, renamed, new_images, bridges = assign(
-        roots, graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id)
+        roots, graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id, work)
     del roots
     nearest = nearest_map(settings.table_uri(NEAREST_TABLE), settings.table_uri(PAIRS_TABLE), by_sha, pixels,
                           raw_at, graph.scores, work)  # its arrays by table position mapped from files, not held
