@@ -461,7 +461,7 @@ def assign(
     kept = np.flatnonzero(same).astype(raw_at.dtype)  # positions: int32 as the raw ones
     key_codes, sizes = np.unique(coded[kept], return_counts=True)
     groups.add_many(key_codes, sizes, kept[np.argsort(coded[kept], kind="stable")], record.name_of_code)
-    del kept
+    del kept, key_codes, sizes  # the builder holds its copies: about 16 bytes a recorded image less to the end
     split_at = record.split[raw_at]  # 1 + a code, 0: none
     new_images = 0
     context = _Context(SortedRank(eligible), raw_at, record, pixels, by_sha, scores, cfg.copy_similarity, bridges, groups)
