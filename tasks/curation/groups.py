@@ -175,6 +175,8 @@ class GroupsBuilder:
         """The groups from the ``bulk`` components and those after them (``rest``: sorted alone, as ``build`` sorts
         all), merged by key: their keys spliced into the bulk's codes, their members into the bulk's. None where the
         merge does not apply (more components after the bulk than in it, a key given twice, a key no raw row)."""
+        if len(self.sizes) - self.bulk > self.bulk:
+            return None
         bulk_codes = self.codes[0]
         rest = GroupsBuilder(self.eligible)
         rest.codes, rest.sizes, rest.outside = self.codes[1:], self.sizes[self.bulk:], self.outside
@@ -182,8 +184,6 @@ class GroupsBuilder:
         members = np.frombuffer(self.members, dtype=self.kind)
         bulk_members = int(sizes[:self.bulk].sum())
         rest.members = array(position_code(len(self.eligible)), members[bulk_members:].tobytes())
-        if len(rest.sizes) > self.bulk:
-            return None
         groups = rest.build()
         codes = groups.ordered.members.positions if isinstance(groups.ordered.members, SortedSubset) else None
         if codes is None and len(groups):
@@ -233,7 +233,8 @@ def _each_ascending(members: np.ndarray, sizes: array, block: int = KEY_BLOCK) -
     for at in range(0, len(members), block):
         part = members[at:at + block + 1]
         down = np.flatnonzero(part[1:] <= part[:-1]) + at + 1  # where a member is not above the one before it
-        if len(down) and not np.isin(down, starts).all():
+        found = np.minimum(np.searchsorted(starts, down), len(starts) - 1)  # ``starts`` ascending: a bisection each
+        if len(down) and not (starts[found] == down).all():
             return False
     return True
 
