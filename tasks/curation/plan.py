@@ -48,6 +48,7 @@ from tasks.curation.facts_store import open_facts
 from tasks.curation.fastdup_optional import require_embedding
 from tasks.curation.groups import Groups
 from tasks.curation.kept_facts import KEPT_FACTS_SCHEMA, KeptFacts
+from tasks.curation.mapped_arrays import mapped_copy
 from tasks.curation.nearest import NEAREST_TABLE, NearestMap, nearest_map, store_nearest
 from tasks.curation.neighbours import NeighbourPairs, index_dir, neighbour_pairs
 from tasks.curation.outliers import constant_images, screen
@@ -102,14 +103,14 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     and splits, then each component deduplicated.
     """
     cfg = settings.curation
-    # The raw version's facts: stored beside the index and mapped (a batch merges in only the rows added since).
     root = index_dir(settings.storage.lake_uri, settings.reports_path)
-    by_sha, folder = stored_raw(settings.raw_table, raw_version, root)
+    by_sha, folder = stored_raw(settings.raw_table, raw_version, root)  # mapped beside the index: a batch adds its rows
     images = RawImages(settings.raw_table, raw_version)
     features, embedded, stored_before = _features(settings, by_sha, images, run_id, work, cache_meta, folder)
     record, record_version = open_record(settings, by_sha, folder)  # stored beside them too: the rows appended since
     eligible, dropped, outliers, abstained = screen(by_sha, features, record, cfg.outliers)
     eligible, dropped, outliers, kept_bad = guard_outliers(by_sha, eligible, dropped, outliers, cfg.max_class_drop_share)
+    eligible = SortedSubset(eligible.base, mapped_copy(eligible.positions, work))  # held to the end: mapped (4 B/image)
     constant = constant_images(features.by_sha)  # outside the class budget (the facts are the raw version's)
     pixels = features.pixel_keys(by_sha)  # all that is read of the facts from here on: they go before the index is built
     vectors = features.vectors()

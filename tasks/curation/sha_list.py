@@ -316,8 +316,8 @@ class SortedSubset(_HeldStrings):
     looked up as ``Keys`` (``keys``: the base's bytes, counted among the subset)."""
 
     def __init__(self, base: SortedShas, positions: np.ndarray) -> None:
-        positions = np.asarray(positions)
-        self.base, self.positions = base, positions.astype(position_dtype(len(base)))
+        positions = np.asarray(positions)  # as given where of the type (a mapped array stays mapped), else a copy
+        self.base, self.positions = base, positions.astype(position_dtype(len(base)), copy=False)
         if len(positions) > 1 and not bool((positions[1:] > positions[:-1]).all()):
             raise ValueError("SortedSubset: the positions must be ascending and distinct")
         self.keys = Keys(base.array, None, base.keys.prefix, subset=self.positions)
