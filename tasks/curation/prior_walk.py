@@ -140,8 +140,8 @@ def touched_components(groups: Groups, record: Record, raw_at: np.ndarray, renam
     for first in range(0, len(keys), TOUCH_BLOCK):
         last = min(len(keys), first + TOUCH_BLOCK)
         lo, hi = int(groups.starts[first]), int(groups.starts[last])
-        sizes = np.diff(groups.starts[first:last + 1])
-        block.touched(keys, first, sizes, key_codes[first:last], groups.members[lo:hi], raw_at, whole, grown)
+        block.touched(keys, first, groups.starts[first:last + 1] - lo, key_codes[first:last], groups.members[lo:hi],
+                      raw_at, whole, grown)
     whole |= {key for key in parts if key not in grown}
     return Touched(whole, grown)
 
@@ -159,21 +159,22 @@ class _Block:
     extendable: bool  # every recorded image was first assigned before this raw version
     added: list[int]  # the raw positions of recorded images eligible again
 
-    def touched(self, keys: Any, first: int, sizes: np.ndarray, key_codes: np.ndarray, members: np.ndarray,
+    def touched(self, keys: Any, first: int, starts: np.ndarray, key_codes: np.ndarray, members: np.ndarray,
                 raw_at: np.ndarray, whole: set[str], grown: dict[str, Grown]) -> None:
-        """Add the components ``first``, ``first + 1``, ... (``sizes`` members each: ``members``) that are touched to
-        ``whole`` or ``grown``."""
+        """Add the components ``first``, ``first + 1``, ... (their members ``members[starts[k]:starts[k + 1]]``) that
+        are touched to ``whole`` or ``grown``."""
+        sizes = np.diff(starts)
         of_member = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)  # the component within the block
         at = raw_at[members]
         member = self.record.component_codes(at)
         new = member < 0
-        elsewhere = ~new & (member != key_codes.astype(member.dtype)[of_member])  # merged into this one, or moved
-        moved = elsewhere & ~self.merges.into(member, key_codes.astype(np.int64)[of_member])
+        key_code = key_codes.astype(member.dtype)[of_member]
+        elsewhere = ~new & (member != key_code)  # recorded in another component: merged into this one, or moved
+        moved = elsewhere & ~self.merges.into(member, key_code)
         if self.added:
             moved |= ~new & np.isin(at, self.added)  # recorded, and eligible again
         whole |= {keys[first + k] for k in np.unique(of_member[moved]).tolist()}
         recorded = np.bincount(of_member[~new], minlength=len(sizes))
-        starts = np.concatenate([[0], np.cumsum(sizes)])
         for k in np.unique(of_member[new | elsewhere]).tolist():
             key = keys[first + k]
             if key in whole:
