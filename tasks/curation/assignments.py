@@ -20,7 +20,8 @@ import pyarrow as pa
 from tasks.curation.by_position import SortedRank
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.dedupe import RecordedMembers, recorded_original
-from tasks.curation.groups import Groups, GroupsBuilder
+from tasks.curation.groups import Groups, GroupsBuilder, grouped_by_code
+from tasks.curation.mapped_arrays import mapped_zeros
 from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.runs import newest_rows
 from tasks.curation.sha_list import SortedShas, SortedSubset
@@ -146,16 +147,20 @@ class Record(Mapping[str, Assignment]):
             self.outside.append(key)
         return -1 - k
 
-    def component_codes(self, positions: np.ndarray) -> np.ndarray:
+    def component_codes(self, positions: np.ndarray, scratch: Path | None = None) -> np.ndarray:
         """Each raw position's recorded component as an integer, -1 where it is not recorded: the raw position of the
         image the component is named after, or past the raw rows for a key that is not one of them (int32 below 2**31
-        codes, in place: no int64 copy of every eligible image's)."""
+        codes: no int64 copy of every eligible image's). Made a block at a time into a mapping of ``scratch`` where
+        one is given (``mapped_arrays``)."""
         n = len(self.split)
-        wide = n + len(self.outside) >= 2**31
-        codes = self.component[positions].astype(np.int64 if wide else np.int32)
-        outside = codes < 0
-        codes[outside] = n - 1 - codes[outside]
-        codes[self.split[positions] == 0] = -1
+        codes = mapped_zeros(len(positions), np.int64 if n + len(self.outside) >= 2**31 else np.int32, scratch)
+        for a in range(0, len(positions), WRITE_ROWS):
+            at = positions[a:a + WRITE_ROWS]
+            part = self.component[at].astype(codes.dtype)
+            outside = part < 0
+            part[outside] = n - 1 - part[outside]
+            part[self.split[at] == 0] = -1
+            codes[a:a + WRITE_ROWS] = part
         return codes
 
     def _name(self, code: int) -> str:
@@ -456,13 +461,10 @@ def assign(
     changes: dict[str, Assignment] = {}  # rows added or renamed now, laid over the record (``RecordAfter``)
     renamed: dict[str, str] = {}
     groups = GroupsBuilder(eligible, scratch)  # final component key -> eligible members
-    coded = record.component_codes(raw_at)  # each eligible image's component code, -1: none
-    same = as_recorded(roots, coded)
-    kept = np.flatnonzero(same).astype(raw_at.dtype)  # positions: int32 as the raw ones
-    key_codes, sizes = np.unique(coded[kept], return_counts=True)
-    groups.add_many(key_codes, sizes, kept[np.argsort(coded[kept], kind="stable")], record.name_of_code)
-    del kept, key_codes, sizes  # the builder holds its copies: about 16 bytes a recorded image less to the end
-    split_at = record.split[raw_at]  # 1 + a code, 0: none
+    coded = record.component_codes(raw_at, scratch)  # each eligible image's component code, -1: none
+    same = as_recorded(roots, coded, scratch)
+    groups.add_many(*grouped_by_code(coded, same, scratch), record.name_of_code)  # mapped: the builder holds them
+    split_at = np.take(record.split, raw_at, out=mapped_zeros(len(raw_at), record.split.dtype, scratch))  # 0: none
     new_images = 0
     context = _Context(SortedRank(eligible), raw_at, record, pixels, by_sha, scores, cfg.copy_similarity, bridges, groups)
     for positions in components_of(roots, ~same):  # arrays: a component of hundreds of thousands is no Python list
@@ -486,21 +488,27 @@ def assign(
     return RecordAfter(record, changes), groups.build(), renamed, new_images, bridges
 
 
-def as_recorded(roots: np.ndarray, codes: np.ndarray) -> np.ndarray:
+def as_recorded(roots: np.ndarray, codes: np.ndarray, scratch: Path | None = None) -> np.ndarray:
     """Which images lie in a component (``roots``: each one's) that is one recorded component as it was: every member
     recorded in the same component (``codes``: ``Record.component_codes``), none new. Such a component keeps its key
     and split and changes nothing: it needs no string and no loop. A root is an image's position, so each component's
     lowest and highest code are two arrays by position filled by ``minimum.at`` and ``maximum.at`` (no sort of every
-    image: its int64 order and run bounds were about 40 bytes an image)."""
+    image: its int64 order and run bounds were about 40 bytes an image). Those two and the answer are mapped from
+    ``scratch`` where one is given (``mapped_arrays``)."""
     if not len(roots):
         return np.zeros(0, dtype=bool)
-    low = np.full(len(roots), np.iinfo(codes.dtype).max, dtype=codes.dtype)
+    low = mapped_zeros(len(roots), codes.dtype, scratch)
+    low[:] = np.iinfo(codes.dtype).max
     np.minimum.at(low, roots, codes)
-    high = np.full(len(roots), -1, dtype=codes.dtype)
+    high = mapped_zeros(len(roots), codes.dtype, scratch)
+    high[:] = -1
     np.maximum.at(high, roots, codes)
-    recorded_as_one = (low == high) & (low >= 0)
+    one = mapped_zeros(len(roots), np.uint8, scratch).view(bool)  # each component: one recorded component as it was
+    for a in range(0, len(roots), WRITE_ROWS):
+        part = low[a:a + WRITE_ROWS]
+        one[a:a + WRITE_ROWS] = (part == high[a:a + WRITE_ROWS]) & (part >= 0)
     del low, high
-    return recorded_as_one[roots]
+    return np.take(one, roots, out=mapped_zeros(len(roots), np.uint8, scratch).view(bool))
 
 
 def _splits(record: Record, codes: np.ndarray, split_at: np.ndarray) -> dict[str, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.curation.by_position import PlaceAmong, SortedRank
-from tasks.curation.mapped_arrays import mapped_copy, mapped_zeros
+from tasks.curation.mapped_arrays import mapped_zeros
 from tasks.curation.positions import position_code, position_dtype
 from tasks.curation.sha_list import SortedShas, SortedSubset, keys
 
@@ -100,6 +100,7 @@ class GroupsBuilder:
         self.sizes = array("q")
         self.members = array(position_code(len(eligible)))  # as ``Groups`` holds them: no int64 copy
         self.bulk = 0  # components given first, by ``add_many``, in order: ascending codes, each one's members ascending
+        self.held: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # their codes, sizes, members: as given
 
     def code(self, key: str) -> int:
         at = self.base.index_of(key) if self.base is not None else None
@@ -118,17 +119,23 @@ class GroupsBuilder:
     def add_many(self, codes: np.ndarray, sizes: np.ndarray, members: np.ndarray, name_of: Callable[[int], str]
                  ) -> None:
         """``add`` for many components at once: their keys as positions among the raw rows (``eligible``'s base), or
-        past them a code ``name_of`` names, their sizes, and their members one component after the other."""
+        past them a code ``name_of`` names, their sizes, and their members one component after the other. Given first
+        and in order (ascending codes, each component's members ascending: ``grouped_by_code``'s), they are the
+        ``bulk`` and held as given (arrays mapped from a folder stay mapped: no copy of every recorded image's)."""
         self._flush()
-        codes = np.array(codes, dtype=self.code_kind)
-        for j in np.flatnonzero(codes >= self.n).tolist():  # every code when there is no base: each named
-            codes[j] = self.code(name_of(int(codes[j])))
-        first = not self.sizes
+        codes = np.asarray(codes, dtype=self.code_kind)
+        if (codes >= self.n).any():  # every code when there is no base: each named (a copy: the caller's stay)
+            codes = codes.copy()
+            for j in np.flatnonzero(codes >= self.n).tolist():
+                codes[j] = self.code(name_of(int(codes[j])))
+        sizes = np.asarray(sizes, dtype=np.int64)
+        members = np.asarray(members, dtype=self.kind)
+        if not self.sizes and self.held is None and len(codes) and _ascending(codes) and _each_ascending(members, sizes):
+            self.held, self.bulk = (codes, sizes, members), len(codes)  # ``build`` merges what follows into them
+            return
         self.codes.append(codes)
-        self.sizes.frombytes(memoryview(np.ascontiguousarray(sizes, dtype=np.int64)).cast("B"))  # no int a size
+        self.sizes.frombytes(memoryview(np.ascontiguousarray(sizes)).cast("B"))  # no int a size
         self._extend(members)
-        if first and _ascending(codes) and _each_ascending(np.frombuffer(self.members, dtype=self.kind), self.sizes):
-            self.bulk = len(codes)  # in the order ``Groups`` holds: ``build`` merges what follows into them
 
     def _extend(self, positions: np.ndarray) -> None:
         """The members appended as they are held, without a bytes copy (``tobytes`` of every member's int64 copy
@@ -152,6 +159,7 @@ class GroupsBuilder:
         merged = self._merged() if self.bulk else None
         if merged is not None:
             return merged
+        self._unheld()
         every = np.concatenate([np.zeros(0, dtype=self.code_kind), *self.codes])
         self.codes = []
         if not len(every):
@@ -171,19 +179,31 @@ class GroupsBuilder:
         return Groups(self.eligible, ordered, starts, np.take(members, order, out=mapped_zeros(len(order), self.kind,
                                                                                                 self.scratch)))
 
+    def _unheld(self) -> None:
+        """The bulk's held arrays copied in front of what was added after them (the whole sort reads them all)."""
+        if self.held is None:
+            return
+        codes, sizes, members = self.held
+        self.held, self.bulk = None, 0
+        self.codes.insert(0, codes)
+        self.sizes, after = array("q"), self.sizes
+        self.sizes.frombytes(memoryview(np.ascontiguousarray(sizes)).cast("B"))
+        self.sizes.extend(after)
+        self.members, after = array(self.members.typecode), self.members
+        self._extend(members)
+        self.members.extend(after)
+
     def _merged(self) -> Groups | None:
         """The groups from the ``bulk`` components and those after them (``rest``: sorted alone, as ``build`` sorts
         all), merged by key: their keys spliced into the bulk's codes, their members into the bulk's. None where the
-        merge does not apply (more components after the bulk than in it, a key given twice, a key no raw row)."""
-        if len(self.sizes) - self.bulk > self.bulk:
+        merge does not apply (more components after the bulk than in it, a key given twice, a key no raw row).
+        The merged arrays are written into mappings of the scratch folder, the bulk's read once (no copy held)."""
+        assert self.held is not None
+        bulk_codes, bulk_sizes, bulk_members = self.held
+        if len(self.sizes) > self.bulk:
             return None
-        bulk_codes = self.codes[0]
         rest = GroupsBuilder(self.eligible)
-        rest.codes, rest.sizes, rest.outside = self.codes[1:], self.sizes[self.bulk:], self.outside
-        sizes = np.frombuffer(self.sizes, dtype=np.int64)
-        members = np.frombuffer(self.members, dtype=self.kind)
-        bulk_members = int(sizes[:self.bulk].sum())
-        rest.members = array(position_code(len(self.eligible)), members[bulk_members:].tobytes())
+        rest.codes, rest.sizes, rest.members, rest.outside = self.codes, self.sizes, self.members, self.outside
         groups = rest.build()
         codes = groups.ordered.members.positions if isinstance(groups.ordered.members, SortedSubset) else None
         if codes is None and len(groups):
@@ -192,12 +212,15 @@ class GroupsBuilder:
         at = np.searchsorted(bulk_codes, codes)
         if int(bulk_codes[-1]) >= self.n or (bulk_codes[np.minimum(at, len(bulk_codes) - 1)] == codes).any():
             return None
-        keys = mapped_copy(np.insert(bulk_codes, at, codes), self.scratch)
+        self.held, self.codes = None, []
+        keys = _inserted(bulk_codes, at, codes, mapped_zeros(len(bulk_codes) + len(codes), bulk_codes.dtype,
+                                                             self.scratch))
         starts = mapped_zeros(len(keys) + 1, np.int64, self.scratch)
-        np.cumsum(np.insert(sizes[:self.bulk], at, np.diff(groups.starts)), out=starts[1:])
-        out = mapped_zeros(len(members), self.kind, self.scratch)
-        return Groups(self.eligible, SortedSubset(self.base, keys), starts,
-                      _spliced(members[:bulk_members], sizes[:self.bulk], at, groups, out))
+        _inserted(bulk_sizes, at, np.diff(groups.starts), starts[1:])
+        np.cumsum(starts[1:], out=starts[1:])
+        out = mapped_zeros(len(bulk_members) + len(groups.members), self.kind, self.scratch)
+        ends = starts[at + np.arange(len(at))] - groups.starts[:-1]  # each inserted one's place among the bulk's
+        return Groups(self.eligible, SortedSubset(self.base, keys), starts, _spliced(bulk_members, ends, groups, out))
 
     def _keys(self, unique: np.ndarray, rank: np.ndarray) -> tuple[SortedShas | SortedSubset, np.ndarray]:
         """The keys (``unique``: their codes, ascending) in sha256 order, and each given key's place among them
@@ -220,6 +243,45 @@ class GroupsBuilder:
         return SortedShas(key_bytes[order]), place[rank]
 
 
+def grouped_by_code(codes: np.ndarray, among: np.ndarray, scratch: Path | None, block: int = KEY_BLOCK
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The positions ``among`` (a bool a position) grouped by their ``codes`` (one a position, those among them
+    non-negative): the codes found, ascending; how many positions each; and the positions code by code, ascending
+    within one (``GroupsBuilder.add_many``'s bulk). A counting sort, a block of positions at a time: the counts by
+    code and the three results mapped from ``scratch`` (``mapped_arrays``). A sort of every position (its int64
+    order, the sorted codes, a unique's copies) was about 40 bytes an image of a batch's heap at a million.
+
+    Phases: each code's count, the codes found with their sizes, each code's first slot, then the positions placed."""
+    kind = position_dtype(len(codes))
+    span = max((int(codes[a:a + block][among[a:a + block]].max(initial=-1)) for a in range(0, len(codes), block)),
+               default=-1) + 1
+    slot = mapped_zeros(span, kind, scratch)  # each code's count, then its next free place among the positions
+    for a in range(0, len(codes), block):
+        found, count = np.unique(codes[a:a + block][among[a:a + block]], return_counts=True)
+        slot[found] += count.astype(kind)
+    found = sum(int(np.count_nonzero(slot[a:a + block])) for a in range(0, span, block))
+    keys, sizes = mapped_zeros(found, codes.dtype, scratch), mapped_zeros(found, np.int64, scratch)
+    done = total = 0
+    for a in range(0, span, block):
+        part = slot[a:a + block]
+        hit = np.flatnonzero(part)
+        keys[done:done + len(hit)], sizes[done:done + len(hit)] = hit + a, part[hit]
+        done += len(hit)
+        count = part.copy()
+        np.cumsum(count, out=part)
+        part += total - count  # the places before this code's: every count of a lower code
+        total += int(count.sum())
+    members = mapped_zeros(total, kind, scratch)
+    for a in range(0, len(codes), block):
+        at = (np.flatnonzero(among[a:a + block]) + a).astype(kind)
+        order = np.argsort(codes[at], kind="stable")  # a code's positions stay ascending
+        at, code = at[order], codes[at[order]]
+        found, first, count = np.unique(code, return_index=True, return_counts=True)
+        members[slot[code] + (np.arange(len(code)) - np.repeat(first, count))] = at
+        slot[found] += count.astype(kind)
+    return keys, sizes, members
+
+
 def _ascending(values: np.ndarray) -> bool:
     """Strictly ascending (so distinct)."""
     return bool((values[1:] > values[:-1]).all())
@@ -239,15 +301,24 @@ def _each_ascending(members: np.ndarray, sizes: array, block: int = KEY_BLOCK) -
     return True
 
 
-def _spliced(bulk: np.ndarray, sizes: np.ndarray, at: np.ndarray, rest: Groups, out: np.ndarray) -> np.ndarray:
-    """The bulk's members (``sizes`` a component) with each of ``rest``'s components placed before the bulk component
-    its key is inserted before (``at``), written into ``out`` (as long as both)."""
-    bulk_starts = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=bulk_starts[1:])
-    ends = bulk_starts[at].tolist()
-    del bulk_starts
+def _inserted(values: np.ndarray, at: np.ndarray, new: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``values`` with ``new[k]`` placed before ``values[at[k]]`` (``at`` ascending, as ``np.insert`` takes it), written
+    into ``out`` (as long as both) a run of ``values`` at a time: no copy of ``values`` made."""
     done = taken = 0
-    for k, end in enumerate(ends):
+    for k, end in enumerate(at.tolist()):
+        out[done:done + end - taken] = values[taken:end]
+        done, taken = done + end - taken, end
+        out[done] = new[k]
+        done += 1
+    out[done:] = values[taken:]
+    return out
+
+
+def _spliced(bulk: np.ndarray, ends: np.ndarray, rest: Groups, out: np.ndarray) -> np.ndarray:
+    """The bulk's members with each of ``rest``'s components placed after the first ``ends[k]`` of them (ascending),
+    written into ``out`` (as long as both)."""
+    done = taken = 0
+    for k, end in enumerate(ends.tolist()):
         out[done:done + end - taken] = bulk[taken:end]
         done, taken = done + end - taken, end
         piece = rest.members[rest.starts[k]:rest.starts[k + 1]]

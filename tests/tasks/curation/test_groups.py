@@ -58,7 +58,8 @@ def test_roots_by_pointer_jumping_are_each_find_and_as_recorded_marks_unchanged_
     assert roots.dtype == np.int32 and (not mapped or list((tmp_path / "scratch").iterdir()) == [])  # unlinked
     codes = np.array([-1 if rng.random() < 0.05 else int(r) % 7 for r in roots.tolist()])  # a code a component, mostly
     codes[roots == roots[3]] = -1  # a component with only new images
-    same = as_recorded(roots, codes)
+    same = as_recorded(roots, codes, tmp_path / "same" if mapped else None)
+    assert same.dtype == bool and np.array_equal(same, as_recorded(roots, codes))  # mapped: the same answer
     for root in set(roots.tolist()):
         members = codes[roots == root]
         assert bool(same[roots == root].all()) == (len(set(members.tolist())) == 1 and members[0] >= 0)
@@ -149,3 +150,22 @@ def test_components_given_out_of_order_are_sorted_whole():
     unsorted.add_many(np.array([2, 4]), np.array([2, 1]), np.array([3, 1, 0]), lambda code: raw[code])
     assert unsorted.bulk == 0  # a component's members not ascending: the whole sort
     assert dict(unsorted.build()) == {"0002": ["0001", "0003"], "0004": ["0000"]}
+
+
+@pytest.mark.parametrize("block", [1, 3, 64, 65_536])
+@pytest.mark.parametrize("mapped", [False, True])
+def test_positions_grouped_by_code_are_the_stable_sort_of_their_codes(tmp_path, block, mapped):
+    from tasks.curation.groups import grouped_by_code
+
+    rng = np.random.default_rng(block)
+    codes = rng.integers(-1, 90, 700).astype(np.int32)  # -1: not recorded, never among
+    codes[rng.random(700) < 0.3] = 42  # a large component among the small ones
+    among = (codes >= 0) & (rng.random(700) < 0.8)
+    keys, sizes, members = grouped_by_code(codes, among, tmp_path / "scratch" if mapped else None, block)
+    picked = np.flatnonzero(among)
+    order = picked[np.argsort(codes[picked], kind="stable")]
+    want_keys, want_sizes = np.unique(codes[picked], return_counts=True)
+    assert keys.tolist() == want_keys.tolist() and sizes.tolist() == want_sizes.tolist()
+    assert members.tolist() == order.tolist() and members.dtype == np.int32 and keys.dtype == codes.dtype
+    empty = grouped_by_code(codes, np.zeros(700, dtype=bool), None, block)
+    assert [len(part) for part in empty] == [0, 0, 0]
