@@ -57,7 +57,7 @@ from PIL import Image, ImageOps
 from tasks.curation.fastdup_optional import fastdup_installed, import_fastdup
 from tasks.curation.feature_facts import FACT_COLUMNS, FeatureFacts, ImageFeatures
 from tasks.curation.image_stats import NORM_MAX_SIDE, NORM_SIDE, ImageStats, image_stats
-from tasks.curation.mapped_arrays import by_position
+from tasks.curation.mapped_arrays import by_position, mapped_zeros
 from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.positions import position_code, position_dtype
 from tasks.curation.sha_list import Keys
@@ -521,17 +521,21 @@ class UnionFind:
         each root is the smallest index of its set (so its own parent), as ``union`` would leave them."""
         self._parents()[children] = roots
 
-    def attach_codes(self, codes: np.ndarray) -> None:
+    def attach_codes(self, codes: np.ndarray, scratch: Path | None = None) -> None:
         """Join the indices of each code ``>= 0`` under the smallest index with that code (``attach`` for every such
         set at once; the others stay as they are): one array a code, filled by ``minimum.at``, not a sort of every
-        index (``np.unique`` with its index and inverse: four int64 arrays an image)."""
-        recorded = np.flatnonzero(codes >= 0).astype(self._parents().dtype)
-        if not len(recorded):
-            return
-        by_code = codes[recorded]
-        first = np.full(int(by_code.max()) + 1, len(self.parent), dtype=recorded.dtype)
-        np.minimum.at(first, by_code, recorded)
-        self.attach(recorded, first[by_code])
+        index (``np.unique`` with its index and inverse: four int64 arrays an image). Read a block of ``codes`` at a
+        time, that array mapped from ``scratch`` where one is given (``mapped_arrays``): the recorded indices, their
+        codes and their roots of every index at once were about 20 bytes an image of a batch's heap."""
+        kind = self._parents().dtype
+        span = max((int(codes[a:a + FILL_ROWS].max(initial=-1)) for a in range(0, len(codes), FILL_ROWS)),
+                   default=-1) + 1
+        first = mapped_zeros(span, kind, scratch)
+        first[:] = len(self.parent)
+        for at, by_code in _recorded_blocks(codes, kind):
+            np.minimum.at(first, by_code, at)
+        for at, by_code in _recorded_blocks(codes, kind):
+            self.attach(at, first[by_code])
 
     def roots(self) -> np.ndarray:
         """Each index's root (int32 below 2**31 indices, as the parents), by pointer jumping (a ``find`` an index was a
@@ -551,6 +555,14 @@ class UnionFind:
 
     def _parents(self) -> np.ndarray:
         return np.frombuffer(self.parent, dtype=position_dtype(len(self.parent)))
+
+
+def _recorded_blocks(codes: np.ndarray, kind: np.dtype) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(the indices with a code ``>= 0``, as ``kind``; their codes), ``FILL_ROWS`` indices at a time."""
+    for a in range(0, len(codes), FILL_ROWS):
+        part = codes[a:a + FILL_ROWS]
+        recorded = np.flatnonzero(part >= 0)
+        yield (recorded + a).astype(kind), part[recorded]
 
 
 # ---------------------------------------------------------------- galleries

@@ -300,9 +300,9 @@ def _known_sets(at: np.ndarray, record: Record, pixels: PixelKeys, scratch: Path
     integer codes (a map from each component to its first image, a Python int each, was about 75 MB at a million).
     ``at``: the eligible images' raw positions; ``scratch``: the folder the union-find's parents are mapped from."""
     sets = UnionFind(len(at), scratch)
-    codes = record.component_codes(at)
+    codes = record.component_codes(at, scratch)  # mapped: 4 bytes an image
     pending = np.flatnonzero(codes < 0)
-    sets.attach_codes(codes)  # a recorded component's first image: its members' root
+    sets.attach_codes(codes, scratch)  # a recorded component's first image: its members' root
     del codes
     for i, first in zip(pending.tolist(), pixels.first_alike(at, pending).tolist()):
         sets.union(i, first)

@@ -169,3 +169,17 @@ def test_positions_grouped_by_code_are_the_stable_sort_of_their_codes(tmp_path, 
     assert members.tolist() == order.tolist() and members.dtype == np.int32 and keys.dtype == codes.dtype
     empty = grouped_by_code(codes, np.zeros(700, dtype=bool), None, block)
     assert [len(part) for part in empty] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_attached_codes_join_each_code_under_its_smallest_index_a_block_at_a_time(tmp_path, monkeypatch, mapped):
+    from tasks.curation import curation_features
+    from tasks.curation.curation_features import UnionFind
+
+    monkeypatch.setattr(curation_features, "FILL_ROWS", 16)  # the codes read a few blocks at a time
+    rng = np.random.default_rng(2)
+    codes = rng.integers(-1, 40, 300).astype(np.int32)  # -1: not recorded, left as it is
+    sets = UnionFind(300, tmp_path / "scratch" if mapped else None)
+    sets.attach_codes(codes, tmp_path / "scratch" if mapped else None)
+    smallest = {c: int(np.flatnonzero(codes == c)[0]) for c in set(codes.tolist()) if c >= 0}
+    assert sets.roots().tolist() == [i if c < 0 else smallest[c] for i, c in enumerate(codes.tolist())]
