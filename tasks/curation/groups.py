@@ -40,11 +40,16 @@ class Groups(Mapping[str, list[str]]):
         k = self.ordered[key]
         return self.members[self.starts[k]:self.starts[k + 1]]
 
-    def keys_where(self, hit: np.ndarray) -> set[str]:
-        """The keys of the components with a member where ``hit`` (a bool a member, as ``members`` orders them)."""
-        of_member = np.repeat(np.arange(len(self.ordered)), np.diff(self.starts))
+    def keys_where(self, hit_of: Callable[[np.ndarray], np.ndarray], block: int = KEY_BLOCK) -> set[str]:
+        """The keys of the components with a member ``hit_of`` marks (given a block of ``members``, a bool each): a
+        block at a time, each hit's component found by bisecting ``starts`` (a component number a member, int64, and
+        a mark a member were about 9 bytes an image of a batch's heap)."""
+        found: set[int] = set()
+        for a in range(0, len(self.members), block):
+            hit = np.flatnonzero(hit_of(self.members[a:a + block])) + a
+            found.update(np.unique(np.searchsorted(self.starts, hit, side="right") - 1).tolist())
         keys = self.ordered.members
-        return {keys[k] for k in np.unique(of_member[hit]).tolist()}
+        return {keys[k] for k in found}
 
     def rank(self) -> SortedRank:
         """The eligible images -> their positions (made when first asked: a bisection of their bytes)."""

@@ -362,10 +362,10 @@ def _decide_duplicates(cfg: Any, groups: Groups, assignments: Mapping[str, Assig
     abstain = {label: sep.why for label, sep in seps.items() if not sep.separates}
     walk = functools.partial(_dedupe, groups=groups, assignments=assignments, pixels=pixels, by_sha=by_sha,
                              scores=graph.scores, threshold=cfg.copy_similarity, abstain=abstain)
-    member_class = by_sha.codes[raw_at[groups.members]]  # each member's class code: no string a member
 
-    def of_classes(classes: set[str]) -> set[str]:
-        return groups.keys_where(np.isin(member_class, [i for i, n in enumerate(by_sha.names) if n in classes]))
+    def of_classes(classes: set[str]) -> set[str]:  # the members' class codes a block at a time: no string a member
+        wanted = np.array([n in classes for n in by_sha.names], dtype=bool)
+        return groups.keys_where(lambda members: wanted[by_sha.codes[raw_at[members]]])
 
     prior, grown = None, {}
     if reuse is None:

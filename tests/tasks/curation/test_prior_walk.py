@@ -120,11 +120,12 @@ def test_a_class_whose_abstention_changed_walks_all_its_components() -> None:
     for key, shas in members.items():
         builder.add(key, [eligible.index_of(s) for s in shas])
     groups = builder.build()
-    classes = np.array([label[eligible[p]] for p in groups.members.tolist()])
+    class_at = np.array([label[s] for s in eligible])  # by eligible position, as a member is held
 
-    def of_classes(wanted: set[str]) -> set[str]:
-        return groups.keys_where(np.isin(classes, sorted(wanted)))
+    def of_classes(wanted: set[str], block: int = 2) -> set[str]:  # members read two at a time
+        return groups.keys_where(lambda members: np.isin(class_at[members], sorted(wanted)), block)
 
+    assert of_classes({"1", "3"}) == of_classes({"1", "3"}, 1) == of_classes({"1", "3"}, 64) == {"a", "c"}
     assert prior.to_walk({"c"}, {"2"}, of_classes) == ["c"]
     assert prior.to_walk({"c"}, set(), of_classes) == ["b", "c"]  # class 2 no longer abstains
     assert prior.to_walk(set(), {"1", "2"}, of_classes) == ["a"]  # class 1 starts abstaining
