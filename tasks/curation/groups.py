@@ -292,17 +292,20 @@ def _ascending(values: np.ndarray) -> bool:
     return bool((values[1:] > values[:-1]).all())
 
 
-def _each_ascending(members: np.ndarray, sizes: array, block: int = KEY_BLOCK) -> bool:
-    """Whether each component's members (one after the other, ``sizes`` of them) are strictly ascending: checked a
-    block of members at a time (a step down only where a component starts)."""
-    starts = np.zeros(len(sizes), dtype=np.int64)
-    np.cumsum(np.frombuffer(sizes, dtype=np.int64)[:-1], out=starts[1:])
-    for at in range(0, len(members), block):
-        part = members[at:at + block + 1]
-        down = np.flatnonzero(part[1:] <= part[:-1]) + at + 1  # where a member is not above the one before it
+def _each_ascending(members: np.ndarray, sizes: np.ndarray, block: int = KEY_BLOCK) -> bool:
+    """Whether each component's members (one after the other, ``sizes`` of them) are strictly ascending: checked the
+    members of a block of components at a time (a step down only where a component starts; no start held for every
+    component)."""
+    done = 0
+    for a in range(0, len(sizes), block):
+        count = np.asarray(sizes[a:a + block], dtype=np.int64)
+        starts = np.cumsum(count) - count  # each component's first member, within the block's
+        part = members[done:done + int(starts[-1] + count[-1])]
+        down = np.flatnonzero(part[1:] <= part[:-1]) + 1  # where a member is not above the one before it
         found = np.minimum(np.searchsorted(starts, down), len(starts) - 1)  # ``starts`` ascending: a bisection each
         if len(down) and not (starts[found] == down).all():
             return False
+        done += len(part)
     return True
 
 

@@ -121,7 +121,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     del vectors  # read from the views' files from here on: not held
     graph = _group(settings, eligible, asked, record, pixels, raw_at, images, views, work)
     del views  # the neighbours are found: each view's row map (mapped in ``work``) is let go
-    roots, graph.sets = graph.sets.roots(), None  # the union-find (mapped in ``work`` too) is let go
+    roots, graph.sets = graph.sets.roots(), None  # the parents jumped to their roots in place (mapped)
     assignments, groups, renamed, new_images, bridges = assign(
         roots, graph.eligible, record, raw_at, pixels, by_sha, graph.scores, cfg, raw_version, run_id, work)
     del roots

@@ -183,3 +183,14 @@ def test_attached_codes_join_each_code_under_its_smallest_index_a_block_at_a_tim
     sets.attach_codes(codes, tmp_path / "scratch" if mapped else None)
     smallest = {c: int(np.flatnonzero(codes == c)[0]) for c in set(codes.tolist()) if c >= 0}
     assert sets.roots().tolist() == [i if c < 0 else smallest[c] for i, c in enumerate(codes.tolist())]
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 65_536])
+def test_each_components_members_ascending_is_checked_a_block_of_components_at_a_time(block):
+    from tasks.curation.groups import _each_ascending
+
+    sizes = np.array([2, 1, 3, 2])
+    assert _each_ascending(np.array([4, 9, 1, 0, 5, 7, 2, 3]), sizes, block)  # a step down only where one starts
+    assert not _each_ascending(np.array([4, 9, 1, 0, 5, 7, 3, 2]), sizes, block)  # the last one's members
+    assert not _each_ascending(np.array([4, 9, 1, 0, 5, 5, 2, 3]), sizes, block)  # a member twice
+    assert _each_ascending(np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64), block)
