@@ -419,16 +419,19 @@ class RecordAfter(Mapping[str, Assignment]):
     def __len__(self) -> int:
         return len(self.record) + sum(1 for s in self.changes if s not in self.record)
 
-    def split_codes(self, shas: SortedShas | SortedSubset, at: np.ndarray) -> np.ndarray:
+    def split_codes(self, shas: SortedShas | SortedSubset, at: np.ndarray, scratch: Path | None = None) -> np.ndarray:
         """Each of ``shas``' split as a code into ``SPLITS`` (-1: none; ``at``: their raw positions, -1 for none):
-        the record's codes taken by position, this curation's rows laid over them (a lookup an image was about
-        4 us at a million, its component's string made)."""
-        out = np.full(len(at), -1, dtype=np.int8)
+        the record's codes taken by position a block at a time (mapped from ``scratch`` where one is given), this
+        curation's rows laid over them (a lookup an image was about 4 us at a million, its component's string made)."""
+        out = mapped_zeros(len(at), np.int8, scratch)
+        out[:] = -1
         code = {name: k for k, name in enumerate(SPLITS)}
         if isinstance(self.record, Record):
             table = np.array([-1] + [code[name] for name in self.record.splits], dtype=np.int8)
-            found = np.flatnonzero(at >= 0)
-            out[found] = table[self.record.split[at[found]]]
+            for start in range(0, len(at), WRITE_ROWS):
+                part = at[start:start + WRITE_ROWS]
+                found = np.flatnonzero(part >= 0)
+                out[start + found] = table[self.record.split[part[found]]]
         else:  # a record given as a map (tests): every image looked up
             for i, sha in enumerate(shas):
                 if sha in self.record:

@@ -12,10 +12,12 @@ stored ones.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from tasks.curation.mapped_arrays import mapped_zeros
 from tasks.curation.sha_list import Keys, SortedSubset
 from tasks.curation.tables import CURATED_SCHEMA, SPLITS, RawFacts, RawRows
 
@@ -32,17 +34,28 @@ class KeptFacts:
         self.keys, self.kept, self.raw, self.rows, self.split = keys, kept, raw, rows, split
 
     @classmethod
-    def of(cls, keys: Keys, raw: np.ndarray, dropped: Collection[str], rows: RawRows, split: np.ndarray) -> KeptFacts:
+    def of(cls, keys: Keys, raw: np.ndarray, dropped: Collection[str], rows: RawRows, split: np.ndarray,
+           scratch: Path | None = None) -> KeptFacts:
         """Every eligible image (``keys``: their sorted byte array; ``raw``: each one's raw position, ``split``: its
-        split's code into ``SPLITS``) that is not ``dropped``: arrays taken by position, no string made an image."""
-        keep = np.ones(len(keys), dtype=bool)
+        split's code into ``SPLITS``) that is not ``dropped``: arrays taken by position a block at a time, no string
+        made an image; mapped from ``scratch`` where one is given (``mapped_arrays``: held through the writes)."""
+        keep = mapped_zeros(len(keys), np.uint8, scratch).view(bool)
+        keep[:] = True
         if dropped:
             at = keys.positions(pa.array(sorted(dropped), pa.string()))
             keep[at[at >= 0]] = False  # a dropped image that was not eligible (a bad image) is not among them
-        kept = np.flatnonzero(keep).astype(np.int32)  # int32: a table of 2**31 images is not held here
-        if bool((split[kept] < 0).any()) or bool((raw[kept] < 0).any()):
-            raise ValueError("KeptFacts: a kept image has no split or no raw row")
-        return cls(keys, kept, raw[kept].astype(np.int32), rows, split[kept].astype(np.int8))
+        count = int(np.count_nonzero(keep))  # int32 positions: a table of 2**31 images is not held here
+        kept, kept_raw = mapped_zeros(count, np.int32, scratch), mapped_zeros(count, np.int32, scratch)
+        kept_split = mapped_zeros(count, np.int8, scratch)
+        done = 0
+        for start in range(0, len(keys), BLOCK_ROWS):
+            at = np.flatnonzero(keep[start:start + BLOCK_ROWS]) + start
+            part = slice(done, done + len(at))
+            kept[part], kept_raw[part], kept_split[part] = at, raw[at], split[at]
+            if bool((kept_split[part] < 0).any()) or bool((kept_raw[part] < 0).any()):
+                raise ValueError("KeptFacts: a kept image has no split or no raw row")
+            done += len(at)
+        return cls(keys, kept, kept_raw, rows, kept_split)
 
     @classmethod
     def of_table(cls, table: pa.Table) -> KeptFacts:
@@ -93,16 +106,21 @@ class KeptFacts:
         return KeptFacts(self.keys, self.kept[mask], self.raw[mask], self.rows, self.split[mask])
 
     def counts(self) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-        """(kept images by split, by split and label): as ``report.count_by_split`` counts a table."""
+        """(kept images by split, by split and label): as ``report.count_by_split`` counts a table (a block of kept
+        images at a time: no int64 code of every one)."""
         names = self.rows.names
-        by = np.bincount(self.split.astype(np.int64) * len(names) + self.rows.codes[self.raw],
-                         minlength=len(SPLITS) * len(names)).reshape(len(SPLITS), len(names))
+        by = np.zeros(len(SPLITS) * len(names), dtype=np.int64)
+        for start in range(0, self.num_rows, BLOCK_ROWS):
+            split, raw = self.split[start:start + BLOCK_ROWS], self.raw[start:start + BLOCK_ROWS]
+            by += np.bincount(split.astype(np.int64) * len(names) + self.rows.codes[raw], minlength=len(by))
+        by = by.reshape(len(SPLITS), len(names))
         by_split = {s: int(by[k].sum()) for k, s in enumerate(SPLITS)}
         by_label = {s: dict(sorted((names[c], int(n)) for c, n in enumerate(by[k].tolist()) if n))
                     for k, s in enumerate(SPLITS)}
         return by_split, by_label
 
 
+BLOCK_ROWS = 1 << 16  # kept images taken or counted at a time
 STRING_ROWS = 1 << 24  # sha256s an Arrow chunk: its int32 offsets reach 64 x this
 
 

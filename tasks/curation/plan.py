@@ -135,7 +135,7 @@ def _plan(settings: Settings, raw_version: int, run_id: str, work: Path, cache_m
     graph.scores.release_stored()  # the walk asked its last stored score: not held through the kept facts and writes
     dropped.extend(bridge_rows(bridges, by_sha, record, decisions["abstain"]))
     decisions = _decisions(decisions, kept_bad, by_sha)
-    curated = _kept_facts(asked, raw_at, {d["sha256"] for d in dropped}, by_sha, assignments.split_codes(eligible, raw_at))
+    curated = _kept_facts(eligible, asked, raw_at, {d["sha256"] for d in dropped}, by_sha, assignments, work)
 
     dropped.sort(key=lambda d: (d["component"], d["sha256"]))
     outliers.sort(key=lambda o: (o[1], (o[3].blur if o[1] == "blurry" else o[3].mean) or 0.0, o[0]))
@@ -180,13 +180,13 @@ FEATURE_CHUNK = 20_000  # images decoded per call: their bytes and row dicts are
 ROW_BLOCK = 65_536  # rows a block: the snapshot's batches, candidate pairs read, this many at once
 
 
-def _kept_facts(asked: Keys, raw_at: np.ndarray, dropped: Collection[str], by_sha: RawRows, split: np.ndarray
-                ) -> KeptFacts:
-    """Every eligible image (``asked``: their sorted byte array; ``raw_at``, ``split``: each one's raw position and
-    split code) that was not ``dropped`` (the walk's drops and the split bridges), by position
+def _kept_facts(eligible: SortedSubset, asked: Keys, raw_at: np.ndarray, dropped: Collection[str], by_sha: RawRows,
+                assignments: RecordAfter, work: Path) -> KeptFacts:
+    """Every eligible image (``asked``: their sorted byte array; ``raw_at``: each one's raw position) that was not
+    ``dropped`` (the walk's drops and the split bridges), with its split after ``assignments``, by position
     (``tasks.curation.kept_facts``: an Arrow table of every kept row was the end of the plan's high at a million
-    images)."""
-    return KeptFacts.of(asked, raw_at, dropped, by_sha, split)
+    images), mapped from ``work`` (held through the writes)."""
+    return KeptFacts.of(asked, raw_at, dropped, by_sha, assignments.split_codes(eligible, raw_at, work), work)
 
 
 def snapshot_batches(facts: KeptFacts, images: RawImages) -> Iterator[pa.RecordBatch]:

@@ -29,11 +29,12 @@ def plan_like():
     return raw, eligible, dropped, splits
 
 
-def _kept(raw: RawRows, eligible: list[str], dropped: set[str], splits: dict) -> KeptFacts:
-    """``KeptFacts.of`` given what the plan gives it: each eligible image's raw position and split code."""
+def _kept(raw: RawRows, eligible: list[str], dropped: set[str], splits: dict, scratch=None) -> KeptFacts:
+    """``KeptFacts.of`` given what the plan gives it: each eligible image's raw position and split code (their
+    arrays mapped from ``scratch`` when given)."""
     keys = SortedShas.of(eligible)
     at = raw.positions_of(keys)
-    return KeptFacts.of(Keys.of(keys), at, dropped, raw, RecordAfter({}, splits).split_codes(keys, at))
+    return KeptFacts.of(Keys.of(keys), at, dropped, raw, RecordAfter({}, splits).split_codes(keys, at, scratch), scratch)
 
 
 def _expected(raw: RawRows, eligible: list[str], dropped: set[str], splits: dict) -> pa.Table:
@@ -42,9 +43,13 @@ def _expected(raw: RawRows, eligible: list[str], dropped: set[str], splits: dict
                                   "height": raw[s].height} for s in kept], schema=KEPT_FACTS_SCHEMA)
 
 
-def test_kept_rows_and_counts_are_those_of_a_table_of_every_kept_row(plan_like) -> None:
+@pytest.mark.parametrize("mapped", [False, True])
+def test_kept_rows_and_counts_are_those_of_a_table_of_every_kept_row(plan_like, tmp_path, monkeypatch, mapped) -> None:
+    from tasks.curation import kept_facts
+
+    monkeypatch.setattr(kept_facts, "BLOCK_ROWS", 4)  # taken and counted a few blocks at a time
     raw, eligible, dropped, splits = plan_like
-    facts = _kept(raw, eligible, dropped, splits)
+    facts = _kept(raw, eligible, dropped, splits, tmp_path / "scratch" if mapped else None)
     expected = _expected(raw, eligible, dropped, splits)
     assert facts.num_rows == expected.num_rows == len(eligible) - len(set(eligible[::7]))
     assert facts.table().equals(expected)
