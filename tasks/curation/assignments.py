@@ -470,7 +470,7 @@ def assign(
     split_at = np.take(record.split, raw_at, out=mapped_zeros(len(raw_at), record.split.dtype, scratch))  # 0: none
     new_images = 0
     context = _Context(SortedRank(eligible), raw_at, record, pixels, by_sha, scores, cfg.copy_similarity, bridges, groups)
-    for positions in components_of(roots, ~same):  # arrays: a component of hundreds of thousands is no Python list
+    for positions in components_of(roots, ~same, scratch):  # a component of most of the table is no Python list
         codes = coded[positions]
         split_of = _splits(record, codes, split_at[positions])
         recorded = sorted(split_of)
@@ -502,10 +502,11 @@ def as_recorded(roots: np.ndarray, codes: np.ndarray, scratch: Path | None = Non
         return np.zeros(0, dtype=bool)
     low = mapped_zeros(len(roots), codes.dtype, scratch)
     low[:] = np.iinfo(codes.dtype).max
-    np.minimum.at(low, roots, codes)
     high = mapped_zeros(len(roots), codes.dtype, scratch)
     high[:] = -1
-    np.maximum.at(high, roots, codes)
+    for a in range(0, len(roots), WRITE_ROWS):  # ``at`` takes its indices as intp: a block's, not every image's
+        np.minimum.at(low, roots[a:a + WRITE_ROWS], codes[a:a + WRITE_ROWS])
+        np.maximum.at(high, roots[a:a + WRITE_ROWS], codes[a:a + WRITE_ROWS])
     one = mapped_zeros(len(roots), np.uint8, scratch).view(bool)  # each component: one recorded component as it was
     for a in range(0, len(roots), WRITE_ROWS):
         part = low[a:a + WRITE_ROWS]
@@ -516,27 +517,31 @@ def as_recorded(roots: np.ndarray, codes: np.ndarray, scratch: Path | None = Non
 
 def _splits(record: Record, codes: np.ndarray, split_at: np.ndarray) -> dict[str, str]:
     """Each recorded component among a component's members (``codes``: theirs, -1 for a new image) -> its split
-    (``split_at``: each member's split code; of a component's members, the last one's)."""
-    recorded = codes >= 0
-    reversed_codes = codes[recorded][::-1]
-    found, last = np.unique(reversed_codes, return_index=True)
-    split = split_at[recorded][::-1][last]
-    return {record.name_of_code(int(c)): record.splits[int(k) - 1] for c, k in zip(found.tolist(), split.tolist())}
+    (``split_at``: each member's split code; of a component's members, the last one's). Read a block of members at a
+    time from the last (a component can be most of the table: a sort of every member's code was about 20 bytes a
+    member)."""
+    last: dict[int, int] = {}  # code -> the split code of its last member
+    for end in range(len(codes), 0, -WRITE_ROWS):
+        start = max(0, end - WRITE_ROWS)
+        part, split = codes[start:end][::-1], split_at[start:end][::-1]
+        recorded = part >= 0
+        found, first = np.unique(part[recorded], return_index=True)  # in the block, reversed: its last member
+        for code, k in zip(found.tolist(), split[recorded][first].tolist()):
+            last.setdefault(code, k)
+    return {record.name_of_code(c): record.splits[int(last[c]) - 1] for c in sorted(last)}
 
 
-def components_of(roots: np.ndarray, among: np.ndarray) -> Iterator[np.ndarray]:
+def components_of(roots: np.ndarray, among: np.ndarray, scratch: Path | None = None) -> Iterator[np.ndarray]:
     """The components of the images ``among`` (a bool an image), each one's members as ascending positions (an
-    array), by their first member. The bounds are made Python ints a block at a time (two lists of every component's
-    were about 80 MB at a million singletons)."""
-    picked = np.flatnonzero(among)
-    order = picked[np.argsort(roots[picked], kind="stable")]
-    if not len(order):
-        return
-    edges = np.concatenate([[0], np.flatnonzero(np.diff(roots[order])) + 1, [len(order)]])
-    for first in range(0, len(edges) - 1, WRITE_ROWS):
-        cut = edges[first:first + WRITE_ROWS + 1].tolist()
-        for start, end in zip(cut, cut[1:]):
-            yield order[start:end]
+    array), by their first member: grouped by their roots (``groups.grouped_by_code``, a counting sort a block at a
+    time, its arrays mapped from ``scratch`` where one is given). A batch that touches a component of most of the
+    table walks most of the table here: an int64 sort of their positions was about 28 bytes an image."""
+    _, sizes, members = grouped_by_code(roots, among, scratch)
+    done = 0
+    for first in range(0, len(sizes), WRITE_ROWS):  # the sizes made Python ints a block at a time
+        for size in sizes[first:first + WRITE_ROWS].tolist():
+            yield members[done:done + size]
+            done += size
 
 
 def _bridge(positions: np.ndarray, codes: np.ndarray, recorded: list[str], split_of: dict[str, str], at: _Context

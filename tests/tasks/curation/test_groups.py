@@ -194,3 +194,25 @@ def test_each_components_members_ascending_is_checked_a_block_of_components_at_a
     assert not _each_ascending(np.array([4, 9, 1, 0, 5, 7, 3, 2]), sizes, block)  # the last one's members
     assert not _each_ascending(np.array([4, 9, 1, 0, 5, 5, 2, 3]), sizes, block)  # a member twice
     assert _each_ascending(np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64), block)
+
+
+@pytest.mark.parametrize("block", [1, 3, 65_536])
+def test_a_components_recorded_splits_are_each_recorded_components_last_members_read_a_block_at_a_time(
+        monkeypatch, block):
+    from tasks.curation import assignments
+
+    monkeypatch.setattr(assignments, "WRITE_ROWS", block)
+
+    class Named:  # a record's names for codes and splits
+        splits = ["train", "val", "test"]
+
+        @staticmethod
+        def name_of_code(code):
+            return f"key{code}"
+
+    rng = np.random.default_rng(block)
+    codes = rng.integers(-1, 6, 40).astype(np.int32)  # -1: a new image
+    split_at = rng.integers(1, 4, 40).astype(np.int8)  # 1 + a code into the splits
+    last = {int(c): int(split_at[i]) for i, c in enumerate(codes.tolist()) if c >= 0}  # a later member overwrites
+    want = {f"key{c}": Named.splits[k - 1] for c, k in last.items()}
+    assert assignments._splits(Named, codes, split_at) == want
