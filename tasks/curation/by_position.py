@@ -93,7 +93,8 @@ class PlaceAmong(Mapping[str, int]):
         p = self.rank.get(sha)
         if p is None:
             return default
-        i = int(np.searchsorted(self.positions, p))
+        # the needle in the positions' own type: a wider one (an int64 position) cast every position, each call
+        i = int(np.searchsorted(self.positions, self.positions.dtype.type(p)))
         return i if i < len(self.positions) and int(self.positions[i]) == p else default
 
     def __getitem__(self, sha: str) -> int:
