@@ -129,9 +129,10 @@ class GroupsBuilder:
         ``bulk`` and held as given (arrays mapped from a folder stay mapped: no copy of every recorded image's)."""
         self._flush()
         codes = np.asarray(codes, dtype=self.code_kind)
-        if (codes >= self.n).any():  # every code when there is no base: each named (a copy: the caller's stay)
-            codes = codes.copy()
-            for j in np.flatnonzero(codes >= self.n).tolist():
+        outside = np.flatnonzero(codes >= self.n)  # every code when there is no base: each named
+        if len(outside):
+            codes = codes.copy()  # the caller's stay as they are
+            for j in outside.tolist():
                 codes[j] = self.code(name_of(int(codes[j])))
         sizes = np.asarray(sizes, dtype=np.int64)
         members = np.asarray(members, dtype=self.kind)
@@ -218,14 +219,16 @@ class GroupsBuilder:
         if int(bulk_codes[-1]) >= self.n or (bulk_codes[np.minimum(at, len(bulk_codes) - 1)] == codes).any():
             return None
         self.held, self.codes = None, []
-        keys = _inserted(bulk_codes, at, codes, mapped_zeros(len(bulk_codes) + len(codes), bulk_codes.dtype,
-                                                             self.scratch))
+        one_each = np.arange(len(at) + 1)  # the inserted keys and sizes: a piece of one each
+        keys = _spliced(bulk_codes, at, one_each, codes,
+                        mapped_zeros(len(bulk_codes) + len(codes), bulk_codes.dtype, self.scratch))
         starts = mapped_zeros(len(keys) + 1, np.int64, self.scratch)
-        _inserted(bulk_sizes, at, np.diff(groups.starts), starts[1:])
+        _spliced(bulk_sizes, at, one_each, np.diff(groups.starts), starts[1:])
         np.cumsum(starts[1:], out=starts[1:])
         out = mapped_zeros(len(bulk_members) + len(groups.members), self.kind, self.scratch)
-        ends = starts[at + np.arange(len(at))] - groups.starts[:-1]  # each inserted one's place among the bulk's
-        return Groups(self.eligible, SortedSubset(self.base, keys), starts, _spliced(bulk_members, ends, groups, out))
+        ends = starts[at + one_each[:-1]] - groups.starts[:-1]  # each inserted one's place among the bulk's members
+        return Groups(self.eligible, SortedSubset(self.base, keys), starts,
+                      _spliced(bulk_members, ends, groups.starts, groups.members, out))
 
     def _keys(self, unique: np.ndarray, rank: np.ndarray) -> tuple[SortedShas | SortedSubset, np.ndarray]:
         """The keys (``unique``: their codes, ascending) in sha256 order, and each given key's place among them
@@ -264,8 +267,8 @@ def grouped_by_code(codes: np.ndarray, among: np.ndarray, scratch: Path | None, 
     for a in range(0, len(codes), block):
         found, count = np.unique(codes[a:a + block][among[a:a + block]], return_counts=True)
         slot[found] += count.astype(kind)
-    found = sum(int(np.count_nonzero(slot[a:a + block])) for a in range(0, span, block))
-    keys, sizes = mapped_zeros(found, codes.dtype, scratch), mapped_zeros(found, np.int64, scratch)
+    distinct = sum(int(np.count_nonzero(slot[a:a + block])) for a in range(0, span, block))
+    keys, sizes = mapped_zeros(distinct, codes.dtype, scratch), mapped_zeros(distinct, np.int64, scratch)
     done = total = 0
     for a in range(0, span, block):
         part = slot[a:a + block]
@@ -309,28 +312,16 @@ def _each_ascending(members: np.ndarray, sizes: np.ndarray, block: int = KEY_BLO
     return True
 
 
-def _inserted(values: np.ndarray, at: np.ndarray, new: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``values`` with ``new[k]`` placed before ``values[at[k]]`` (``at`` ascending, as ``np.insert`` takes it), written
-    into ``out`` (as long as both) a run of ``values`` at a time: no copy of ``values`` made."""
-    done = taken = 0
-    for k, end in enumerate(at.tolist()):
-        out[done:done + end - taken] = values[taken:end]
-        done, taken = done + end - taken, end
-        out[done] = new[k]
-        done += 1
-    out[done:] = values[taken:]
-    return out
-
-
-def _spliced(bulk: np.ndarray, ends: np.ndarray, rest: Groups, out: np.ndarray) -> np.ndarray:
-    """The bulk's members with each of ``rest``'s components placed after the first ``ends[k]`` of them (ascending),
-    written into ``out`` (as long as both)."""
+def _spliced(values: np.ndarray, ends: np.ndarray, starts: np.ndarray, pieces: np.ndarray, out: np.ndarray
+             ) -> np.ndarray:
+    """``values`` with piece ``k`` (``pieces[starts[k]:starts[k + 1]]``) placed after the first ``ends[k]`` of them
+    (ascending), written into ``out`` (as long as both) a run of ``values`` at a time: no copy of ``values`` made."""
     done = taken = 0
     for k, end in enumerate(ends.tolist()):
-        out[done:done + end - taken] = bulk[taken:end]
+        out[done:done + end - taken] = values[taken:end]
         done, taken = done + end - taken, end
-        piece = rest.members[rest.starts[k]:rest.starts[k + 1]]
+        piece = pieces[starts[k]:starts[k + 1]]
         out[done:done + len(piece)] = piece
         done += len(piece)
-    out[done:] = bulk[taken:]
+    out[done:] = values[taken:]
     return out
