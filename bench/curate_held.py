@@ -41,7 +41,8 @@ def top_sites(snapshot: tracemalloc.Snapshot, images: int, top: int) -> list[str
 
 
 def _snap_at(module, name: str, images: list[int], top: int) -> None:
-    fn = getattr(module, name)
+    owner, attr = _owner_of(module, name)
+    fn = getattr(owner, attr)
 
     @functools.wraps(fn)
     def inner(*args, **kwargs):
@@ -49,7 +50,7 @@ def _snap_at(module, name: str, images: list[int], top: int) -> None:
         print("\n".join(top_sites(tracemalloc.take_snapshot(), images[0], top)), flush=True)
         return fn(*args, **kwargs)
 
-    setattr(module, name, inner)
+    setattr(owner, attr, inner)
 
 
 class PhasePeaks:
@@ -60,7 +61,8 @@ class PhasePeaks:
         self.rows: list[tuple[int, str, int, int]] = []
 
     def wrap(self, module, name: str) -> None:
-        fn = getattr(module, name)
+        owner, attr = _owner_of(module, name)
+        fn = getattr(owner, attr)
 
         @functools.wraps(fn)
         def inner(*args, **kwargs):
@@ -76,7 +78,7 @@ class PhasePeaks:
             finally:
                 self.rows[row] = (*self.rows[row][:3], max(self.open.pop(), tracemalloc.get_traced_memory()[1]))
 
-        setattr(module, name, inner)
+        setattr(owner, attr, inner)
 
     def table(self, images: int) -> list[str]:
         lines = [f"{'phase':<28} {'at start MB':>11} {'high MB':>8} {'high B/image':>12}"]
@@ -117,6 +119,14 @@ def main() -> None:
             print("\n== each phase's traced high\n" + "\n".join(peaks.table(images[0])), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _owner_of(module, name: str) -> tuple[object, str]:
+    """curate_memory.py's ``owner_of``: ``name`` may be a class's method (``Class.method``)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from curate_memory import owner_of
+
+    return owner_of(module, name)
 
 
 def _wrap_phases(peaks: PhasePeaks) -> None:

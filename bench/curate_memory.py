@@ -47,11 +47,16 @@ PHASES = {
                             "assign", "nearest_map", "prior_walk", "touched_components", "_decide_duplicates",
                             "separation_by_class", "_dedupe", "over_budget", "bridge_rows", "_decisions",
                             "_kept_facts", "store_features", "store_scores", "store_nearest"],
+    "tasks.curation.copy_pairs": ["CopyScores.score_positions", "CopyScores._score", "CopyScores._sign_scanned"],
+    "tasks.curation.pair_store": ["StoredScores._scan"],
+    "tasks.data.lake": ["_marks"],
 }
 
 
 def _wrap(module, name: str, log: list, depth: list, sampler: HighWater) -> None:
-    fn = getattr(module, name)
+    """Wrap ``name`` of ``module`` (``Class.method``: a method of one of its classes) to log its phase's memory."""
+    owner, attr = owner_of(module, name)
+    fn = getattr(owner, attr)
 
     @functools.wraps(fn)
     def inner(*args, **kwargs):
@@ -68,7 +73,7 @@ def _wrap(module, name: str, log: list, depth: list, sampler: HighWater) -> None
             if name == "plan_in_workdir":
                 print(f"after the plan: {_heap()}", flush=True)
 
-    setattr(module, name, inner)
+    setattr(owner, attr, inner)
 
 
 def ingest_stage(root: Path, stage: str, home: Path | None = None) -> int:
@@ -138,7 +143,22 @@ def each_phase() -> Iterator[tuple[ModuleType, str]]:
 
     for module_name, names in PHASES.items():
         module = importlib.import_module(module_name)
-        yield from ((module, name) for name in names if hasattr(module, name))
+        yield from ((module, name) for name in names if _has(module, name))
+
+
+def owner_of(module: ModuleType, name: str) -> tuple[object, str]:
+    """(what holds ``name``, its last part): ``module`` itself, or the class of ``Class.method``."""
+    *path, attr = name.split(".")
+    return functools.reduce(getattr, path, module), attr
+
+
+def _has(module: ModuleType, name: str) -> bool:
+    """Whether ``module`` has ``name`` (a dotted name: a class's method)."""
+    try:
+        getattr(*owner_of(module, name))
+    except AttributeError:
+        return False
+    return True
 
 
 def _wrapped_phases() -> list:
