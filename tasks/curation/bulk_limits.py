@@ -46,12 +46,18 @@ class Rule:
     min_sigma: float  # floor of the robust sigma (transformed units): a bulk of identical values is no licence
 
 
+# The transforms work in one new array, in place: at a million images each temporary is 8 MB of a family's values,
+# and the expression forms held three at once. The same operations in the same order: the same numbers.
+
+
 def _log_side(x: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(x, 1.0))
+    t = np.maximum(x, 1.0)
+    return np.log(t, out=t)
 
 
 def _log1p(x: np.ndarray) -> np.ndarray:
-    return np.log(np.asarray(x, dtype=np.float64) + 1.0)
+    t = np.add(np.asarray(x, dtype=np.float64), 1.0)
+    return np.log(t, out=t)
 
 
 def _expm1(t: float) -> float:
@@ -65,8 +71,13 @@ def _brightness_inverse(t: float) -> float:
 def _brightness(x: np.ndarray) -> np.ndarray:
     # Logit of the mean grey: a step near black or white counts for more than one in the mid-tones,
     # as the eye and an exposure change see it.
-    p = (np.clip(np.asarray(x, dtype=np.float64), 0.0, 255.0) + 2.0) / 259.0
-    return np.log(p / (1.0 - p))
+    p = np.clip(np.asarray(x, dtype=np.float64), 0.0, 255.0)
+    np.add(p, 2.0, out=p)
+    np.divide(p, 259.0, out=p)
+    q = np.subtract(1.0, p)
+    np.divide(p, q, out=p)
+    del q
+    return np.log(p, out=p)
 
 
 RULES: tuple[Rule, ...] = (
@@ -174,7 +185,8 @@ def _beyond_gap(z: np.ndarray, candidates: list[int], gap: float) -> tuple[list[
     """(candidates beyond the first gap of ``gap`` sigmas, walking out from the bulk; how many were before it)."""
     chosen = np.zeros(len(z), dtype=bool)
     chosen[candidates] = True
-    previous = float(z[~chosen].min())  # the bulk's last image on the bad side (the median is never a candidate)
+    # The bulk's last image on the bad side (the median is never a candidate), without a copy of the rest's distances.
+    previous = float(np.min(z, where=~chosen, initial=np.inf))
     walk = candidates[::-1]  # nearest the bulk first
     for n, i in enumerate(walk):
         if previous - float(z[i]) >= gap:

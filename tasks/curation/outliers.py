@@ -28,6 +28,7 @@ from tasks.curation.assignments import Assignment
 from tasks.curation.bulk_limits import RULES, Classes, Rule, Verdict, judge
 from tasks.curation.curation_features import Features
 from tasks.curation.feature_facts import FeatureFacts, ImageFeatures
+from tasks.curation.positions import flat_positions
 from tasks.curation.sha_list import SortedSubset
 from tasks.curation.tables import RawRows, drop_row
 from tasks.errors import DataError
@@ -87,20 +88,23 @@ def relative_screen(images: dict[str, Measured], labels: dict[str, str], limits:
                              dtype=np.float64) for stat in STATISTICS}
     codes: dict[str, int] = {}
     family = np.array([codes.setdefault(m.family, len(codes)) for m in measured], dtype=np.int32)
-    return relative_columns(ids, np.arange(len(ids)), family, list(codes), values,
+    return relative_columns(ids, np.arange(len(ids)), family, list(codes), lambda stat, at: values[stat][at],
                             lambda at: [labels[ids[k]] for k in at.tolist()], limits)
 
 
 def relative_columns(ids: list[str], rows: np.ndarray, family: np.ndarray, names: list[str],
-                     values: dict[str, np.ndarray], labels_at: Callable[[np.ndarray], Sequence[str]],
+                     values_at: Callable[[str, np.ndarray], np.ndarray],
+                     labels_at: Callable[[np.ndarray], Sequence[str]],
                      limits: OutlierSettings) -> tuple[dict[str, tuple[str, str]], list[dict[str, str]]]:
     """``relative_screen`` over columns: the images ``ids[rows]`` (ascending: a family's images are judged in that
-    order), by position in ``ids`` their mode family (a code into ``names``), each statistic (``STATISTICS``) and
-    their labels (``labels_at``)."""
+    order), by position in ``ids`` their mode family (a code into ``names``), each statistic's values at positions
+    (``values_at``: a family's own, float64; ``STATISTICS``) and their labels (``labels_at``)."""
     flagged: dict[str, tuple[str, str]] = {}
     abstained: list[dict[str, str]] = []
     for code in sorted(range(len(names)), key=names.__getitem__):
-        members = rows[family[rows] == code]
+        of_family = family[rows] == code
+        members = rows if of_family.all() else rows[of_family]  # one family: its positions are the rows themselves
+        del of_family
         if not len(members):
             continue
         name = names[code]
@@ -109,7 +113,7 @@ def relative_columns(ids: list[str], rows: np.ndarray, family: np.ndarray, names
             rules = [rule for rule in of_statistic if not _overridden(rule, limits)]
             if not rules:
                 continue
-            family_values = values[statistic][members]  # one statistic's copy at a time
+            family_values = values_at(statistic, members)  # one statistic's copy at a time
             for rule in rules:
                 verdict = judge(rule, family_values, family_labels,
                                 sigmas=limits.relative_sigmas, gap=limits.relative_gap,
@@ -144,7 +148,8 @@ class _Columns:
 
     Views where they can be: the facts' own statistics when they are in the raw rows' order and have no missing
     number, the raw rows' own sizes (a copy of each, int64 sizes and each image's place were about 70 bytes an image
-    of the table beside the screen's rules at a million images)."""
+    of the table beside the screen's rules at a million images); the shorter side only for the positions a rule
+    reads (``values_at``: a float64 side of every image was 8 bytes an image of the table)."""
 
     at: np.ndarray | None  # each image's position among the facts; None: the same positions (the facts share the map)
     failed: np.ndarray  # bool: the image has no features (an error)
@@ -152,14 +157,13 @@ class _Columns:
     names: list[str]  # the mode families ("unknown" for an image without one)
     width: np.ndarray  # the raw rows' own (int32)
     height: np.ndarray
-    values: dict[str, np.ndarray]  # STATISTICS: float64, a missing number read as 0
+    values: dict[str, np.ndarray]  # STATISTICS but the side: float64, a missing number read as 0
 
     @classmethod
     def of(cls, rows: RawRows, facts: FeatureFacts) -> _Columns:
         at = None if facts.at is rows.at else facts.positions(rows.shas)  # aligned: the same places
         values = {stat: _zero_missing(facts.numbers[stat] if at is None else facts.numbers[stat][at])
                   for stat in ("mean", "contrast", "blur")}
-        values["side"] = np.minimum(rows.width, rows.height).astype(np.float64)
         named = [name or "unknown" for name in facts.families] + ["unknown"]  # the last: a row without one
         names = sorted(set(named))
         remap = np.array([names.index(name) for name in named], dtype=np.int8)
@@ -167,6 +171,12 @@ class _Columns:
         family = remap[np.where(codes < 0, len(named) - 1, codes)]
         failed = facts.failed()
         return cls(at, failed if at is None else failed[at], family, names, rows.width, rows.height, values)
+
+    def values_at(self, statistic: str, at: np.ndarray) -> np.ndarray:
+        """One statistic (``STATISTICS``) of the images at positions ``at``, float64 (a new array)."""
+        if statistic == "side":
+            return np.minimum(self.width[at], self.height[at]).astype(np.float64)
+        return self.values[statistic][at]
 
     def fact_at(self, k: int) -> int:
         """Image ``k``'s position among the facts."""
@@ -195,8 +205,8 @@ def screen(by_sha: RawRows, features: Features, record: Mapping[str, Assignment]
     columns = _Columns.of(by_sha, features.by_sha)
     decided = _absolute(shas, columns, limits)
     _check_override_share(decided, features.by_sha, len(by_sha), limits)
-    relative, abstained = relative_columns(shas, np.flatnonzero(~columns.failed & ~_marked(by_sha, decided)),
-                                           columns.family, columns.names, columns.values,
+    relative, abstained = relative_columns(shas, flat_positions(~columns.failed & ~_marked(by_sha, decided)),
+                                           columns.family, columns.names, columns.values_at,
                                            lambda at: Classes(by_sha.codes[at], by_sha.names), limits)
     decided.update(relative)
     for family, rule in sorted({(a["family"], a["rule"]) for a in abstained}):
@@ -211,7 +221,8 @@ def _absolute(shas: list[str], columns: _Columns, limits: OutlierSettings) -> di
     """sha256 -> (reason, detail) of each image an absolute rule flags: the masks find the candidates, and
     ``outlier_reason`` (the rules in their order, the first that applies) names each one's reason."""
     v = columns.values
-    hit = (v["side"] < limits.min_training_side) | (v["contrast"] < CONSTANT_STD)
+    hit = (columns.width < limits.min_training_side) | (columns.height < limits.min_training_side)
+    hit |= v["contrast"] < CONSTANT_STD
     for stat, setting, low_is_bad in (("mean", "min_mean", True), ("mean", "max_mean", False),
                                       ("blur", "min_blur", True)):
         limit = getattr(limits, setting)
