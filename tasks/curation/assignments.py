@@ -469,7 +469,8 @@ def assign(
     groups.add_many(*grouped_by_code(coded, same, scratch), record.name_of_code)  # mapped: the builder holds them
     split_at = np.take(record.split, raw_at, out=mapped_zeros(len(raw_at), record.split.dtype, scratch))  # 0: none
     new_images = 0
-    context = _Context(SortedRank(eligible), raw_at, record, pixels, by_sha, scores, cfg.copy_similarity, bridges, groups)
+    context = _Context(SortedRank(eligible), raw_at, record, pixels, by_sha, scores, cfg.copy_similarity, bridges, groups,
+                       scratch)
     for positions in components_of(roots, ~same, scratch):  # a component of most of the table is no Python list
         codes = coded[positions]
         split_of = _splits(record, codes, split_at[positions])
@@ -552,17 +553,25 @@ def _bridge(positions: np.ndarray, codes: np.ndarray, recorded: list[str], split
     named = ", ".join(f"{k} ({split_of[k]})" for k in recorded[:4])
     more = f" and {len(recorded) - 4} more" if len(recorded) > 4 else ""
     detail = f"would join recorded components {named}{more} in different splits"
-    known, newcomers = positions[codes >= 0], positions[codes < 0]  # ascending, as ``positions``
+    is_known = codes >= 0
+    known, newcomers = _compressed(positions, is_known, at.scratch), positions[~is_known]  # ascending, as ``positions``
     members = RecordedMembers(at.rank, known, at.raw_at, at.pixels, newcomers)
     eligible = at.rank.members
     at.bridges.extend(Bridge(s, recorded[0], detail, recorded_original(s, members, at.pixels, at.by_sha, at.scores,
                                                                          at.threshold))
                       for s in (eligible[p] for p in newcomers.tolist()))
     at.scores.forget_partners()  # the bridges' gathered partners (thousands of new images at a million) go now
-    recorded_codes = codes[codes >= 0]
-    by_code = np.argsort(recorded_codes, kind="stable")  # each recorded component's members together: a key each
-    found, sizes = np.unique(recorded_codes, return_counts=True)
-    at.groups.add_many(found, sizes, known[by_code], at.record.name_of_code)
+    del members, known
+    # Each recorded component's members together, a key each, by the counting sort (mapped): a sort of the members'
+    # codes (an int64 order, a unique's copies) was about 25 MB at a million, where a bridge held 776,218 images.
+    found, sizes, index = grouped_by_code(codes, is_known, at.scratch)
+    at.groups.add_many(found, sizes, np.take(positions, index, out=mapped_zeros(len(index), positions.dtype,
+                                                                                  at.scratch)), at.record.name_of_code)
+
+
+def _compressed(values: np.ndarray, keep: np.ndarray, scratch: Path | None) -> np.ndarray:
+    """``values[keep]`` (a bool each), mapped from ``scratch`` where one is given (``mapped_arrays``)."""
+    return np.compress(keep, values, out=mapped_zeros(int(np.count_nonzero(keep)), values.dtype, scratch))
 
 
 class _Context(NamedTuple):
@@ -577,3 +586,4 @@ class _Context(NamedTuple):
     threshold: float
     bridges: list[Bridge]
     groups: GroupsBuilder
+    scratch: Path | None  # the folder a bridge's arrays are mapped from (``mapped_arrays``)
