@@ -472,8 +472,8 @@ def assign(
     context = _Context(SortedRank(eligible), raw_at, record, pixels, by_sha, scores, cfg.copy_similarity, bridges, groups,
                        scratch)
     for positions in components_of(roots, ~same, scratch):  # a component of most of the table is no Python list
-        codes = coded[positions]
-        split_of = _splits(record, codes, split_at[positions])
+        codes = _taken(coded, positions, scratch)
+        split_of = _splits(record, codes, _taken(split_at, positions, scratch))
         recorded = sorted(split_of)
         if len(set(split_of.values())) > 1:
             _bridge(positions, codes, recorded, split_of, context)
@@ -564,14 +564,22 @@ def _bridge(positions: np.ndarray, codes: np.ndarray, recorded: list[str], split
     del members, known
     # Each recorded component's members together, a key each, by the counting sort (mapped): a sort of the members'
     # codes (an int64 order, a unique's copies) was about 25 MB at a million, where a bridge held 776,218 images.
-    found, sizes, index = grouped_by_code(codes, is_known, at.scratch)
-    at.groups.add_many(found, sizes, np.take(positions, index, out=mapped_zeros(len(index), positions.dtype,
-                                                                                  at.scratch)), at.record.name_of_code)
+    found, sizes, index = grouped_by_code(codes, is_known, at.scratch if len(codes) >= MAPPED_FROM else None)
+    at.groups.add_many(found, sizes, _taken(positions, index, at.scratch), at.record.name_of_code)
+
+
+MAPPED_FROM = 1 << 16  # a component's arrays are mapped from this many members (fewer: a file each was more cost)
+
+
+def _taken(values: np.ndarray, at: np.ndarray, scratch: Path | None) -> np.ndarray:
+    """``values[at]``, mapped from ``scratch`` for a component of ``MAPPED_FROM`` members or more."""
+    return np.take(values, at, out=mapped_zeros(len(at), values.dtype, scratch if len(at) >= MAPPED_FROM else None))
 
 
 def _compressed(values: np.ndarray, keep: np.ndarray, scratch: Path | None) -> np.ndarray:
     """``values[keep]`` (a bool each), mapped from ``scratch`` where one is given (``mapped_arrays``)."""
-    return np.compress(keep, values, out=mapped_zeros(int(np.count_nonzero(keep)), values.dtype, scratch))
+    kept = int(np.count_nonzero(keep))
+    return np.compress(keep, values, out=mapped_zeros(kept, values.dtype, scratch if kept >= MAPPED_FROM else None))
 
 
 class _Context(NamedTuple):

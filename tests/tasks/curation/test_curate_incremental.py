@@ -9,8 +9,10 @@ of two digits is not (a blend of two very similar digits can be: 2.7% of such bl
 """
 
 import numpy as np
+import pytest
 from PIL import Image, ImageEnhance
 
+from tasks.curation import assignments
 from tasks.curation.assignments import split_for
 from tasks.curation.copy_score import copy_score, copy_signature
 from tasks.curation.curate import curate
@@ -40,7 +42,10 @@ def _blend(i: int, j: int) -> bytes:
     return encode(Image.fromarray(mixed, mode="L"), "PNG")
 
 
-def test_new_batch_moves_no_recorded_image_and_embeds_only_new_ones(settings, tmp_path):
+@pytest.mark.parametrize("mapped_from", [None, 1], ids=["components-held", "components-mapped"])
+def test_new_batch_moves_no_recorded_image_and_embeds_only_new_ones(settings, tmp_path, monkeypatch, mapped_from):
+    if mapped_from is not None:  # every component's arrays mapped, as a component of most of a large table's are
+        monkeypatch.setattr(assignments, "MAPPED_FROM", mapped_from)
     settings = pair_rule_only(settings)  # ~36 digits a class: splits and copies here, abstention elsewhere
     cfg = settings.curation
     ratios = dict(cfg.split_ratios)
