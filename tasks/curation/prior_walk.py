@@ -162,29 +162,61 @@ class _Block:
     def touched(self, keys: Any, first: int, starts: np.ndarray, key_codes: np.ndarray, members: np.ndarray,
                 raw_at: np.ndarray, whole: set[str], grown: dict[str, Grown]) -> None:
         """Add the components ``first``, ``first + 1``, ... (their members ``members[starts[k]:starts[k + 1]]``) that
-        are touched to ``whole`` or ``grown``."""
-        sizes = np.diff(starts)
-        of_member = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)  # the component within the block
-        at = raw_at[members]
-        member = self.record.component_codes(at)
-        new = member < 0
-        key_code = key_codes.astype(member.dtype)[of_member]
-        elsewhere = ~new & (member != key_code)  # recorded in another component: merged into this one, or moved
-        moved = elsewhere & ~self.merges.into(member, key_code)
-        if self.added:
-            moved |= ~new & np.isin(at, self.added)  # recorded, and eligible again
-        whole |= {keys[first + k] for k in np.unique(of_member[moved]).tolist()}
-        recorded = np.bincount(of_member[~new], minlength=len(sizes))
-        for k in np.unique(of_member[new | elsewhere]).tolist():
+        are touched to ``whole`` or ``grown``.
+
+        Phases: each component's marks, ``MEMBER_BLOCK`` members at a time (a component of most of the table, as a
+        million's batch touches, is no array of every member's codes: about 40 bytes a member), then the touched
+        ones sorted out, in order."""
+        moved, changed, recorded = self._marks(starts, key_codes, members, raw_at)
+        whole |= {keys[first + k] for k in np.flatnonzero(moved).tolist()}
+        for k in np.flatnonzero(changed).tolist():
             key = keys[first + k]
             if key in whole:
                 continue
             if not recorded[k] or not self.extendable:  # a component of new images only, or a backfill: walked
                 whole.add(key)
                 continue
-            lo, hi = int(starts[k]), int(starts[k + 1])
             merged = tuple(sorted(self.parts.get(key, ())))
-            grown[key] = Grown(members[lo:hi][new[lo:hi]], merged, member[lo:hi].copy() if merged else None)
+            grown[key] = self._grown(members[int(starts[k]):int(starts[k + 1])], raw_at, merged)
+
+    def _marks(self, starts: np.ndarray, key_codes: np.ndarray, members: np.ndarray, raw_at: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(each component has a member that moved: recorded elsewhere and not merged now, or eligible again; has a
+        member new or recorded elsewhere; how many of its members are recorded), a block of members at a time."""
+        count = len(starts) - 1
+        moved, changed, recorded = np.zeros(count, bool), np.zeros(count, bool), np.zeros(count, np.int64)
+        for a in range(0, len(members), MEMBER_BLOCK):
+            b = min(len(members), a + MEMBER_BLOCK)
+            lo, hi = int(np.searchsorted(starts, a, "right")) - 1, int(np.searchsorted(starts, b - 1, "right"))
+            of_member = np.repeat(np.arange(lo, hi, dtype=np.int32), np.diff(np.clip(starts[lo:hi + 1], a, b)))
+            at = raw_at[members[a:b]]
+            member = self.record.component_codes(at)
+            new = member < 0
+            key_code = key_codes.astype(member.dtype)[of_member]
+            elsewhere = ~new & (member != key_code)  # recorded in another component: merged into this one, or moved
+            gone = elsewhere & ~self.merges.into(member, key_code)
+            if self.added:
+                gone |= ~new & np.isin(at, self.added)  # recorded, and eligible again
+            moved[of_member[gone]] = True
+            changed[of_member[new | elsewhere]] = True
+            recorded += np.bincount(of_member[~new], minlength=count)
+        return moved, changed, recorded
+
+    def _grown(self, members: np.ndarray, raw_at: np.ndarray, merged: tuple[str, ...]) -> Grown:
+        """A component that only grew: its new members and, with merged parts, each member's recorded code (read a
+        block of members at a time)."""
+        new, parts = [], []
+        for a in range(0, len(members), MEMBER_BLOCK):
+            block = members[a:a + MEMBER_BLOCK]
+            member = self.record.component_codes(raw_at[block])
+            new.append(block[member < 0])
+            if merged:
+                parts.append(member)
+        return Grown(np.concatenate(new) if new else members[:0].copy(), merged,
+                     np.concatenate(parts) if merged else None)
+
+
+MEMBER_BLOCK = 1 << 16  # members ``touched_components`` codes at a time
 
 
 @dataclass(frozen=True)

@@ -79,9 +79,11 @@ def _nearest(added: set[str], gone: set[str]) -> NearestMap:
     return m
 
 
+@pytest.mark.parametrize("members_block", [1, 2, 3, 65_536])
 @pytest.mark.parametrize("block", [1, 2, 65_536])
-def test_touched_components_are_those_that_gained_lost_or_merged_members(monkeypatch, block) -> None:
+def test_touched_components_are_those_that_gained_lost_or_merged_members(monkeypatch, block, members_block) -> None:
     monkeypatch.setattr(prior_walk, "TOUCH_BLOCK", block)  # the members of a block of components coded at a time
+    monkeypatch.setattr(prior_walk, "MEMBER_BLOCK", members_block)  # within it, this many members at a time
     given = {s: Assignment(k, "train", 0, "c1") for s, k in
              [("a1", "a"), ("a2", "a"), ("b1", "b"), ("c1", "c"), ("d1", "d"), ("e1", "e"), ("f1", "f")]}
     members = {"a": ["a1", "a2"], "b": ["b1", "new"], "c": ["c1"], "d": ["d1"], "e": ["e1", "f1"]}
