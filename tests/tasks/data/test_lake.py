@@ -329,10 +329,13 @@ def _keyed_table(tmp_path) -> tuple[str, int]:
     return uri, lake.current_version(uri)
 
 
+@pytest.mark.parametrize("joined", [1, 256], ids=["kept-as-read", "kept-joined"])
 @pytest.mark.parametrize("local", [True, False])
-def test_scan_keyed_gives_the_wanted_rows_in_order_reading_only_the_row_groups_holding_one(tmp_path, monkeypatch, local):
+def test_scan_keyed_gives_the_wanted_rows_in_order_reading_only_the_row_groups_holding_one(tmp_path, monkeypatch, local,
+                                                                                          joined):
     import pyarrow.parquet as pq
 
+    monkeypatch.setattr(lake, "KEPT_BATCHES", joined)  # the kept rows of this many reads joined into one batch
     uri, version = _keyed_table(tmp_path)
     if not local:  # what a remote table takes: the dataset, every row read, the marked ones kept
         monkeypatch.setattr(lake, "_plain_local_files", lambda table: None)
@@ -348,13 +351,15 @@ def test_scan_keyed_gives_the_wanted_rows_in_order_reading_only_the_row_groups_h
     assert [r["k"] for r in got] == [k for k in order if k in wanted]  # the table's order, each row once
     assert all(r["blob"] == r["k"].encode() for r in got)
     assert [r["extra"] for r in got if r["k"] == "k33"] == [9] and {r["extra"] for r in got if r["k"] < "k24"} == {None}
-    assert [b.num_rows for b in blocks] == [2, 2] and {b.schema.field("k").type for b in blocks} == {pa.string()}
+    assert [b.num_rows for b in blocks] == ([2, 2] if joined == 1 else [4])  # a block is past block_rows by a batch
+    assert {b.schema.field("k").type for b in blocks} == {pa.string()}
     if local:  # the keys read whole, then only the groups holding a wanted key: k03, k09+k10, k33
         assert sorted(g for g in read_groups if g is not None) == [[0], [0], [2]]
     placed = lake.scan_keyed(uri, version, "k", pa.array(wanted), ["k"], 100, 1 << 20, position="at")
     assert [(r["k"], wanted[r["at"]]) for b in placed for r in b.to_pylist()] == [(r["k"], r["k"]) for r in got]
     by_bytes = list(lake.scan_keyed(uri, version, "k", pa.array(wanted), ["k", "blob"], 100, 1))
-    assert [b.num_rows for b in by_bytes] == [1, 2, 1]  # a block ends once it holds block_bytes: a read at most
+    assert [b.num_rows for b in by_bytes] == ([1, 2, 1] if joined == 1 else [4])  # ends once it holds block_bytes
+    assert sum(len(b.column(0).chunks) for b in by_bytes) == (3 if joined == 1 else 1)  # joined: one piece
     assert list(lake.scan_keyed(uri, version, "k", pa.array([], pa.string()), ["k"], 2, 1 << 20)) == []
     assert list(lake.scan_keyed(uri, version, "k", pa.array(["k99"]), ["k"], 2, 1 << 20)) == []
 
@@ -440,3 +445,13 @@ def test_interned_strings_are_one_object_a_value_across_columns_and_tables():
     assert first == [label, None, label, "dog"] and second == ["dog", label]
     assert first[0] is first[2] is second[1] and first[3] is second[0]
     assert pa.array([label]).to_pylist()[0] is not first[0]  # what a plain read gives: a copy a row
+
+
+def test_kept_batches_are_joined_by_count_or_by_bytes_in_order():
+    batches = [pa.record_batch({"k": [f"k{i}a", f"k{i}b"], "blob": [b"x" * 100, b"y" * 100]}) for i in range(5)]
+    by_count = list(lake._coalesced(iter(batches), 2, 1 << 20))
+    assert [b.num_rows for b in by_count] == [4, 4, 2]
+    assert [k for b in by_count for k in b.column("k").to_pylist()] == [k for b in batches for k in b.column("k").to_pylist()]
+    assert all(len(b.column(1).buffers()) == 3 for b in by_count)  # one binary array each: validity, offsets, data
+    by_bytes = list(lake._coalesced(iter(batches), 256, batches[0].nbytes))  # one batch reaches the size: as read
+    assert [b.num_rows for b in by_bytes] == [2, 2, 2, 2, 2]
