@@ -356,7 +356,7 @@ def _coalesced(batches: Iterable[pa.RecordBatch], count: int, size: int) -> Iter
 
     Why: a keyed scan keeps a few rows of each batch it reads. Kept as they came, each was small buffers and objects
     of its own among the reads' freed ones: at a million images a batch's 11,774 images (11 MB) came in 7,813 pieces,
-    about 30 MB more in use and 80 MB the heap kept free beneath them; joined 256 at a time, 31 pieces and 11 MB."""
+    about 20 MB more in use and 80 MB the heap kept free beneath them; joined 256 at a time, 31 pieces and 11 MB."""
     pending: list[pa.RecordBatch] = []
     held = 0
     for batch in batches:
