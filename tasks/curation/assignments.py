@@ -564,22 +564,27 @@ def _bridge(positions: np.ndarray, codes: np.ndarray, recorded: list[str], split
     del members, known
     # Each recorded component's members together, a key each, by the counting sort (mapped): a sort of the members'
     # codes (an int64 order, a unique's copies) was about 25 MB at a million, where a bridge held 776,218 images.
-    found, sizes, index = grouped_by_code(codes, is_known, at.scratch if len(codes) >= MAPPED_FROM else None)
+    found, sizes, index = grouped_by_code(codes, is_known, _scratch_for(len(codes), at.scratch))
     at.groups.add_many(found, sizes, _taken(positions, index, at.scratch), at.record.name_of_code)
 
 
 MAPPED_FROM = 1 << 16  # a component's arrays are mapped from this many members (fewer: a file each was more cost)
 
 
+def _scratch_for(members: int, scratch: Path | None) -> Path | None:
+    """Where an array of ``members`` entries is mapped: ``scratch`` from ``MAPPED_FROM`` members, else in memory."""
+    return scratch if members >= MAPPED_FROM else None
+
+
 def _taken(values: np.ndarray, at: np.ndarray, scratch: Path | None) -> np.ndarray:
     """``values[at]``, mapped from ``scratch`` for a component of ``MAPPED_FROM`` members or more."""
-    return np.take(values, at, out=mapped_zeros(len(at), values.dtype, scratch if len(at) >= MAPPED_FROM else None))
+    return np.take(values, at, out=mapped_zeros(len(at), values.dtype, _scratch_for(len(at), scratch)))
 
 
 def _compressed(values: np.ndarray, keep: np.ndarray, scratch: Path | None) -> np.ndarray:
-    """``values[keep]`` (a bool each), mapped from ``scratch`` where one is given (``mapped_arrays``)."""
+    """``values[keep]`` (a bool each), mapped from ``scratch`` for ``MAPPED_FROM`` kept or more."""
     kept = int(np.count_nonzero(keep))
-    return np.compress(keep, values, out=mapped_zeros(kept, values.dtype, scratch if kept >= MAPPED_FROM else None))
+    return np.compress(keep, values, out=mapped_zeros(kept, values.dtype, _scratch_for(kept, scratch)))
 
 
 class _Context(NamedTuple):

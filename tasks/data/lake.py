@@ -371,9 +371,7 @@ def _coalesced(batches: Iterable[pa.RecordBatch], count: int, size: int) -> Iter
 
 def _joined(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
     """``batches`` (at least one, one schema) as one batch, or themselves when there is one."""
-    if len(batches) == 1:
-        return batches
-    return pa.Table.from_batches(batches).combine_chunks().to_batches()
+    return batches if len(batches) == 1 else [pa.concat_batches(batches)]
 
 
 KEPT_BATCHES, KEPT_BYTES = 256, 16 << 20  # a keyed scan's kept rows joined into one batch at most (``_coalesced``)
