@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tasks.curation.median import median_of
 from tasks.curation.name_codes import encode
 
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma per median absolute deviation
@@ -143,7 +144,7 @@ def judge(rule: Rule, values: np.ndarray, labels: Sequence[str] | Classes, *, si
     strings)."""
     labels = Classes.of(labels)
     values = np.asarray(values, dtype=np.float64)
-    median = float(np.median(values)) if len(values) else math.nan
+    median = median_of(values) if len(values) else math.nan
     if len(values) < min_images:
         why = f"{len(values)} images, fewer than the {min_images} a bulk needs: no relative rule"
         return Verdict(rule, Bulk(median, None, None), [], [("*", why)])
@@ -170,11 +171,9 @@ def _robust_z(rule: Rule, values: np.ndarray, sigmas: float) -> tuple[np.ndarray
     t = rule.transform(values)  # worked in place from here: one array of the family's size, not four
     if np.shares_memory(t, values):  # a transform that returned its input: the caller's values stay as they are
         t = t.copy()
-    centre = float(np.median(t))
+    centre = median_of(t)  # np.median's numbers without its copies (and no array of the absolute deviations)
     np.subtract(t, centre, out=t)
-    spread = np.abs(t)
-    sigma = max(MAD_TO_SIGMA * float(np.median(spread, overwrite_input=True)), rule.min_sigma)
-    del spread
+    sigma = max(MAD_TO_SIGMA * median_of(t, absolute=True), rule.min_sigma)
     sign = 1.0 if rule.low_is_bad else -1.0
     np.multiply(t, sign, out=t)  # exact: the distances as ``sign * (t - centre) / sigma`` has them
     np.divide(t, sigma, out=t)
