@@ -31,6 +31,7 @@ import numpy as np
 
 from tasks.curation.median import median_of
 from tasks.curation.name_codes import encode
+from tasks.curation.positions import flat_positions
 
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma per median absolute deviation
 
@@ -115,7 +116,7 @@ class Classes:
     def members(self, label: str) -> np.ndarray:
         """The positions of the images of class ``label``, ascending."""
         code = self._code.get(label)
-        return np.zeros(0, dtype=np.int64) if code is None else np.flatnonzero(self.codes == code)
+        return np.zeros(0, dtype=np.int64) if code is None else flat_positions(self.codes == code)
 
 
 @dataclass(frozen=True)
@@ -200,18 +201,19 @@ def _beyond_own_class(rule: Rule, values: np.ndarray, labels: Classes, flagged: 
 
     A class can be unlike the rest of its family (a sky class among textures): its images are
     judged against their own kind too, and only an image far from both is flagged. Only the classes
-    of flagged images are looked at (a few), not every image's class.
+    of flagged images are looked at (a few), not every image's class, one at a time: each class's positions and
+    distances, held together, were as many again as the family's values (16 bytes an image).
     """
-    own_z: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}  # a class's images, their distances: once a class
-    keep = []
-    for i in flagged:
-        if labels[i] not in own_z:
-            own = labels.members(labels[i])
-            own_z[labels[i]] = (own, _robust_z(rule, values[own], sigmas)[0] if len(own) >= min_images else None)
-        own, z = own_z[labels[i]]
-        if z is None or z[np.searchsorted(own, i)] < -sigmas:
-            keep.append(i)
-    return keep
+    beyond: set[int] = set()
+    for label in dict.fromkeys(labels[i] for i in flagged):  # each class hit, once
+        mine = [i for i in flagged if labels[i] == label]
+        own = labels.members(label)
+        if len(own) < min_images:  # no bulk of its own: the family's verdict stands
+            beyond.update(mine)
+            continue
+        z = _robust_z(rule, values[own], sigmas)[0]
+        beyond.update(i for i in mine if z[np.searchsorted(own, i)] < -sigmas)
+    return [i for i in flagged if i in beyond]
 
 
 def _crowded_classes(flagged: list[int], labels: Classes, max_share: float) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ def position_code(n: int) -> str:
     return "i" if n < WIDE_FROM else "q"
 
 
-FLAT_BLOCK = 1 << 20  # mask entries read at a time by ``flat_positions``
+FLAT_BLOCK = 1 << 16  # mask entries read at a time by ``flat_positions`` (their hits are int64 until placed)
 
 
 def flat_positions(mask: np.ndarray, block: int = FLAT_BLOCK) -> np.ndarray:
