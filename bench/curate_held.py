@@ -8,7 +8,7 @@ table. Memory-mapped stores (the raw rows, the facts, the record, the vector fil
 files, not allocations: they are not listed. Tracing slows the batch about 6x; its seconds are not the batch's.
 
 Usage: PYTHONPATH=.:plugins python bench/curate_held.py KEPT_HOME BATCH [--at nearest_map _decide_duplicates]
-[--top 25] [--peaks]
+[--top 25] [--peaks [--phases tasks.curation.outliers:judge tasks.curation.bulk_limits:_robust_z ...]]
 
 ``--peaks``: also each plan phase's traced high (bench/curate_memory.py's ``PHASES``): what was traced as it started
 and the most traced while it ran, MB and bytes per table image. Set beside curate_memory.py's anonymous highs of the
@@ -28,6 +28,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import curate_memory  # noqa: E402
+from curate_memory import each_phase, owner_of  # noqa: E402
 
 
 def top_sites(snapshot: tracemalloc.Snapshot, images: int, top: int) -> list[str]:
@@ -41,7 +45,7 @@ def top_sites(snapshot: tracemalloc.Snapshot, images: int, top: int) -> list[str
 
 
 def _snap_at(module, name: str, images: list[int], top: int) -> None:
-    owner, attr = _owner_of(module, name)
+    owner, attr = owner_of(module, name)
     fn = getattr(owner, attr)
 
     @functools.wraps(fn)
@@ -61,7 +65,7 @@ class PhasePeaks:
         self.rows: list[tuple[int, str, int, int]] = []
 
     def wrap(self, module, name: str) -> None:
-        owner, attr = _owner_of(module, name)
+        owner, attr = owner_of(module, name)
         fn = getattr(owner, attr)
 
         @functools.wraps(fn)
@@ -94,6 +98,9 @@ def main() -> None:
     parser.add_argument("--at", nargs="*", default=["nearest_map", "_decide_duplicates"], help="plan phases")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--peaks", action="store_true", help="each plan phase's traced high")
+    parser.add_argument("--phases", nargs="*", default=[], metavar="MODULE:NAME",
+                        help="with --peaks: these phases instead of curate_memory.py's (a function or Class.method "
+                             "as MODULE calls it, e.g. tasks.curation.outliers:judge)")
     args = parser.parse_args()
     from tasks.curation import plan
     from tasks.curation.curate import curate
@@ -112,7 +119,7 @@ def main() -> None:
             _snap_at(plan, name, images, args.top)
         peaks = PhasePeaks() if args.peaks else None
         if peaks:
-            _wrap_phases(peaks)
+            _wrap_phases(peaks, args.phases)
         tracemalloc.start(6)
         curate(settings, raw, run_id="held", logical_date="2026-11-22")
         if peaks:
@@ -121,19 +128,14 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _owner_of(module, name: str) -> tuple[object, str]:
-    """curate_memory.py's ``owner_of``: ``name`` may be a class's method (``Class.method``)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    from curate_memory import owner_of
-
-    return owner_of(module, name)
-
-
-def _wrap_phases(peaks: PhasePeaks) -> None:
-    """curate_memory.py's phases, each wrapped."""
-    sys.path.insert(0, str(REPO / "bench"))
-    from curate_memory import each_phase
-
+def _wrap_phases(peaks: PhasePeaks, chosen: list[str]) -> None:
+    """curate_memory.py's phases, or ``chosen`` (``module:name``, a name as that module calls it), each wrapped."""
+    if chosen:
+        phases: dict[str, list[str]] = {}
+        for spec in chosen:
+            module, _, name = spec.partition(":")
+            phases.setdefault(module, []).append(name)
+        curate_memory.PHASES = phases
     for module, name in each_phase():
         peaks.wrap(module, name)
 
