@@ -10,7 +10,7 @@ import numpy as np
 from tasks.curation.by_position import PlaceAmong, SortedRank
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.groups import Groups
-from tasks.curation.pixel_keys import PixelKeys
+from tasks.curation.pixel_keys import HEAD_BLOCK, PixelKeys
 from tasks.curation.runs import runs_of
 from tasks.curation.tables import RawRows
 
@@ -56,8 +56,15 @@ class RecordedMembers:
     def __init__(self, eligible: SortedRank, known: np.ndarray, raw_at: np.ndarray, pixels: PixelKeys,
                  newcomers: np.ndarray) -> None:
         self.rank = PlaceAmong(eligible, known)
-        hits = pixels.sharing_heads(raw_at[known], raw_at[newcomers])
+        hits = _sharing_heads(pixels, known, raw_at, raw_at[newcomers])
         self.by_digest = group_by_pixels([eligible.members[p] for p in known[hits].tolist()], pixels)
+
+
+def _sharing_heads(pixels: PixelKeys, known: np.ndarray, raw_at: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``pixels.sharing_heads(raw_at[known], wanted)``, ``known`` a block at a time: no array of every known member's
+    raw position (a component of most of the table: 4 bytes a member)."""
+    found = [pixels.sharing_heads(raw_at[known[a:a + HEAD_BLOCK]], wanted) + a for a in range(0, len(known), HEAD_BLOCK)]
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
 def recorded_original(sha: str, recorded: RecordedMembers, pixels: Mapping[str, str], by_sha: RawRows,

@@ -92,6 +92,26 @@ def test_the_positions_sharing_a_head_are_those_isin_finds_a_block_at_a_time(mon
         assert pixels.sharing_heads(positions, wanted).tolist() == expected.tolist()
 
 
+def test_a_bridges_members_sharing_a_head_are_found_a_block_of_members_at_a_time(monkeypatch):
+    """RecordedMembers reads its known members' raw positions a block at a time: the same hits as one array."""
+    import random
+
+    from tasks.curation import dedupe
+
+    rng = random.Random(8)
+    shas = sorted(_sha(f"image{i}") for i in range(120))
+    keys = [_sha(f"pixels{rng.randrange(30)}") for i in range(120)]
+    pixels = PixelKeys.of({s: i for i, s in enumerate(shas)}, keys)
+    raw_at = np.array(rng.sample(range(120), 120), dtype=np.int32)  # eligible -> raw position, shuffled
+    known = np.array(sorted(rng.sample(range(120), 90)), dtype=np.int32)
+    wanted = raw_at[np.setdiff1d(np.arange(120), known)]
+    expected = pixels.sharing_heads(raw_at[known], wanted).tolist()
+    for block in (1, 7, 90, 65_536):
+        monkeypatch.setattr(dedupe, "HEAD_BLOCK", block)
+        assert dedupe._sharing_heads(pixels, known, raw_at, wanted).tolist() == expected
+    assert dedupe._sharing_heads(pixels, known[:0], raw_at, wanted).tolist() == []
+
+
 def test_a_pixel_keys_token_is_equal_exactly_when_the_keys_are():
     shas = sorted(_sha(f"image{i}") for i in range(4))
     keys = [_sha("pixels0"), _sha("pixels0"), _sha("pixels1"), "odd key"]
