@@ -21,7 +21,7 @@ from tasks.curation.by_position import SortedRank
 from tasks.curation.copy_pairs import CopyScores
 from tasks.curation.dedupe import RecordedMembers, recorded_original
 from tasks.curation.groups import Groups, GroupsBuilder, grouped_by_code
-from tasks.curation.mapped_arrays import mapped_zeros
+from tasks.curation.mapped_arrays import compress_into, mapped_zeros, take_into
 from tasks.curation.pixel_keys import PixelKeys
 from tasks.curation.runs import newest_rows
 from tasks.curation.sha_list import SortedShas, SortedSubset
@@ -467,7 +467,7 @@ def assign(
     coded = record.component_codes(raw_at, scratch)  # each eligible image's component code, -1: none
     same = as_recorded(roots, coded, scratch)
     groups.add_many(*grouped_by_code(coded, same, scratch), record.name_of_code)  # mapped: the builder holds them
-    split_at = np.take(record.split, raw_at, out=mapped_zeros(len(raw_at), record.split.dtype, scratch))  # 0: none
+    split_at = take_into(record.split, raw_at, mapped_zeros(len(raw_at), record.split.dtype, scratch))  # 0: none
     new_images = 0
     context = _Context(SortedRank(eligible), raw_at, record, pixels, by_sha, scores, cfg.copy_similarity, bridges, groups,
                        scratch)
@@ -513,7 +513,7 @@ def as_recorded(roots: np.ndarray, codes: np.ndarray, scratch: Path | None = Non
         part = low[a:a + WRITE_ROWS]
         one[a:a + WRITE_ROWS] = (part == high[a:a + WRITE_ROWS]) & (part >= 0)
     del low, high
-    return np.take(one, roots, out=mapped_zeros(len(roots), np.uint8, scratch).view(bool))
+    return take_into(one, roots, mapped_zeros(len(roots), np.uint8, scratch).view(bool))
 
 
 def _splits(record: Record, codes: np.ndarray, split_at: np.ndarray) -> dict[str, str]:
@@ -578,13 +578,13 @@ def _scratch_for(members: int, scratch: Path | None) -> Path | None:
 
 def _taken(values: np.ndarray, at: np.ndarray, scratch: Path | None) -> np.ndarray:
     """``values[at]``, mapped from ``scratch`` for a component of ``MAPPED_FROM`` members or more."""
-    return np.take(values, at, out=mapped_zeros(len(at), values.dtype, _scratch_for(len(at), scratch)))
+    return take_into(values, at, mapped_zeros(len(at), values.dtype, _scratch_for(len(at), scratch)))
 
 
 def _compressed(values: np.ndarray, keep: np.ndarray, scratch: Path | None) -> np.ndarray:
     """``values[keep]`` (a bool each), mapped from ``scratch`` for ``MAPPED_FROM`` kept or more."""
     kept = int(np.count_nonzero(keep))
-    return np.compress(keep, values, out=mapped_zeros(kept, values.dtype, _scratch_for(kept, scratch)))
+    return compress_into(keep, values, mapped_zeros(kept, values.dtype, _scratch_for(kept, scratch)))
 
 
 class _Context(NamedTuple):

@@ -216,3 +216,22 @@ def test_a_components_recorded_splits_are_each_recorded_components_last_members_
     last = {int(c): int(split_at[i]) for i, c in enumerate(codes.tolist()) if c >= 0}  # a later member overwrites
     want = {f"key{c}": Named.splits[k - 1] for c, k in last.items()}
     assert assignments._splits(Named, codes, split_at) == want
+
+
+@pytest.mark.parametrize("block", [1, 3, 64, 65_536])
+@pytest.mark.parametrize("mapped", [False, True])
+def test_components_each_key_once_are_moved_as_blocks_where_the_sort_of_every_member_put_them(tmp_path, block, mapped):
+    """``_placed`` (each key once, members ascending: no order of every member) lays the members out as the sort by
+    (key, position) does; an empty component and one of most members included."""
+    from tasks.curation.groups import _placed
+
+    rng = np.random.default_rng(block)
+    sizes = np.concatenate([rng.integers(0, 6, size=40), [500], [0]])
+    rng.shuffle(sizes)
+    members = np.concatenate([np.sort(rng.choice(10_000, size=int(n), replace=False)) for n in sizes]).astype(np.int32)
+    place = rng.permutation(len(sizes))
+    starts, out = _placed(place, sizes, members, tmp_path if mapped else None, block)
+    of_member = np.repeat(place, sizes)
+    order = np.lexsort((members, of_member))
+    assert np.array_equal(out, members[order]) and out.dtype == members.dtype
+    assert starts.tolist() == [0, *np.cumsum(np.bincount(of_member, minlength=len(sizes))).tolist()]

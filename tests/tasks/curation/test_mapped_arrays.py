@@ -56,3 +56,18 @@ def test_a_mapped_copy_holds_the_values_writable_and_without_a_folder_is_them(tm
     copied[5] = 1
     assert values[5] == 8 and list(tmp_path.iterdir()) == []
     assert mapped_copy(values, None) is values and len(mapped_copy(values[:0], tmp_path)) == 0
+
+
+@pytest.mark.parametrize("block", [1, 7, 65_536])
+def test_take_and_compress_into_are_numpys_a_block_at_a_time(tmp_path, block):
+    from tasks.curation.mapped_arrays import compress_into, mapped_zeros, take_into
+
+    rng = np.random.default_rng(block)
+    values = rng.integers(-50, 50, size=1_000).astype(np.int32)
+    at = rng.integers(0, 1_000, size=777).astype(np.int32)
+    assert np.array_equal(take_into(values, at, mapped_zeros(len(at), values.dtype, tmp_path), block), values[at])
+    keep = rng.random(1_000) < 0.3
+    out = mapped_zeros(int(keep.sum()), values.dtype, tmp_path)
+    assert np.array_equal(compress_into(keep, values, out, block), values[keep])
+    with pytest.raises(IndexError):
+        take_into(values, np.array([0, 1_000]), np.zeros(2, dtype=values.dtype), block)
